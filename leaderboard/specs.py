@@ -1,0 +1,113 @@
+"""GPU datasheets and model shapes, read from ``conf/gpu`` and ``conf/model``.
+
+A user adds a GPU without editing the repo: ``$LEADERBOARD_GPU_SPECS`` (or the config key
+``gpu_specs``) names an extra directory of ``<sku>.yaml`` files read alongside ``conf/gpu``.
+A file there with the same sku replaces the repo's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from leaderboard import paths
+
+GPU_REQUIRED = (
+    "sku", "short_name", "vendor", "arch", "sm_count", "boost_clock_mhz", "bf16_dense_tflops",
+    "mem_bw_gbs", "l2_mb", "mem_gb", "interconnect", "sources",
+)
+MODEL_REQUIRED = (
+    "name", "hf_id", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+    "intermediate_size", "gated_mlp", "vocab_size",
+)
+
+
+class SpecError(ValueError):
+    """A spec file is missing or malformed; the message names the file to add or fix."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    sku: str
+    data: dict[str, Any]
+    path: Path
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    @property
+    def mem_bw_bytes_per_s(self) -> float:
+        return float(self.data["mem_bw_gbs"]) * 1e9
+
+
+def gpu_spec_dirs(extra: str | os.PathLike | None = None) -> list[Path]:
+    dirs = [paths.CONF_DIR / "gpu"]
+    value = extra or os.environ.get("LEADERBOARD_GPU_SPECS")
+    if value:
+        dirs.append(Path(value).expanduser())
+    return dirs
+
+
+def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise SpecError(f"{path}: missing required key(s) {', '.join(missing)}")
+    return data
+
+
+def load_gpu_specs(extra: str | os.PathLike | None = None) -> dict[str, GpuSpec]:
+    specs: dict[str, GpuSpec] = {}
+    for directory in gpu_spec_dirs(extra):
+        for path in sorted(directory.glob("*.yaml")):
+            data = _load_yaml(path, GPU_REQUIRED)
+            if data["sku"] != path.stem:
+                raise SpecError(f"{path}: sku '{data['sku']}' must equal the file name '{path.stem}'")
+            specs[path.stem] = GpuSpec(path.stem, data, path)
+    return specs
+
+
+def require_gpu(specs: dict[str, GpuSpec], sku: str, context: str) -> GpuSpec:
+    if sku not in specs:
+        dirs = " or ".join(str(d) for d in gpu_spec_dirs())
+        raise SpecError(
+            f"{context}: GPU '{sku}' has no spec file. Add {sku}.yaml to {dirs} "
+            f"(or to a directory named by LEADERBOARD_GPU_SPECS), with at least the keys "
+            f"{', '.join(GPU_REQUIRED)}; see conf/gpu/h100_sxm.yaml for an example."
+        )
+    return specs[sku]
+
+
+def load_models() -> dict[str, dict[str, Any]]:
+    return {
+        p.stem: _load_yaml(p, MODEL_REQUIRED) for p in sorted((paths.CONF_DIR / "model").glob("*.yaml"))
+    }
+
+
+def model_by_alias(models: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Every spelling the upstream data uses for a model, mapped to its config name."""
+    index: dict[str, str] = {}
+    for name, data in models.items():
+        for alias in [name, data["hf_id"], data["hf_id"].split("/")[-1], *data.get("aliases", [])]:
+            index[alias.lower()] = name
+    return index
+
+
+def resolve_model(models: dict[str, dict[str, Any]], spelling: str, context: str) -> str:
+    index = model_by_alias(models)
+    key = spelling.lower()
+    if key not in index:
+        raise SpecError(
+            f"{context}: model '{spelling}' has no config. Add conf/model/<name>.yaml listing "
+            f"'{spelling}' under aliases."
+        )
+    return index[key]

@@ -1,0 +1,219 @@
+"""The DuckDB store: built atomically from every upstream source, versioned, listed.
+
+A build writes a temporary file beside the store, validates it, then renames it over the old
+one, so a failed build leaves the previous store intact. One build runs at a time (a file lock);
+readers open the store read-only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import polars as pl
+from rich.console import Console
+from rich.progress import Progress
+
+from leaderboard import paths, sources
+from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
+from leaderboard.quarantine import validate
+from leaderboard.specs import load_gpu_specs, load_models
+from leaderboard.tables import TABLES, conform
+from leaderboard.versioning import code_version, content_hash
+
+# Bump when ingestion changes what lands in the store: every version below changes with it.
+BUILDER_VERSION = "1"
+
+stderr = Console(stderr=True)
+
+
+@dataclass
+class BuildReport:
+    path: Path
+    seconds: float
+    rows: dict[str, int]
+    quarantined: dict[tuple[str, str, str], int]  # (kind, reason, source) -> rows
+    merged_duplicates: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+@contextmanager
+def _build_lock():
+    paths.store_path().parent.mkdir(parents=True, exist_ok=True)
+    with open(paths.store_path().parent / ".build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _selected(only: list[str] | None):
+    if not only:
+        return list(ADAPTERS.values())
+    unknown = sorted(set(only) - set(ADAPTERS))
+    if unknown:
+        raise BuildError(f"unknown source(s) {unknown}; valid: {sorted(ADAPTERS)}")
+    return [ADAPTERS[name] for name in only]
+
+
+def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
+    """What a store was built from, short of hashing the upstream files themselves."""
+    spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
+    root = sources.explicit_root(sources_root)
+    return content_hash(BUILDER_VERSION, sources.PINS_FILE.read_text(), spec_texts, load_models(),
+                        str(root), sorted(only or ADAPTERS))
+
+
+def build(sources_root: str | None = None, gpu_specs: str | None = None,
+          only: list[str] | None = None, quiet: bool = False) -> BuildReport:
+    started = time.perf_counter()
+    adapters = _selected(only)
+    with _build_lock():
+        pins = [p for p in sources.load_pins() if any(a.matches(p.rel) for a in adapters)]
+        files = sources.resolve(pins, sources_root)
+        files += sources.discover_unpinned([pat for a in adapters for pat in a.patterns],
+                                           {p.rel for p in pins}, sources_root)
+        ctx = IngestContext(load_gpu_specs(gpu_specs), load_models())
+        chunks: dict[str, list[pl.DataFrame]] = {name: [] for name in TABLES}
+        with Progress(console=stderr, transient=True, disable=quiet) as progress:
+            task = progress.add_task("ingesting upstream files", total=len(files))
+            for adapter in adapters:
+                mine = [f for f in files if adapter.matches(f.rel)]
+                for table, df in adapter.ingest(mine, ctx):
+                    chunks[table].append(conform(df, table))
+                progress.advance(task, len(mine))
+        fingerprint = inputs_fingerprint(sources_root, gpu_specs, only)
+        report = _write(chunks, ctx, files, fingerprint, started)
+    if not quiet:
+        print_report(report)
+    return report
+
+
+def _summary(name: str, df: pl.DataFrame) -> pl.DataFrame:
+    return df.group_by("source", "sku").agg(
+        table=pl.lit(name), rows=pl.len(), files=pl.col("file").unique().sort(),
+        versions=pl.col("backend_version").unique().sort(), pinned=pl.col("pinned").all())
+
+
+def _datasets(summaries: list[pl.DataFrame], ctx: IngestContext, files) -> pl.DataFrame:
+    """One entry per (source, sku): the op-level view ``list`` prints."""
+    sha_of = {f.rel: f.sha256 for f in files}
+    entries = []
+    for (source, sku), group in pl.concat(summaries).group_by("source", "sku", maintain_order=True):
+        kinds = {TABLES[t].kind for t in group["table"]}
+        kind = "ops" if "ops" in kinds else kinds.pop()
+        file_list = sorted({f for fs in group["files"] for f in fs})
+        spec_text = ctx.gpus[sku].path.read_text() if sku in ctx.gpus else ""
+        entries.append({
+            "name": f"{source}.{sku}" if sku else source, "kind": kind, "source": source,
+            "sku": sku, "rows": int(group["rows"].sum()),
+            "version": content_hash(BUILDER_VERSION, [sha_of[f] for f in file_list], spec_text),
+            "tables": json.dumps(dict(zip(group["table"], group["rows"].cast(int), strict=True))),
+            "backend_versions": json.dumps(sorted({v for vs in group["versions"] for v in vs})),
+            "files": json.dumps(file_list), "pinned": bool(group["pinned"].all()),
+        })
+    return pl.DataFrame(entries).sort("kind", "source", "sku")
+
+
+def _store_table(con, name: str, frame: pl.DataFrame) -> None:
+    con.register("frame", frame.to_arrow())
+    con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM frame').fetchall()
+    con.unregister("frame")
+    written = con.execute(f'SELECT count(*) FROM "{name}"').fetchall()[0][0]
+    if written != len(frame):
+        raise BuildError(f"store table {name}: wrote {written} rows, expected {len(frame)}")
+
+
+def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> BuildReport:
+    """Validate and write one table at a time into a temp file, then rename it into place."""
+    target = paths.store_path()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    rows, summaries, table_versions = {}, [], []
+    try:
+        con = duckdb.connect(str(tmp), config={"memory_limit": "512MB", "threads": 2})
+        for name in list(chunks):
+            frames = chunks.pop(name)
+            df = pl.concat(frames) if frames else pl.DataFrame(schema=TABLES[name].schema)
+            del frames
+            df = validate(df, name, ctx.quarantine)
+            _store_table(con, name, df)
+            rows[name] = len(df)
+            if len(df):
+                summaries.append(_summary(name, df))
+            table_versions.append({"table_name": name, "rows": len(df), "version": content_hash(
+                BUILDER_VERSION, sorted(df["file_sha256"].unique().to_list()))})
+            del df
+        datasets = _datasets(summaries, ctx, files)
+        meta = {"builder_version": BUILDER_VERSION, "built_at": datetime.now(UTC).isoformat(),
+                "code_version": code_version(), "inputs_fingerprint": fingerprint,
+                "store_version": content_hash(BUILDER_VERSION, datasets["version"].to_list())}
+        quarantine = ctx.quarantine.table()
+        for name, frame in {
+            "quarantine": quarantine, "datasets": datasets,
+            "table_versions": pl.DataFrame(table_versions),
+            "sources": pl.DataFrame([
+                {"rel": f.rel, "repo": f.repo, "commit": f.commit, "sha256": f.sha256,
+                 "bytes": f.path.stat().st_size, "license": f.license, "pinned": f.pinned,
+                 "read_from": str(f.path.parent)} for f in files]),
+            "meta": pl.DataFrame({"key": list(meta), "value": list(meta.values())}),
+        }.items():
+            _store_table(con, name, frame)
+        con.close()
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    quarantined = Counter()
+    for kind, reason, source, n in quarantine.group_by("kind", "reason", "source").len().iter_rows():
+        quarantined[(kind, reason, source)] += n
+    return BuildReport(target, time.perf_counter() - started, rows, dict(quarantined),
+                       dict(ctx.quarantine.merged_duplicates))
+
+
+def print_report(report: BuildReport) -> None:
+    total = sum(report.rows.values())
+    stderr.print(f"[bold]store built[/] {report.path} in {report.seconds:.1f} s: {total:,} rows "
+                 + ", ".join(f"{t} {n:,}" for t, n in report.rows.items() if n))
+    for (kind, reason, source), n in sorted(report.quarantined.items()):
+        stderr.print(f"  quarantined {n:,} {source} rows: {kind}/{reason}")
+    merged = sum(report.merged_duplicates.values())
+    if merged:
+        stderr.print(f"  merged {merged:,} duplicate copies that agreed (median kept)")
+
+
+def read_meta(path: Path) -> dict[str, str]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return dict(con.execute("SELECT key, value FROM meta").fetchall())
+
+
+def is_fresh(sources_root=None, gpu_specs=None) -> bool:
+    path = paths.store_path()
+    if not path.exists():
+        return False
+    try:
+        meta = read_meta(path)
+    except duckdb.Error:
+        return False
+    return meta.get("inputs_fingerprint") == inputs_fingerprint(sources_root, gpu_specs)
+
+
+def ensure(sources_root: str | None = None, gpu_specs: str | None = None) -> Path:
+    """The store's path, building it first when it is missing or stale."""
+    if not is_fresh(sources_root, gpu_specs):
+        with _build_lock():  # another process may be building it right now: wait, then look again
+            fresh = is_fresh(sources_root, gpu_specs)
+        if not fresh:
+            build(sources_root, gpu_specs)
+    return paths.store_path()
+
+
+def connect(sources_root: str | None = None, gpu_specs: str | None = None):
+    return duckdb.connect(str(ensure(sources_root, gpu_specs)), read_only=True)

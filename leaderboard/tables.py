@@ -1,0 +1,90 @@
+"""The normalized tables of the store: their columns, keys and measured-value columns.
+
+Every op table row carries its provenance (source, sku, backend and version, the file and its
+sha256, whether the file is pinned) and the statistic its latency is (median, mean or single).
+Latencies are milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+# Categorical: a few distinct values over millions of rows. The store holds them as VARCHAR.
+_C = pl.Categorical
+PROVENANCE = {
+    "source": _C, "sku": _C, "backend": _C, "backend_version": _C, "file": _C,
+    "file_sha256": _C, "pinned": pl.Boolean, "statistic": _C, "flags": _C,
+}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    kind: str  # ops | traces | coefficients
+    columns: dict[str, pl.DataType]
+    measured: tuple[str, ...]  # must be finite and > 0; never part of the duplicate key
+    informational: tuple[str, ...] = ()  # measured alongside, neither key nor validated
+
+    @property
+    def schema(self) -> dict[str, pl.DataType]:
+        return {**PROVENANCE, **self.columns, **{c: pl.Float64 for c in self.informational}}
+
+    @property
+    def key(self) -> list[str]:
+        skip = {*self.measured, *self.informational, "file", "file_sha256", "pinned", "flags"}
+        return [c for c in self.schema if c not in skip]
+
+
+I, F, S = pl.Int64, pl.Float64, pl.String
+
+TABLES = {
+    t.name: t
+    for t in [
+        TableSpec("gemm", "ops", {"op": S, "model": S, "dtype": S, "batch": I, "m": I, "n": I,
+                                  "k": I, "latency_ms": F}, ("latency_ms",)),
+        TableSpec("attention", "ops", {
+            "phase": S, "model": S, "tp": I, "dtype": S, "kv_dtype": S, "batch": I, "q_len": I,
+            "kv_len": I, "n_decode": I, "kv_decode": I, "num_heads": I, "num_kv_heads": I,
+            "head_dim": I, "window_size": I, "latency_ms": F}, ("latency_ms",),
+            ("power_w", "power_limit_w")),
+        TableSpec("collective", "ops", {
+            "collective": S, "topology": S, "num_gpus": I, "devices_per_node": I,
+            "message_bytes": I, "dtype": S, "latency_ms": F}, ("latency_ms",)),
+        TableSpec("model_ops", "ops", {
+            "model": S, "tp": I, "op": S, "op_family": S, "num_tokens": I, "kv_len": I,
+            "latency_ms": F}, ("latency_ms",),
+            ("latency_mean_ms", "latency_min_ms", "latency_max_ms", "latency_std_ms")),
+        TableSpec("step_wallclock", "ops", {
+            "model": S, "tp": I, "batch_size": I, "prompt_size": I, "token_size": I, "repeat": I,
+            "prompt_time_ms": F, "token_time_ms": F}, ("prompt_time_ms", "token_time_ms"),
+            ("e2e_time_ms", "peak_power", "average_power")),
+        TableSpec("cpu_overheads", "ops", {
+            "model": S, "tp": I, "batch_size": I, "op": S, "latency_ms": F}, ("latency_ms",),
+            ("latency_mean_ms",)),
+        TableSpec("serving_requests", "ops", {
+            "run": S, "model": S, "request_id": S, "input_toks": I, "output_toks": I,
+            "arrival_time": F, "queued_ts": F, "scheduled_ts": F, "first_token_ts": F,
+            "last_token_ts": F}, ()),
+        TableSpec("serving_timeseries", "ops", {
+            "run": S, "model": S, "t_s": F, "prompt_throughput": F, "gen_throughput": F,
+            "running": I, "waiting": I, "kv_cache_pct": F}, ()),
+        TableSpec("request_traces", "traces", {
+            "trace": S, "request_idx": I, "arrived_at_s": F, "prefill_tokens": I,
+            "decode_tokens": I}, ("prefill_tokens", "decode_tokens")),
+        TableSpec("coefficients", "coefficients", {
+            "model": S, "tp": I, "pp": I, "engine": S, "term": S, "coefficients": S,
+            "threshold": I}, ()),
+    ]
+}
+
+
+def conform(df: pl.DataFrame, table: str) -> pl.DataFrame:
+    """Cast to the table's schema, adding any missing optional column as null."""
+    schema = TABLES[table].schema
+    if df.width == 0:
+        return pl.DataFrame(schema=schema)
+    return df.select(
+        [(pl.col(c) if c in df.columns else pl.lit(None)).cast(t).alias(c) for c, t in schema.items()]
+    )

@@ -1,0 +1,30 @@
+"""Content hashes for versions, and the code version results carry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from functools import cache
+
+from leaderboard import paths
+
+
+def content_hash(*parts: object, length: int = 16) -> str:
+    """A short stable hash of JSON-serializable parts."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+@cache
+def code_version() -> str:
+    """The git commit of the working tree, with ``-dirty`` when it has uncommitted changes."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.REPO_ROOT, capture_output=True,
+                             text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
