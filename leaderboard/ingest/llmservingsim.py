@@ -109,7 +109,7 @@ def _v0_attention(file: SourceFile, ctx: IngestContext) -> list[tuple[str, pl.Da
                        kv_len="kv_cache_size", latency_ms=f"time_stats.{op}.median")
              for op in others]
     backend = df["attention_backend"][0].split(".")[-1].lower()
-    out = [("attention", provenance(pl.concat([prefill, decode], how="diagonal"), file, SOURCE,
+    out = [("attention", provenance(pl.concat([prefill, decode], how="vertical_relaxed"), file, SOURCE,
                                     sku, backend, "unknown", "median"))]
     if light:
         out.append(("model_ops", provenance(pl.concat(light), file, SOURCE, sku, backend,
