@@ -12,7 +12,7 @@ import hydra
 from omegaconf import DictConfig
 from rich.console import Console
 
-from leaderboard.data import print_table, list_datasets
+from leaderboard.data import list_datasets, print_table
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError

@@ -21,7 +21,7 @@ from leaderboard.specs import SpecError
 
 def list_datasets(include_all: bool = False, **where) -> list[dict]:
     with store.connect(**where) as con:
-        rows = con.execute("SELECT * FROM datasets ORDER BY kind, source, sku").pl().to_dicts()
+        rows = con.sql("SELECT * FROM datasets ORDER BY kind, source, sku").pl().to_dicts()
     for row in rows:
         for key in ("tables", "backend_versions", "files"):
             row[key] = json.loads(row[key])
@@ -35,7 +35,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         tables = ", ".join(f"{t} {n:,}" for t, n in r["tables"].items())
         table.add_row(r["name"], r["kind"], r["sku"] or "-", f"{r['rows']:,}", r["version"], tables)
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,45 +37,45 @@ class TableSpec:
         return [c for c in self.schema if c not in skip]
 
 
-I, F, S = pl.Int64, pl.Float64, pl.String
+INT, F, S = pl.Int64, pl.Float64, pl.String
 
 TABLES = {
     t.name: t
     for t in [
-        TableSpec("gemm", "ops", {"op": S, "model": S, "dtype": S, "batch": I, "m": I, "n": I,
-                                  "k": I, "latency_ms": F}, ("latency_ms",)),
+        TableSpec("gemm", "ops", {"op": S, "model": S, "dtype": S, "batch": INT, "m": INT, "n": INT,
+                                  "k": INT, "latency_ms": F}, ("latency_ms",)),
         TableSpec("attention", "ops", {
-            "phase": S, "model": S, "tp": I, "dtype": S, "kv_dtype": S, "batch": I, "q_len": I,
-            "kv_len": I, "n_decode": I, "kv_decode": I, "num_heads": I, "num_kv_heads": I,
-            "head_dim": I, "window_size": I, "latency_ms": F}, ("latency_ms",),
+            "phase": S, "model": S, "tp": INT, "dtype": S, "kv_dtype": S, "batch": INT, "q_len": INT,
+            "kv_len": INT, "n_decode": INT, "kv_decode": INT, "num_heads": INT, "num_kv_heads": INT,
+            "head_dim": INT, "window_size": INT, "latency_ms": F}, ("latency_ms",),
             ("power_w", "power_limit_w")),
         TableSpec("collective", "ops", {
-            "collective": S, "topology": S, "num_gpus": I, "devices_per_node": I,
-            "message_bytes": I, "dtype": S, "latency_ms": F}, ("latency_ms",)),
+            "collective": S, "topology": S, "num_gpus": INT, "devices_per_node": INT,
+            "message_bytes": INT, "dtype": S, "latency_ms": F}, ("latency_ms",)),
         TableSpec("model_ops", "ops", {
-            "model": S, "tp": I, "op": S, "op_family": S, "num_tokens": I, "kv_len": I,
+            "model": S, "tp": INT, "op": S, "op_family": S, "num_tokens": INT, "kv_len": INT,
             "latency_ms": F}, ("latency_ms",),
             ("latency_mean_ms", "latency_min_ms", "latency_max_ms", "latency_std_ms")),
         TableSpec("step_wallclock", "ops", {
-            "model": S, "tp": I, "batch_size": I, "prompt_size": I, "token_size": I, "repeat": I,
+            "model": S, "tp": INT, "batch_size": INT, "prompt_size": INT, "token_size": INT, "repeat": INT,
             "prompt_time_ms": F, "token_time_ms": F}, ("prompt_time_ms", "token_time_ms"),
             ("e2e_time_ms", "peak_power", "average_power")),
         TableSpec("cpu_overheads", "ops", {
-            "model": S, "tp": I, "batch_size": I, "op": S, "latency_ms": F}, ("latency_ms",),
+            "model": S, "tp": INT, "batch_size": INT, "op": S, "latency_ms": F}, ("latency_ms",),
             ("latency_mean_ms",)),
         TableSpec("serving_requests", "ops", {
-            "run": S, "model": S, "request_id": S, "input_toks": I, "output_toks": I,
+            "run": S, "model": S, "request_id": S, "input_toks": INT, "output_toks": INT,
             "arrival_time": F, "queued_ts": F, "scheduled_ts": F, "first_token_ts": F,
             "last_token_ts": F}, ()),
         TableSpec("serving_timeseries", "ops", {
             "run": S, "model": S, "t_s": F, "prompt_throughput": F, "gen_throughput": F,
-            "running": I, "waiting": I, "kv_cache_pct": F}, ()),
+            "running": INT, "waiting": INT, "kv_cache_pct": F}, ()),
         TableSpec("request_traces", "traces", {
-            "trace": S, "request_idx": I, "arrived_at_s": F, "prefill_tokens": I,
-            "decode_tokens": I}, ("prefill_tokens", "decode_tokens")),
+            "trace": S, "request_idx": INT, "arrived_at_s": F, "prefill_tokens": INT,
+            "decode_tokens": INT}, ("prefill_tokens", "decode_tokens")),
         TableSpec("coefficients", "coefficients", {
-            "model": S, "tp": I, "pp": I, "engine": S, "term": S, "coefficients": S,
-            "threshold": I}, ()),
+            "model": S, "tp": INT, "pp": INT, "engine": S, "term": S, "coefficients": S,
+            "threshold": INT}, ()),
     ]
 }
 

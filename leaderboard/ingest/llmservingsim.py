@@ -22,13 +22,19 @@ from functools import partial
 import polars as pl
 import yaml
 
-from leaderboard.ingest.base import (Adapter, BuildError, IngestContext, provenance, read_json,
-                                     read_table)
+from leaderboard.ingest.base import (
+    Adapter,
+    BuildError,
+    IngestContext,
+    provenance,
+    read_json,
+    read_table,
+)
 from leaderboard.sources import SourceFile
 
 ROOT = "casys-kaist__LLMServingSim"
 SOURCE = "llmservingsim"
-# Upstream does not say which H100 board; it is taken as SXM, the common profiling board.
+# Upstream does not name the H100 board it profiled; SXM is an assumption, not a stated fact.
 HW_SKU = {"H100": "h100_sxm", "A6000": "rtx_a6000", "RTX3090": "rtx3090", "RTX4090": "rtx4090"}
 OP_FAMILY = {
     "embedding": "embedding", "lm_head": "lm_head", "sampler": "sampler", "attn": "attention",
@@ -49,8 +55,8 @@ def _sku(hw: str, file: SourceFile, ctx: IngestContext) -> str:
     return HW_SKU[hw]
 
 
-def _family(op: str) -> pl.Expr:
-    return pl.col(op).replace_strict(OP_FAMILY, default="other", return_dtype=pl.String)
+def _family(column: str) -> pl.Expr:
+    return pl.col(column).replace_strict(OP_FAMILY, default="other", return_dtype=pl.String)
 
 
 def _vllm_version(file: SourceFile, files: dict[str, SourceFile], meta_name: str) -> str:
@@ -109,8 +115,8 @@ def _v0_attention(file: SourceFile, ctx: IngestContext) -> list[tuple[str, pl.Da
                        kv_len="kv_cache_size", latency_ms=f"time_stats.{op}.median")
              for op in others]
     backend = df["attention_backend"][0].split(".")[-1].lower()
-    out = [("attention", provenance(pl.concat([prefill, decode], how="vertical_relaxed"), file, SOURCE,
-                                    sku, backend, "unknown", "median"))]
+    attention = pl.concat([prefill, decode], how="vertical_relaxed")
+    out = [("attention", provenance(attention, file, SOURCE, sku, backend, "unknown", "median"))]
     if light:
         out.append(("model_ops", provenance(pl.concat(light), file, SOURCE, sku, backend,
                                             "unknown", "median")))
@@ -134,7 +140,8 @@ def _per_count(file: SourceFile, ctx: IngestContext, version: str,
     return [("model_ops", provenance(df, file, SOURCE, sku, "vllm", version, "mean"))]
 
 
-def _attention(file: SourceFile, ctx: IngestContext, version: str) -> list[tuple[str, pl.DataFrame]]:
+def _attention(file: SourceFile, ctx: IngestContext,
+               version: str) -> list[tuple[str, pl.DataFrame]]:
     sku, model, variant, tp = _profile_place(file, ctx)
     if variant not in VARIANT_DTYPES:
         raise BuildError(f"{file.path}: unknown variant '{variant}'; map it in "
@@ -166,21 +173,23 @@ def _bench_place(file: SourceFile, ctx: IngestContext) -> tuple[str, str, str]:
     return _sku(hw, file, ctx), f"{hw}/{name}", ctx.model(name, file)
 
 
-def _requests(file: SourceFile, ctx: IngestContext, version: str) -> list[tuple[str, pl.DataFrame]]:
+def _requests(file: SourceFile, ctx: IngestContext,
+              version: str) -> list[tuple[str, pl.DataFrame]]:
     sku, run, model = _bench_place(file, ctx)
     times = ["arrival_time", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"]
     df = read_table(file, ["request_id", "input_toks", "output_toks", *times]).select(
-        run=pl.lit(run), model=pl.lit(model), request_id=pl.col("request_id").cast(pl.String),
-        input_toks="input_toks", output_toks="output_toks", *times,
+        "input_toks", "output_toks", *times, run=pl.lit(run), model=pl.lit(model),
+        request_id=pl.col("request_id").cast(pl.String),
     )
     return [("serving_requests", provenance(df, file, SOURCE, sku, "vllm", version, "single"))]
 
 
-def _timeseries(file: SourceFile, ctx: IngestContext, version: str) -> list[tuple[str, pl.DataFrame]]:
+def _timeseries(file: SourceFile, ctx: IngestContext,
+                version: str) -> list[tuple[str, pl.DataFrame]]:
     sku, run, model = _bench_place(file, ctx)
     counters = ["prompt_throughput", "gen_throughput", "running", "waiting", "kv_cache_pct"]
     df = read_table(file, ["t", *counters]).select(
-        run=pl.lit(run), model=pl.lit(model), t_s="t", *counters)
+        *counters, run=pl.lit(run), model=pl.lit(model), t_s="t")
     return [("serving_timeseries", provenance(df, file, SOURCE, sku, "vllm", version, "single"))]
 
 

@@ -47,9 +47,10 @@ def _compute(file: SourceFile, ctx: IngestContext) -> list[tuple[str, pl.DataFra
     ctx.gpu(sku, file)
     df = read_table(file, ["num_tokens", "num_tensor_parallel_workers", "n_embd"])
     ops = _ops(df, _op_names(df), ["num_tokens", "num_tensor_parallel_workers"]).select(
-        model=pl.lit(ctx.model(f"{org}/{name}", file)), tp="num_tensor_parallel_workers",
-        op="op", op_family=pl.col("op").replace_strict(OP_FAMILY, default="light"),
-        num_tokens="num_tokens", kv_len=pl.lit(0), *STATS.values(),
+        *STATS.values(), model=pl.lit(ctx.model(f"{org}/{name}", file)),
+        tp="num_tensor_parallel_workers", op="op",
+        op_family=pl.col("op").replace_strict(OP_FAMILY, default="light"),
+        num_tokens="num_tokens", kv_len=pl.lit(0),
     )
     return [("model_ops", provenance(ops, file, SOURCE, sku, "pytorch", "unknown", "median"))]
 
@@ -75,11 +76,11 @@ def _attention(file: SourceFile, ctx: IngestContext) -> list[tuple[str, pl.DataF
     light_ops = [op for op in _op_names(df) if op not in ("attn_prefill", "attn_decode")]
     light = _ops(df.with_columns(num_tokens=pl.max_horizontal("prefill_chunk_size", "batch_size")),
                  light_ops, ["num_tokens", "kv_cache_size", "num_tensor_parallel_workers"]).select(
-        model=pl.lit(model), tp="num_tensor_parallel_workers", op="op", op_family=pl.lit("light"),
-        num_tokens="num_tokens", kv_len="kv_cache_size", *STATS.values())
+        *STATS.values(), model=pl.lit(model), tp="num_tensor_parallel_workers", op="op",
+        op_family=pl.lit("light"), num_tokens="num_tokens", kv_len="kv_cache_size")
     return [
-        ("attention", provenance(pl.concat([prefill, decode], how="vertical_relaxed"), file, SOURCE, sku, backend,
-                                 "unknown", "median")),
+        ("attention", provenance(pl.concat([prefill, decode], how="vertical_relaxed"), file,
+                                 SOURCE, sku, backend, "unknown", "median")),
         ("model_ops", provenance(light, file, SOURCE, sku, backend, "unknown", "median")),
     ]
 
