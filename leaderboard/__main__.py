@@ -23,7 +23,7 @@ def main(cfg: DictConfig) -> None:
     try:
         rows = list_datasets(sources_root=cfg.sources.root, gpu_specs=cfg.gpu_specs)
     except (SourceError, SpecError, BuildError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     print_table(rows)
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         rows = list_datasets(args.all, **where)
     except (SourceError, SpecError, BuildError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")

@@ -1,0 +1,97 @@
+"""``<sku>_ops``: every measured GEMM and attention point of one GPU, for op-level scoring.
+
+These are not cells: a point is one kernel at one shape, scored against a predictor's kernel
+time. They come from aiconfigurator's vLLM tables at the same version the GPU's ``_vidur``
+dataset uses, so op-level and step-level scores read the same measurements.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from leaderboard.cells.wallclock import render_card, source_lines
+
+SOURCE = "aiconfigurator"
+SUFFIX = "_ops"
+S, INT = pl.String, pl.Int64
+SCHEMA = {"op_family": S, "phase": S, "dtype": S, "kv_dtype": S, "m": INT, "n": INT, "k": INT,
+          "batch": INT, "q_len": INT, "kv_len": INT, "num_heads": INT, "num_kv_heads": INT,
+          "head_dim": INT, "window_size": INT, "latency_ms": pl.Float64, "flags": S, "sku": S,
+          "backend_version": S}
+# Per table: its columns in SCHEMA order, null where the table has no such column.
+SELECT = {
+    "gemm": "'gemm' AS op_family, NULL AS phase, dtype, NULL AS kv_dtype, m, n, k, batch, "
+            "NULL AS q_len, NULL AS kv_len, NULL AS num_heads, NULL AS num_kv_heads, "
+            "NULL AS head_dim, NULL AS window_size, latency_ms, flags, sku, backend_version",
+    "attention": "'attention' AS op_family, phase, dtype, kv_dtype, NULL AS m, NULL AS n, "
+                 "NULL AS k, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, "
+                 "window_size, latency_ms, flags, sku, backend_version",
+}
+
+
+def _numeric(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def op_versions(con: duckdb.DuckDBPyConnection,
+                versions: dict[str, str] | None = None) -> dict[str, str]:
+    """The version each GPU's op dataset reads: ``versions[sku]`` where given, else the lowest
+    version with both GEMM and attention points (the home's 0.14.0 where it exists)."""
+    found: dict[str, dict[str, set[str]]] = {t: {} for t in SELECT}
+    for table, by_sku in found.items():
+        for sku, version in con.execute(f"SELECT DISTINCT sku, backend_version FROM {table} "
+                                        "WHERE source = ?", [SOURCE]).fetchall():
+            by_sku.setdefault(sku, set()).add(version)
+    out = {}
+    for sku in sorted(set.intersection(*(set(by_sku) for by_sku in found.values()))):
+        both = set.intersection(*(by_sku[sku] for by_sku in found.values()))
+        wanted = (versions or {}).get(sku)
+        if wanted is not None and wanted not in both:
+            raise ValueError(f"{sku}: no {SOURCE} GEMM and attention points at version {wanted}; "
+                             f"versions with both: {sorted(both, key=_numeric)}")
+        if both:
+            out[sku] = wanted or min(both, key=_numeric)
+    return out
+
+
+def _points(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> pl.DataFrame:
+    where = "source = ? AND sku = ? AND backend_version = ?"
+    union = " UNION ALL ".join(f"SELECT {cols} FROM {t} WHERE {where}" for t, cols in SELECT.items())
+    cursor = con.execute(f"SELECT * FROM ({union}) ORDER BY ALL", [SOURCE, sku, version] * 2)
+    return pl.DataFrame(cursor.fetchall(), schema=SCHEMA, orient="row")
+
+
+def op_points(con: duckdb.DuckDBPyConnection, name: str,
+              versions: dict[str, str] | None = None) -> pl.DataFrame:
+    """The measured points of ``<sku>_ops``: one row per GEMM or attention shape."""
+    sku = name.removesuffix(SUFFIX)
+    chosen = op_versions(con, versions)
+    if not name.endswith(SUFFIX) or sku not in chosen:
+        raise ValueError(f"unknown op dataset '{name}'; valid: "
+                         f"{', '.join(s + SUFFIX for s in chosen)}")
+    return _points(con, sku, chosen[sku])
+
+
+def op_datasets(con: duckdb.DuckDBPyConnection,
+                versions: dict[str, str] | None = None) -> list[dict]:
+    out = []
+    for sku, version in op_versions(con, versions).items():
+        points = _points(con, sku, version)
+        counts = dict(points.group_by("op_family").len().iter_rows())
+        by_dtype = points.group_by("op_family", "phase", "dtype", "kv_dtype").len().sort(
+            "op_family", "phase", "dtype", "kv_dtype", nulls_last=True)
+        files = con.execute(
+            " UNION ".join(f"SELECT DISTINCT file, file_sha256 FROM {t} WHERE source = ? "
+                           "AND sku = ? AND backend_version = ?" for t in SELECT),
+            [SOURCE, sku, version] * 2).fetchall()
+        card = render_card(
+            "ops", name=f"{sku}{SUFFIX}", sku=sku, version=version, rows=len(points),
+            gemm=counts.get("gemm", 0), attention=counts.get("attention", 0),
+            flagged=(points["flags"] == "faster_than_dram").sum(), sources=source_lines(con, files),
+            breakdown="\n".join(f"| {f} | {p or '-'} | {d} | {kv or '-'} | {n} |"
+                                for f, p, d, kv, n in by_dtype.iter_rows()))
+        out.append({"name": f"{sku}{SUFFIX}", "kind": "ops", "sku": sku, "version": version,
+                    "rows": len(points), "tables": {t: counts.get(t, 0) for t in SELECT},
+                    "card": card})
+    return out

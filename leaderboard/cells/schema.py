@@ -1,0 +1,58 @@
+"""The columns of a cell and of its lineage.
+
+A cell is one forward step: a batch of requests (per request: new tokens ``q`` this step and
+``ctx`` tokens already in the KV cache), on one GPU, model and TP degree, with its measured
+ground truth. ``gpu_block`` ground truth is a sum of measured kernel points (lineage lists them);
+``wall_clock`` is a measured end-to-end step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+CELL_SCHEMA = {
+    "dataset": pl.String, "cell_id": pl.String, "workload_id": pl.String, "sku": pl.String,
+    "model": pl.String, "tp": pl.Int64, "phase": pl.String,
+    "q_lens": pl.List(pl.Int64), "ctx_lens": pl.List(pl.Int64),
+    "num_requests": pl.Int64, "num_prefill": pl.Int64, "num_decode": pl.Int64,
+    "total_tokens": pl.Int64, "prefill_tokens": pl.Int64, "decode_ctx_sum": pl.Int64,
+    "gt_ms": pl.Float64, "gt_kind": pl.String, "gt_spread_ms": pl.Float64,
+    "source": pl.String, "backend": pl.String, "backend_version": pl.String,
+    "composed": pl.Boolean, "weight": pl.Int64, "trace": pl.String, "scheduler": pl.String,
+}
+LINEAGE_SCHEMA = {
+    "dataset": pl.String, "cell_id": pl.String, "op": pl.String, "table_name": pl.String,
+    "key": pl.String, "latency_ms": pl.Float64, "count": pl.Int64,
+}
+
+
+@dataclass
+class CellSet:
+    """What a dataset builder returns: its cells, their lineage and its card text."""
+
+    name: str
+    sku: str
+    cells: pl.DataFrame
+    lineage: pl.DataFrame
+    card: str
+
+
+def derive(cells: pl.DataFrame) -> pl.DataFrame:
+    """Fill the derived scalar columns from ``q_lens`` and ``ctx_lens`` and order the schema."""
+    cells = cells.with_columns(
+        num_requests=pl.col("q_lens").list.len(),
+        num_decode=pl.col("q_lens").list.eval((pl.element() == 1).cast(pl.Int64)).list.sum(),
+        total_tokens=pl.col("q_lens").list.sum(),
+        decode_ctx_sum=pl.struct("q_lens", "ctx_lens").map_elements(
+            lambda r: sum(c for q, c in zip(r["q_lens"], r["ctx_lens"], strict=True) if q == 1),
+            return_dtype=pl.Int64),
+    ).with_columns(
+        num_prefill=pl.col("num_requests") - pl.col("num_decode"),
+        prefill_tokens=pl.col("total_tokens") - pl.col("num_decode"),
+    )
+    return cells.select([
+        (pl.col(c) if c in cells.columns else pl.lit(None)).cast(t).alias(c)
+        for c, t in CELL_SCHEMA.items()
+    ])
