@@ -21,10 +21,12 @@ from leaderboard.specs import SpecError
 
 def list_datasets(include_all: bool = False, **where) -> list[dict]:
     with store.connect(**where) as con:
-        rows = con.sql("SELECT * FROM datasets ORDER BY kind, source, sku").pl().to_dicts()
+        rows = con.sql("SELECT * EXCLUDE (card) FROM datasets ORDER BY kind, name").pl().to_dicts()
     for row in rows:
-        for key in ("tables", "backend_versions", "files"):
-            row[key] = json.loads(row[key])
+        for key in ("tables", "backend_versions", "files", "phases"):
+            row[key] = json.loads(row[key]) if row[key] is not None else None
+        if row["phases"] is None:
+            del row["phases"]
     return [r for r in rows if include_all or r["kind"] in ("ops", "cells")]
 
 

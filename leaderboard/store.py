@@ -22,7 +22,7 @@ import polars as pl
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import paths, sources
+from leaderboard import cells, paths, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
 from leaderboard.specs import load_gpu_specs, load_models
@@ -30,7 +30,7 @@ from leaderboard.tables import TABLES, conform
 from leaderboard.versioning import code_version, content_hash
 
 # Bump when ingestion changes what lands in the store: every version below changes with it.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 
 stderr = Console(stderr=True)
 
@@ -68,8 +68,10 @@ def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     """What a store was built from, short of hashing the upstream files themselves."""
     spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
     root = sources.explicit_root(sources_root)
+    cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "dataset").glob("*.yaml"),
+                                                  *(paths.DATASETS_DIR / "cards").glob("*.md")])]
     return content_hash(BUILDER_VERSION, sources.PINS_FILE.read_text(), spec_texts, load_models(),
-                        str(root), sorted(only or ADAPTERS))
+                        cell_inputs, str(root), sorted(only or ADAPTERS))
 
 
 def build(sources_root: str | None = None, gpu_specs: str | None = None,
@@ -152,21 +154,27 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
             table_versions.append({"table_name": name, "rows": len(df), "version": content_hash(
                 BUILDER_VERSION, sorted(df["file_sha256"].unique().to_list()))})
             del df
-        datasets = _datasets(summaries, ctx, files)
+        quarantine = ctx.quarantine.table()
+        _store_table(con, "quarantine", quarantine)
+        _store_table(con, "sources", pl.DataFrame([
+            {"rel": f.rel, "repo": f.repo, "commit": f.commit, "sha256": f.sha256,
+             "bytes": f.path.stat().st_size, "license": f.license, "pinned": f.pinned,
+             "read_from": str(f.path.parent)} for f in files]))
+        # Cells are composed from the op tables just written, inside the same temporary store.
+        cell_sets, cell_entries = cells.build_all(con, ctx.gpus, BUILDER_VERSION)
+        cell_frame, lineage_frame = cells.frames(cell_sets)
+        _store_table(con, "cells", cell_frame)
+        _store_table(con, "cell_lineage", lineage_frame)
+        rows["cells"], rows["cell_lineage"] = len(cell_frame), len(lineage_frame)
+        datasets = pl.concat([_datasets(summaries, ctx, files).with_columns(
+            phases=pl.lit(None, pl.String), card=pl.lit(None, pl.String)),
+            pl.DataFrame(cell_entries)], how="vertical_relaxed")
         meta = {"builder_version": BUILDER_VERSION, "built_at": datetime.now(UTC).isoformat(),
                 "code_version": code_version(), "inputs_fingerprint": fingerprint,
                 "store_version": content_hash(BUILDER_VERSION, datasets["version"].to_list())}
-        quarantine = ctx.quarantine.table()
-        for name, frame in {
-            "quarantine": quarantine, "datasets": datasets,
-            "table_versions": pl.DataFrame(table_versions),
-            "sources": pl.DataFrame([
-                {"rel": f.rel, "repo": f.repo, "commit": f.commit, "sha256": f.sha256,
-                 "bytes": f.path.stat().st_size, "license": f.license, "pinned": f.pinned,
-                 "read_from": str(f.path.parent)} for f in files]),
-            "meta": pl.DataFrame({"key": list(meta), "value": list(meta.values())}),
-        }.items():
-            _store_table(con, name, frame)
+        _store_table(con, "datasets", datasets)
+        _store_table(con, "table_versions", pl.DataFrame(table_versions))
+        _store_table(con, "meta", pl.DataFrame({"key": list(meta), "value": list(meta.values())}))
         con.close()
         os.replace(tmp, target)
     finally:

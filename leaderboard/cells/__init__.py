@@ -1,1 +1,53 @@
 """Step-level ground truth: cells (one forward step each) built from the store's op tables."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import polars as pl
+
+from leaderboard.cells.ops import op_datasets
+from leaderboard.cells.profiles import build_llmservingsim, build_vidurprof
+from leaderboard.cells.schema import CellSet
+from leaderboard.cells.vidur_method import CONFIG, build_vidur
+from leaderboard.cells.wallclock import build_splitwise
+from leaderboard.specs import GpuSpec
+from leaderboard.versioning import content_hash
+
+
+def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str
+              ) -> tuple[list[CellSet], list[dict]]:
+    """Every cell dataset, and the datasets-table entries for them and for ``<sku>_ops``."""
+    sets = [*build_vidur(con, gpus), *build_splitwise(con), *build_vidurprof(con),
+            *build_llmservingsim(con)]
+    names = [s.name for s in sets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate cell dataset names: {sorted(names)}")
+    config_text = CONFIG.read_text()
+    entries = []
+    for s in sets:
+        phases = dict(s.cells.group_by("phase").len().iter_rows())
+        digest = s.cells.select("cell_id", "gt_ms").sort("cell_id").write_csv()
+        entries.append({
+            "name": s.name, "kind": "cells", "source": s.cells["source"][0] if len(s.cells) else None,
+            "sku": s.sku, "rows": len(s.cells),
+            "version": content_hash(builder_version, digest, config_text),
+            "tables": json.dumps({"cells": len(s.cells), "cell_lineage": len(s.lineage)}),
+            "backend_versions": json.dumps(sorted(set(s.cells["backend_version"].drop_nulls()))),
+            "files": json.dumps([]), "pinned": True,
+            "phases": json.dumps({p: phases.get(p, 0) for p in ("prefill", "decode", "mixed")}),
+            "card": s.card,
+        })
+    for op in op_datasets(con):
+        entries.append({
+            "name": op["name"], "kind": "ops", "source": "aiconfigurator", "sku": op["sku"],
+            "rows": op["rows"], "version": content_hash(builder_version, op["version"], op["rows"]),
+            "tables": json.dumps(op["tables"]), "backend_versions": json.dumps([op["version"]]),
+            "files": json.dumps([]), "pinned": True, "phases": None, "card": op["card"],
+        })
+    return sets, entries
+
+
+def frames(sets: list[CellSet]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    return pl.concat([s.cells for s in sets]), pl.concat([s.lineage for s in sets])

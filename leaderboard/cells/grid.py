@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import duckdb
 
@@ -34,6 +35,14 @@ class Grid:
     decode: dict[tuple[int, int, int, int], Point] = field(default_factory=dict)
     allreduce: dict[tuple[int, int], Point] = field(default_factory=dict)
     files: set[tuple[str, str]] = field(default_factory=set)
+
+    @cached_property
+    def prefill_batches(self) -> list[int]:
+        return sorted({b for b, *_ in self.prefill})
+
+    @cached_property
+    def decode_batches(self) -> list[int]:
+        return sorted({b for b, *_ in self.decode})
 
 
 def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import duckdb
 
-from leaderboard.cells.schema import CellSet
+from leaderboard.cells.schema import CellSet, workload_id
 from leaderboard.cells.wallclock import (
     PHASES,
     cell_set,
@@ -20,7 +20,6 @@ from leaderboard.cells.wallclock import (
     phase_counts,
     render_card,
     source_lines,
-    workload_id,
 )
 from leaderboard.specs import load_models
 
@@ -89,7 +88,9 @@ def build_vidurprof(con: duckdb.DuckDBPyConnection) -> list[CellSet]:
         for (model, tp), by_tokens in grid.items():
             ops = sorted({op for at in by_tokens.values() for op in at})
             layers = models[model]["num_layers"]
-            info[(model, tp)] = f"{layers} | {', '.join(ops)} | {min(by_tokens)}..{max(by_tokens)}"
+            missing = [op for op in VIDUR_OPS if op not in ops]
+            listed = f"all but {', '.join(missing)}" if missing else "all"
+            info[(model, tp)] = f"{layers} | {listed} | {min(by_tokens)}..{max(by_tokens)}"
             for tokens, at in sorted(by_tokens.items()):
                 if len(at) < len(ops):
                     gaps += 1

@@ -8,6 +8,8 @@ ground truth. ``gpu_block`` ground truth is a sum of measured kernel points (lin
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 import polars as pl
@@ -39,18 +41,38 @@ class CellSet:
     card: str
 
 
+def workload_id(model: str, tp: int, q_lens: list[int], ctx_lens: list[int]) -> str:
+    """The same step on any GPU has the same id: it hashes the model, TP and composition."""
+    blob = json.dumps([model, tp, sorted(zip(q_lens, ctx_lens, strict=True))])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_decode(q: int, ctx: int) -> bool:
+    """A decode request adds one token on top of a non-empty cache."""
+    return q == 1 and ctx > 0
+
+
+def phase_of(q_lens: list[int], ctx_lens: list[int]) -> str:
+    decode = [is_decode(q, c) for q, c in zip(q_lens, ctx_lens, strict=True)]
+    return "decode" if all(decode) else "prefill" if not any(decode) else "mixed"
+
+
 def derive(cells: pl.DataFrame) -> pl.DataFrame:
     """Fill the derived scalar columns from ``q_lens`` and ``ctx_lens`` and order the schema."""
     cells = cells.with_columns(
         num_requests=pl.col("q_lens").list.len(),
-        num_decode=pl.col("q_lens").list.eval((pl.element() == 1).cast(pl.Int64)).list.sum(),
+        num_decode=pl.struct("q_lens", "ctx_lens").map_elements(
+            lambda r: sum(is_decode(q, c) for q, c in zip(r["q_lens"], r["ctx_lens"], strict=True)),
+            return_dtype=pl.Int64),
         total_tokens=pl.col("q_lens").list.sum(),
         decode_ctx_sum=pl.struct("q_lens", "ctx_lens").map_elements(
-            lambda r: sum(c for q, c in zip(r["q_lens"], r["ctx_lens"], strict=True) if q == 1),
-            return_dtype=pl.Int64),
+            lambda r: sum(c for q, c in zip(r["q_lens"], r["ctx_lens"], strict=True)
+                          if is_decode(q, c)), return_dtype=pl.Int64),
     ).with_columns(
         num_prefill=pl.col("num_requests") - pl.col("num_decode"),
         prefill_tokens=pl.col("total_tokens") - pl.col("num_decode"),
+        phase=pl.struct("q_lens", "ctx_lens").map_elements(
+            lambda r: phase_of(r["q_lens"], r["ctx_lens"]), return_dtype=pl.String),
     )
     return cells.select([
         (pl.col(c) if c in cells.columns else pl.lit(None)).cast(t).alias(c)

@@ -24,7 +24,10 @@ MIN_PREFILL = 16
 
 
 def nearest_log(value: int, grid: list[int]) -> int:
-    return min(grid, key=lambda g: (abs(math.log2(g) - math.log2(max(value, 1))), -g))
+    """The grid value nearest on a log2 scale; ties go to the larger one."""
+    i = bisect_right(grid, value)
+    near = grid[max(i - 1, 0): i + 1]
+    return min(near, key=lambda g: (abs(math.log2(g) - math.log2(max(value, 1))), -g))
 
 
 def presnap(slots: list[Slot], axes: dict[str, list[int]]) -> tuple[tuple, tuple]:

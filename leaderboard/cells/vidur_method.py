@@ -8,8 +8,6 @@ truth: aiconfigurator did not measure the light kernels.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -19,18 +17,13 @@ import yaml
 
 from leaderboard import paths
 from leaderboard.cells.grid import Grid, common_axes, load_grid, vidur_version
-from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive
+from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive, is_decode, phase_of, workload_id
 from leaderboard.cells.snapping import binary_batches, fit, presnap
 from leaderboard.cells.traces import replayed_steps
 from leaderboard.specs import GpuSpec, load_models
 
 CONFIG = paths.CONF_DIR / "dataset" / "vidur.yaml"
 BF16 = 2
-
-
-def workload_id(model: str, tp: int, q_lens: list[int], ctx_lens: list[int]) -> str:
-    blob = json.dumps([model, tp, sorted(zip(q_lens, ctx_lens, strict=True))])
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def shapes(model: dict, tp: int) -> dict[str, tuple[int, int] | int]:
@@ -52,10 +45,9 @@ def compose(grid: Grid, model: dict, tp: int, q_lens: list[int], ctx_lens: list[
         points.append((f"gemm_{op}", grid.gemm.get((tokens, *s[op])), 1))
     groups = Counter((q, c) for q, c in zip(q_lens, ctx_lens, strict=True))
     for (q, c), count in sorted(groups.items()):
-        decode = q == 1 and c > 0
+        decode = is_decode(q, c)
         table = grid.decode if decode else grid.prefill
-        batches = sorted({b for b, *_ in table}) or [1]
-        parts = binary_batches(count, batches)
+        parts = binary_batches(count, grid.decode_batches if decode else grid.prefill_batches)
         if not parts:
             return None
         for b in parts:
@@ -97,29 +89,28 @@ def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> lis
             if step:
                 snapped[(tuple(step[0]), tuple(step[1]), trace, scheduler)] += count
         by_id = {}
-        for (q, c, trace, scheduler), weight in snapped.items():
+        for (q, c, trace, scheduler), weight in sorted(snapped.items()):
             wid = workload_id(entry["model"], tp, list(q), list(c))
-            if all(compose(g, model, tp, list(q), list(c)) for g in family):
-                prev = by_id.get(wid)
-                by_id[wid] = (q, c, trace, scheduler, weight + (prev[4] if prev else 0))
-        workloads += _sample(entry["model"], tp, by_id, cfg["cells_per_phase"])
+            prev = by_id.get(wid)
+            by_id[wid] = (q, c, trace, scheduler, weight + (prev[4] if prev else 0))
+        workloads += _sample(entry["model"], tp, by_id, cfg["cells_per_phase"], family, model)
     return [_cell_set(grid, workloads, models, cfg, gpus[sku]["short_name"])
             for sku, grid in sorted(grids.items())]
 
 
-def _phase(q_lens, ctx_lens) -> str:
-    decode = [q == 1 and c > 0 for q, c in zip(q_lens, ctx_lens, strict=True)]
-    return "decode" if all(decode) else "prefill" if not any(decode) else "mixed"
-
-
-def _sample(model: str, tp: int, by_id: dict, per_phase: int) -> list[dict]:
-    """Up to ``per_phase`` workloads per phase, chosen by hash order: seeded and deterministic."""
-    rows = [{"workload_id": wid, "model": model, "tp": tp, "q_lens": list(q), "ctx_lens": list(c),
-             "trace": t, "scheduler": s, "weight": w, "phase": _phase(q, c)}
-            for wid, (q, c, t, s, w) in sorted(by_id.items())]
+def _sample(name: str, tp: int, by_id: dict, per_phase: int, family, model) -> list[dict]:
+    """Up to ``per_phase`` workloads per phase that every family GPU measured, taken in
+    workload-id hash order: seeded and deterministic."""
+    taken = Counter()
     out = []
-    for phase in ("prefill", "decode", "mixed"):
-        out += [r for r in rows if r["phase"] == phase][:per_phase]
+    for wid, (q, c, t, s, w) in sorted(by_id.items()):
+        phase = phase_of(q, c)
+        if taken[phase] < per_phase and all(compose(g, model, tp, list(q), list(c))
+                                            for g in family):
+            taken[phase] += 1
+            out.append({"workload_id": wid, "model": name, "tp": tp, "q_lens": list(q),
+                        "ctx_lens": list(c), "trace": t, "scheduler": s, "weight": w,
+                        "phase": phase})
     return out
 
 

@@ -4,14 +4,13 @@ Each (model, TP, batch, prompt, generated tokens) point gives two cells: the who
 step (``prompt_time``) and one decode iteration (``token_time``), each the median over the point's
 repeats, with max - min as the spread. Nothing is composed: these are wall clocks.
 
-This module also holds what every secondary cell family shares (workload ids, lineage keys,
-assembling a CellSet, card rendering), so that ids and keys agree across families.
+This module also holds what every secondary cell family shares (store rows with their lineage
+keys, assembling a CellSet, card rendering). Workload ids are the ``_vidur`` datasets' own, so
+one step has one id in every family.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import statistics
 from collections.abc import Iterable
 
@@ -19,7 +18,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import paths
-from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive
+from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive, workload_id
 from leaderboard.tables import TABLES
 
 SOURCE = "splitwise"
@@ -27,12 +26,6 @@ DATASETS = {"a100_sxm": "a100_splitwise", "h100_sxm": "h100_splitwise"}
 POINT = ["model", "tp", "batch_size", "prompt_size", "token_size"]
 MEASURED = ["prompt_time_ms", "token_time_ms", "e2e_time_ms"]
 PHASES = ("prefill", "decode", "mixed")
-
-
-def workload_id(model: str, tp: int, q_lens: list[int], ctx_lens: list[int]) -> str:
-    """The same formula as the ``_vidur`` datasets, so one step has one id in every family."""
-    blob = json.dumps([model, tp, sorted(zip(q_lens, ctx_lens, strict=True))])
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def fetch(con: duckdb.DuckDBPyConnection, table: str, where: str, params: list,
@@ -74,7 +67,7 @@ def render_card(family: str, **fields) -> str:
 
 
 def _median_cell(sku: str, point: dict, phase: str, q_lens: list[int],
-                 ctx_lens: list[int], repeats: list[dict], column: str):
+                 ctx_lens: list[int], repeats: list[dict], column: str) -> tuple[dict, list]:
     cell_id = (f"{phase}/{point['model']}/tp{point['tp']}/b{point['batch_size']}"
                f"/p{point['prompt_size']}/t{point['token_size']}")
     values = [r[column] for r in repeats]
