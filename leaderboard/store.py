@@ -168,7 +168,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
         rows["cells"], rows["cell_lineage"] = len(cell_frame), len(lineage_frame)
         datasets = pl.concat([_datasets(summaries, ctx, files).with_columns(
             phases=pl.lit(None, pl.String), card=pl.lit(None, pl.String)),
-            pl.DataFrame(cell_entries)], how="vertical_relaxed")
+            *([pl.DataFrame(cell_entries)] if cell_entries else [])], how="vertical_relaxed")
         meta = {"builder_version": BUILDER_VERSION, "built_at": datetime.now(UTC).isoformat(),
                 "code_version": code_version(), "inputs_fingerprint": fingerprint,
                 "store_version": content_hash(BUILDER_VERSION, datasets["version"].to_list())}

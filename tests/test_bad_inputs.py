@@ -138,9 +138,12 @@ def test_splitwise_synthetic_rows_excluded_with_reason(tiny, capsys):
     assert not paths.store_path().exists()
     assert data.main(["list", "--json"]) == 0
     listed = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
-    assert set(listed) == {"splitwise.a100_sxm", "splitwise.h100_sxm"}
+    # the op tables, and the wall-clock cell datasets built from them
+    assert set(listed) == {"splitwise.a100_sxm", "splitwise.h100_sxm", "a100_splitwise",
+                           "h100_splitwise"}
     assert listed["splitwise.h100_sxm"]["rows"] == 3 and listed["splitwise.a100_sxm"]["rows"] == 2
-    assert all(e["pinned"] is False for e in listed.values())
+    assert listed["a100_splitwise"]["kind"] == "cells"
+    assert all(listed[n]["pinned"] is False for n in ("splitwise.a100_sxm", "splitwise.h100_sxm"))
 
     rows = tiny.sql("SELECT kind, reason, sku, table_name, detail FROM quarantine")
     assert len(rows) == 4

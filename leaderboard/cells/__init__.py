@@ -9,7 +9,7 @@ import polars as pl
 
 from leaderboard.cells.ops import op_datasets
 from leaderboard.cells.profiles import build_llmservingsim, build_vidurprof
-from leaderboard.cells.schema import CellSet
+from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA, CellSet
 from leaderboard.cells.vidur_method import CONFIG, build_vidur
 from leaderboard.cells.wallclock import build_splitwise
 from leaderboard.specs import GpuSpec
@@ -50,4 +50,6 @@ def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_
 
 
 def frames(sets: list[CellSet]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    return pl.concat([s.cells for s in sets]), pl.concat([s.lineage for s in sets])
+    """All cells and all lineage, empty but typed when a partial store yields none."""
+    return (pl.concat([pl.DataFrame(schema=CELL_SCHEMA), *[s.cells for s in sets]]),
+            pl.concat([pl.DataFrame(schema=LINEAGE_SCHEMA), *[s.lineage for s in sets]]))

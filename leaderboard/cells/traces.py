@@ -20,6 +20,10 @@ class TraceError(ValueError):
     """A trace row cannot be replayed; the message names the trace, the row and the fix."""
 
 
+def has_traces(con: duckdb.DuckDBPyConnection) -> bool:
+    return con.execute("SELECT count(*) FROM request_traces").fetchall()[0][0] > 0
+
+
 def load_trace(con: duckdb.DuckDBPyConnection, name: str, limit: int):
     if name == "sharegpt":
         rows = con.execute(

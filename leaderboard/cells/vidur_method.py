@@ -19,7 +19,7 @@ from leaderboard import paths
 from leaderboard.cells.grid import Grid, common_axes, load_grid, vidur_version
 from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive, is_decode, phase_of, workload_id
 from leaderboard.cells.snapping import binary_batches, fit, presnap
-from leaderboard.cells.traces import replayed_steps
+from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard.specs import GpuSpec, load_models
 
 CONFIG = paths.CONF_DIR / "dataset" / "vidur.yaml"
@@ -77,6 +77,8 @@ def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> lis
         "SELECT DISTINCT sku FROM gemm WHERE source = 'aiconfigurator' ORDER BY sku").fetchall()]
     grids = {sku: load_grid(con, sku, v) for sku in skus if (v := vidur_version(con, sku))}
     family = [grids[s] for s in cfg["family"] if s in grids]
+    if not family or not has_traces(con):
+        return []  # a partial store (sources.only) without aiconfigurator or the traces
     axes = common_axes(family)
     presnapped = Counter((*presnap(slots, axes), trace, scheduler)
                          for trace, scheduler, slots in replayed_steps(con, cfg))

@@ -56,7 +56,8 @@ def phase_counts(cells: list[dict]) -> dict[str, int]:
 
 def source_lines(con: duckdb.DuckDBPyConnection, files: Iterable[tuple[str, str]]) -> str:
     """Markdown list of (file, sha256) with the repository and commit the store pinned it at."""
-    pinned = {rel: f"{repo}@{commit[:7]}" for rel, repo, commit in con.execute(
+    pinned = {rel: f"{repo}@{commit[:7]}" if commit else "local, unpinned"
+              for rel, repo, commit in con.execute(
         "SELECT rel, repo, commit FROM sources").fetchall()}
     return "\n".join(f"- `{rel}` ({pinned.get(rel, 'not pinned')}), sha256 `{sha}`"
                      for rel, sha in sorted(set(files)))
