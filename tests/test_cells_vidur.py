@@ -6,14 +6,13 @@ import json
 
 import polars as pl
 import pytest
+from conftest import SHARED, requires_shared
 
 from leaderboard.cells import vidur_method
 from leaderboard.cells.scheduler import Replay, Request
 from leaderboard.cells.snapping import binary_batches, fit, nearest_log
 from leaderboard.cells.traces import TraceError, check_rows
 from leaderboard.specs import load_models
-
-from conftest import SHARED, requires_shared
 
 SIX = ["a100_vidur", "h100_vidur", "h200_vidur", "l40s_vidur", "b200_vidur", "gb200_vidur"]
 AIC = SHARED / "ai-dynamo__aiconfigurator/aic-core/src/aiconfigurator_core/systems/data"
