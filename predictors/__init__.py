@@ -1,0 +1,1 @@
+"""Step-time predictors, one module each, registered by name (the protocol lands with the predictor issue)."""
