@@ -1,7 +1,7 @@
-"""``python -m leaderboard [key=value ...]``: the suite's main job.
+"""``python -m leaderboard predictor=NAME dataset=NAME [key=value ...]``: one leaderboard run.
 
-Until predictors are registered, the main job builds the store when needed and lists what it
-holds; with predictors it becomes the default leaderboard run.
+Fits the predictor on the home dataset's training rows, predicts the target blind, prints the
+per-phase errors and writes ``<runs_dir>/<run_id>/{metrics.json, predictions.parquet}``.
 """
 
 from __future__ import annotations
@@ -9,24 +9,76 @@ from __future__ import annotations
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.table import Table
 
-from leaderboard.data import list_datasets, print_table
+from leaderboard import paths
+from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError
+from predictors import registry
+from predictors.base import NotSupported
+
+stderr = Console(stderr=True)
+
+
+def register_predictor_nodes() -> None:
+    """One ``predictor/<name>`` node per registered predictor, its keys the constructor's."""
+    cs = ConfigStore.instance()
+    for name in registry.names():
+        cs.store(group="predictor", name=name, node={"name": name, **registry.get(name).default_params()})
+
+
+def check_choices(argv: list[str]) -> None:
+    """Answer a typo in ``predictor=`` or ``dataset=`` with the valid names and the closest one."""
+    valid = {"predictor": registry.names(),
+             "dataset": sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml"))}
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in valid and value:
+            for choice in value.split(","):
+                if choice not in valid[key]:
+                    stderr.print(f"[bold red]error:[/] unknown {key} '{choice}'; "
+                                 f"{registry.suggestion(choice, valid[key])}", highlight=False)
+                    sys.exit(2)
+
+
+def print_metrics(metrics: dict, folder) -> None:
+    status = "VALID" if metrics["valid"] else "INVALID"
+    table = Table(title=f"{metrics['predictor']} on {metrics['dataset']} ({metrics['split']}, "
+                        f"home {metrics['home_dataset']}): {status}")
+    for col in ("phase", "n", "MAPE %", "median APE %", "P90 APE %", "bias %"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for phase, m in metrics["phases"].items():
+        table.add_row(phase, str(m["n"]), fmt(m["mape"]), fmt(m["median_ape"]), fmt(m["p90_ape"]),
+                      fmt(m["bias"]))
+    Console().print(table)
+    for reason in metrics["invalid_reasons"]:
+        stderr.print(f"[red]invalid:[/] {reason}", highlight=False)
+    Console().print(f"fit {metrics['fit_seconds'] or 0:.2f} s, predict "
+                    f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; wrote {folder}")
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
+    spec = RunSpec(predictor=cfg.predictor.name, dataset=cfg.dataset.name, params=params,
+                   home=cfg.dataset.home, seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
+                   runs_dir=cfg.runs_dir, output_json=cfg.output.json, sources_root=cfg.sources.root,
+                   gpu_specs=cfg.gpu_specs)
     try:
-        rows = list_datasets(sources_root=cfg.sources.root, gpu_specs=cfg.gpu_specs)
-    except (SourceError, SpecError, BuildError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        result = run(spec)
+    except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:
+        stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    print_table(rows)
+    print_metrics(result.metrics, result.folder)
 
 
 if __name__ == "__main__":
+    register_predictor_nodes()
+    check_choices(sys.argv[1:])
     main()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
+from leaderboard import guard
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DATASETS_DIR = REPO_ROOT / "datasets"
@@ -24,6 +26,7 @@ def home() -> Path:
 
 
 def store_path() -> Path:
+    guard.check("locate the store")
     return home() / "store" / "leaderboard.duckdb"
 
 

@@ -22,7 +22,7 @@ import polars as pl
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import cells, paths, sources
+from leaderboard import cells, guard, paths, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
 from leaderboard.specs import load_gpu_specs, load_models
@@ -68,7 +68,7 @@ def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     """What a store was built from, short of hashing the upstream files themselves."""
     spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
     root = sources.explicit_root(sources_root)
-    cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "dataset").glob("*.yaml"),
+    cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "cells").glob("*.yaml"),
                                                   *(paths.DATASETS_DIR / "cards").glob("*.md")])]
     return content_hash(BUILDER_VERSION, sources.PINS_FILE.read_text(), spec_texts, load_models(),
                         cell_inputs, str(root), sorted(only or ADAPTERS))
@@ -224,4 +224,5 @@ def ensure(sources_root: str | None = None, gpu_specs: str | None = None) -> Pat
 
 
 def connect(sources_root: str | None = None, gpu_specs: str | None = None):
+    guard.check("open the store")
     return duckdb.connect(str(ensure(sources_root, gpu_specs)), read_only=True)

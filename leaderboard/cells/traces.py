@@ -1,4 +1,4 @@
-"""Real request traces from the store, replayed through the schedulers of conf/dataset/vidur.yaml.
+"""Real request traces from the store, replayed through the schedulers of conf/cells/vidur.yaml.
 
 Vidur's processed traces (Azure code and conversation with arrival times, arXiv summarization
 without) and the ShareGPT requests of LLMServingSim's RTX 4090 serving run. A trace without
@@ -34,7 +34,7 @@ def load_trace(con: duckdb.DuckDBPyConnection, name: str, limit: int):
             "SELECT prefill_tokens, decode_tokens, arrived_at_s FROM request_traces "
             "WHERE trace = ? ORDER BY request_idx LIMIT ?", [name, limit]).fetchall()
     if not rows:
-        raise TraceError(f"trace '{name}' has no rows in the store; check conf/dataset/vidur.yaml "
+        raise TraceError(f"trace '{name}' has no rows in the store; check conf/cells/vidur.yaml "
                          "traces against `SELECT DISTINCT trace FROM request_traces`")
     return [list(col) for col in zip(*rows, strict=True)]
 

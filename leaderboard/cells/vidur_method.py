@@ -22,7 +22,7 @@ from leaderboard.cells.snapping import binary_batches, fit, presnap
 from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard.specs import GpuSpec, load_models
 
-CONFIG = paths.CONF_DIR / "dataset" / "vidur.yaml"
+CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2
 
 

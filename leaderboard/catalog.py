@@ -1,0 +1,46 @@
+"""Where a run reads cells from: the local store, or a Hugging Face export (``leaderboard.hub``).
+
+Both give the same four things: the dataset list (name, kind, sku, version), a dataset's cells,
+its lineage (the measured points behind each cell), and the published coefficient table that
+some baselines ship with. A run scores the same way whichever catalog it reads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import polars as pl
+
+from leaderboard import store
+
+
+class StoreCatalog:
+    """The local DuckDB store, opened read-only for the life of the catalog."""
+
+    def __init__(self, sources_root: str | None = None, gpu_specs: str | None = None):
+        self._con: duckdb.DuckDBPyConnection = store.connect(sources_root, gpu_specs)
+
+    def __enter__(self) -> StoreCatalog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._con.close()
+
+    def datasets(self) -> dict[str, dict]:
+        rows = self._con.execute(
+            "SELECT name, kind, sku, version, backend_versions FROM datasets "
+            "WHERE kind = 'cells' OR (kind = 'ops' AND name LIKE '%\\_ops' ESCAPE '\\')").fetchall()
+        return {n: {"name": n, "kind": k, "sku": s, "version": v, "backend_versions": json.loads(b)}
+                for n, k, s, v, b in rows}
+
+    def cells(self, name: str) -> pl.DataFrame:
+        return self._con.sql("SELECT * FROM cells WHERE dataset = ? ORDER BY cell_id",
+                             params=[name]).pl()
+
+    def lineage(self, name: str) -> pl.DataFrame:
+        return self._con.sql("SELECT * FROM cell_lineage WHERE dataset = ? ORDER BY cell_id, op, key",
+                             params=[name]).pl()
+
+    def coefficients(self) -> pl.DataFrame:
+        return self._con.sql("SELECT * FROM coefficients ORDER BY ALL").pl()

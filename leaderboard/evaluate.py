@@ -1,0 +1,147 @@
+"""One leaderboard run: fit on the home's training rows, predict the target blind, score it.
+
+The run folder is written under a temporary name and renamed when complete, so an interrupted
+run leaves nothing the leaderboard would count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from leaderboard import guard, homes, metrics
+from leaderboard.catalog import StoreCatalog
+from leaderboard.specs import load_gpu_specs, load_models, require_gpu
+from leaderboard.split import split
+from leaderboard.versioning import code_version
+from predictors import registry
+from predictors.base import GROUND_TRUTH_COLUMNS, NotSupported
+
+PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
+                      "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms")
+
+
+@dataclass
+class RunSpec:
+    predictor: str
+    dataset: str
+    params: dict
+    home: str | None = None
+    seed: int = 0
+    test_fraction: float = 0.3
+    runs_dir: Path = Path("results/runs")
+    output_json: str | None = None
+    sources_root: str | None = None
+    gpu_specs: str | None = None
+
+
+@dataclass
+class RunResult:
+    folder: Path
+    metrics: dict
+    predictions: pl.DataFrame
+
+
+def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu) -> tuple[np.ndarray | None, dict]:
+    """Predictions (or None) and the timing/validity facts; a predictor's exception is a reason."""
+    facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": []}
+    blind = target.drop(GROUND_TRUTH_COLUMNS)
+    try:
+        started = time.perf_counter()
+        with guard.sealed("fit"):
+            fitted = estimator.fit(home)
+        facts["fit_seconds"] = time.perf_counter() - started
+        if fitted is not estimator:
+            facts["invalid_reasons"].append("fit did not return self")
+        started = time.perf_counter()
+        with guard.sealed("predict"):
+            pred = np.asarray(estimator.predict(blind, gpu), dtype=np.float64)
+        facts["predict_seconds"] = time.perf_counter() - started
+    except NotSupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of a predictor makes the run INVALID
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        facts["invalid_reasons"].append(
+            f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
+        return None, facts
+    if pred.shape != (len(target),):
+        facts["invalid_reasons"].append(f"predict returned shape {pred.shape}, expected "
+                                        f"({len(target)},)")
+        return None, facts
+    bad = ~(np.isfinite(pred) & (pred > 0))
+    if bad.any():
+        facts["invalid_reasons"].append(f"{int(bad.sum())} of {len(pred)} predictions are not "
+                                        "finite and positive")
+    return pred, facts
+
+
+def run(spec: RunSpec) -> RunResult:
+    estimator = registry.build(spec.predictor, spec.params)
+    with StoreCatalog(spec.sources_root, spec.gpu_specs) as catalog:
+        rows = catalog.datasets()
+        target_row = homes.require_dataset(rows, spec.dataset)
+        if target_row["kind"] != "cells":
+            raise NotSupported(f"dataset '{spec.dataset}' is op-level; op-level scoring is not "
+                               "implemented yet")
+        home_name = homes.home_of(spec.dataset, spec.home, rows)
+        home_row = rows[home_name]
+        gpus = load_gpu_specs(spec.gpu_specs)
+        gpu = require_gpu(gpus, target_row["sku"], f"dataset {spec.dataset}")
+        home_gpu = require_gpu(gpus, home_row["sku"], f"home dataset {home_name}")
+        train, heldout = split(catalog.cells(home_name), "workload_id", spec.seed,
+                               spec.test_fraction)
+        home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
+        target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
+    pred, facts = _fit_and_predict(estimator, home, target, gpu)
+    predictions = target.select(PREDICTION_COLUMNS).with_columns(
+        pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
+    predictions = predictions.with_columns(
+        signed_pct=(pl.col("pred_ms") - pl.col("gt_ms")) / pl.col("gt_ms") * 100.0)
+    result = {
+        "predictor": spec.predictor, "params": estimator.get_params(),
+        "card": {"kind": estimator.card.kind, "reference": estimator.card.reference,
+                 "trained_on": home_row["sku"], "needs_profiled_rows": estimator.card.needs_profiled_rows},
+        "dataset": spec.dataset, "sku": target_row["sku"], "home_dataset": home_name,
+        "home_sku": home_row["sku"], "split": "home_heldout" if spec.dataset == home_name else "unseen",
+        "split_seed": spec.seed, "test_fraction": spec.test_fraction,
+        "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
+        "code_version": code_version(), "valid": not facts["invalid_reasons"],
+        "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts["fit_seconds"],
+        "profiled_rows": int(getattr(estimator, "profiled_rows_", 0)),
+        "predict_cells_per_s": (len(target) / facts["predict_seconds"]
+                                if facts["predict_seconds"] else None),
+        "phases": metrics.by_phase(predictions) if pred is not None else {},
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    folder = _write(spec, result, predictions)
+    return RunResult(folder, result, predictions)
+
+
+def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame) -> Path:
+    run_id = (f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{spec.predictor}-{spec.dataset}-"
+              f"{uuid.uuid4().hex[:6]}")
+    result["run_id"] = run_id
+    final = Path(spec.runs_dir) / run_id
+    partial = final.with_name(f".{run_id}.partial")
+    partial.mkdir(parents=True)
+    try:
+        (partial / "metrics.json").write_text(json.dumps(result, indent=1) + "\n")
+        predictions.with_columns(run_id=pl.lit(run_id)).write_parquet(partial / "predictions.parquet")
+        os.replace(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    if spec.output_json:
+        out = Path(spec.output_json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(final / "metrics.json", out)
+    return final

@@ -1,0 +1,32 @@
+"""Per-phase error statistics of a run: n, MAPE, median and P90 APE, signed bias (percent)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+PHASES = ("all", "prefill", "decode", "mixed")
+
+
+def errors(pred_ms: np.ndarray, gt_ms: np.ndarray) -> np.ndarray:
+    """Signed percentage error of each prediction against its ground truth."""
+    return (pred_ms - gt_ms) / gt_ms * 100.0
+
+
+def summarize(signed_pct: np.ndarray) -> dict[str, float | int | None]:
+    if len(signed_pct) == 0:
+        return {"n": 0, "mape": None, "median_ape": None, "p90_ape": None, "bias": None}
+    ape = np.abs(signed_pct)
+    return {"n": int(len(ape)), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
+            "p90_ape": float(np.percentile(ape, 90)), "bias": float(signed_pct.mean())}
+
+
+def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES) -> dict[str, dict]:
+    """Statistics over all rows and per value of ``phase`` (in ``groups`` order, then any other)."""
+    signed = predictions["signed_pct"].to_numpy()
+    phase = predictions["phase"].to_numpy()
+    present = [g for g in groups if g != "all"] + sorted(set(phase) - set(groups))
+    out = {"all": summarize(signed)}
+    for g in present:
+        out[g] = summarize(signed[phase == g])
+    return out

@@ -1,0 +1,96 @@
+"""The predictor contract: scikit-learn style, vectorized, blind to the target's ground truth.
+
+A predictor's hyper-parameters are its constructor fields; what it learns ends in ``_``.
+``fit(home)`` sees only the home GPU's training rows and returns ``self``. ``predict(cells, gpu)``
+sees the target's cells without their ground-truth columns and the target's datasheet, and
+returns one step time in milliseconds per cell.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import polars as pl
+
+from leaderboard.specs import GpuSpec
+
+# Columns a predictor never receives at predict time.
+GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed")
+KINDS = ("analytical", "learned", "profiled")
+
+
+@dataclass(frozen=True)
+class PredictorCard:
+    """What a predictor is, for the leaderboard's tables and the run's metrics.json."""
+
+    kind: str  # analytical | learned | profiled
+    reference: str  # paper or repository it re-implements
+    description: str
+    needs_profiled_rows: bool  # does fit read measured rows at all
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"card kind '{self.kind}' is not one of {KINDS}")
+
+
+@dataclass(frozen=True)
+class Home:
+    """Everything ``fit`` may read: the home GPU's training rows, never a held-out or unseen row.
+
+    ``ops`` holds, per lineage op (``gemm_qkv``, ``attn_prefill``, ``attn_decode``,
+    ``allreduce``...), the measured points the training cells were composed from. ``published``
+    is the store's table of coefficients that upstream tools released (DistServe's fits): an
+    artifact of those tools, not any GPU's ground truth here.
+    """
+
+    sku: str
+    gpu: GpuSpec
+    dataset: str
+    cells: pl.DataFrame
+    ops: dict[str, pl.DataFrame] = field(default_factory=dict)
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    published: pl.DataFrame = field(default_factory=pl.DataFrame)
+
+    @property
+    def profiled_rows(self) -> int:
+        return len(self.cells) + sum(len(f) for f in self.ops.values())
+
+
+class NotSupported(ValueError):
+    """The predictor cannot score this input (say which, and what it does support)."""
+
+
+class Predictor:
+    """Base class. Subclasses set ``card`` and implement ``fit`` and ``predict``."""
+
+    card: ClassVar[PredictorCard]
+    name: ClassVar[str]  # set by ``register``
+
+    @classmethod
+    def param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return [p for p in sig.parameters if p != "self"]
+
+    @classmethod
+    def default_params(cls) -> dict[str, Any]:
+        sig = inspect.signature(cls.__init__)
+        return {p.name: p.default for p in sig.parameters.values()
+                if p.name != "self" and p.default is not inspect.Parameter.empty}
+
+    def get_params(self) -> dict[str, Any]:
+        return {p: getattr(self, p) for p in self.param_names()}
+
+    def fit(self, home: Home) -> Predictor:
+        self.trained_on_ = home.sku
+        self.profiled_rows_ = 0
+        return self
+
+    def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"

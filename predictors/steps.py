@@ -1,0 +1,86 @@
+"""A vectorized view of cells for predictors: per-cell model shapes and per-request arrays.
+
+Decode requests enter most formulas only through per-cell sums (their count and total context),
+so those come from the cell's derived columns. Prefill and chunked-prefill requests are few per
+step and are kept one row each (``pf_cell``, ``pf_q``, ``pf_ctx``), so a predictor can apply any
+per-request formula and sum it back with ``Steps.sum``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import polars as pl
+
+from leaderboard.specs import load_models
+
+MODEL_FIELDS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads",
+                "kv_heads": "num_kv_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
+                "gated": "gated_mlp", "vocab": "vocab_size"}
+
+
+@lru_cache(maxsize=1)
+def _model_table() -> pl.DataFrame:
+    models = load_models()
+    return pl.DataFrame([{"model": name, **{k: float(m[v]) for k, v in MODEL_FIELDS.items()}}
+                         for name, m in models.items()])
+
+
+@dataclass
+class Steps:
+    n: int
+    tp: np.ndarray
+    layers: np.ndarray
+    hidden: np.ndarray
+    heads: np.ndarray
+    kv_heads: np.ndarray
+    head_dim: np.ndarray
+    ffn: np.ndarray
+    gated: np.ndarray  # 1.0 for a gated (SwiGLU) MLP
+    vocab: np.ndarray
+    tokens: np.ndarray  # T: new tokens this step
+    num_requests: np.ndarray
+    num_decode: np.ndarray
+    decode_ctx: np.ndarray  # sum of decode requests' contexts
+    pf_cell: np.ndarray  # per prefill request: its cell
+    pf_q: np.ndarray
+    pf_ctx: np.ndarray
+
+    @classmethod
+    def from_cells(cls, cells: pl.DataFrame) -> Steps:
+        table = _model_table()
+        unknown = set(cells["model"].unique()) - set(table["model"])
+        if unknown:
+            raise ValueError(f"no conf/model/<name>.yaml for model(s) {sorted(unknown)}")
+        shaped = cells.select("model", "tp", "total_tokens", "num_requests", "num_decode",
+                              "decode_ctx_sum").join(table, on="model", how="left",
+                                                     maintain_order="left")
+        # The flat list values are zero-copy; only prefill requests get a row of their own.
+        q = cells["q_lens"].explode().to_numpy()
+        ctx = cells["ctx_lens"].explode().to_numpy()
+        prefill = np.flatnonzero((q != 1) | (ctx == 0))
+        ends = np.cumsum(cells["num_requests"].to_numpy())
+        col = lambda frame, c: frame[c].to_numpy().astype(np.float64)  # noqa: E731
+        return cls(
+            n=len(cells), tp=col(shaped, "tp"),
+            **{k: col(shaped, k) for k in MODEL_FIELDS},
+            tokens=col(shaped, "total_tokens"), num_requests=col(shaped, "num_requests"),
+            num_decode=col(shaped, "num_decode"), decode_ctx=col(shaped, "decode_ctx_sum"),
+            pf_cell=np.searchsorted(ends, prefill, side="right"),
+            pf_q=q[prefill].astype(np.float64), pf_ctx=ctx[prefill].astype(np.float64),
+        )
+
+    def sum(self, per_prefill_request: np.ndarray) -> np.ndarray:
+        """Per-cell sums of a value given per prefill request."""
+        return np.bincount(self.pf_cell, weights=per_prefill_request, minlength=self.n)
+
+    @property
+    def num_prefill(self) -> np.ndarray:
+        return self.num_requests - self.num_decode
+
+    def sharded(self) -> dict[str, np.ndarray]:
+        """Per-GPU widths under Megatron TP: heads, KV heads (at least one) and FFN."""
+        return {"heads": self.heads / self.tp, "kv_heads": np.maximum(self.kv_heads / self.tp, 1.0),
+                "ffn": self.ffn / self.tp}
