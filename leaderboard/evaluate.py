@@ -23,7 +23,7 @@ from leaderboard import guard, homes, metrics
 from leaderboard.catalog import StoreCatalog
 from leaderboard.specs import load_gpu_specs, load_models, require_gpu
 from leaderboard.split import split
-from leaderboard.versioning import code_version
+from leaderboard.versioning import code_hash, code_version
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS, NotSupported
 
@@ -52,10 +52,15 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu) -> tuple[np.ndarray | None, dict]:
-    """Predictions (or None) and the timing/validity facts; a predictor's exception is a reason."""
-    facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": []}
-    blind = target.drop(GROUND_TRUTH_COLUMNS)
+def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu
+                     ) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
+    """Predictions (or None), the target rows they score, and the timing/validity facts.
+
+    A predictor's exception is an INVALID reason, not a crash of the harness. Rows taken as the
+    predictor's deploy reading are removed from the scored target.
+    """
+    facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": [],
+             "deploy_row_ids": []}
     try:
         started = time.perf_counter()
         with guard.sealed("fit"):
@@ -63,6 +68,14 @@ def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu) -> tuple[np.nda
         facts["fit_seconds"] = time.perf_counter() - started
         if fitted is not estimator:
             facts["invalid_reasons"].append("fit did not return self")
+        with guard.sealed("deploy reading"):
+            mask = estimator.deploy_rows(target.drop(GROUND_TRUTH_COLUMNS))
+            if mask is not None and np.asarray(mask).any():
+                mask = pl.Series(np.asarray(mask, dtype=bool))
+                estimator.calibrate(target.filter(mask), gpu)
+                facts["deploy_row_ids"] = target.filter(mask)["cell_id"].to_list()
+                target = target.filter(~mask)
+        blind = target.drop(GROUND_TRUTH_COLUMNS)
         started = time.perf_counter()
         with guard.sealed("predict"):
             pred = np.asarray(estimator.predict(blind, gpu), dtype=np.float64)
@@ -73,16 +86,16 @@ def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu) -> tuple[np.nda
         last = traceback.extract_tb(exc.__traceback__)[-1]
         facts["invalid_reasons"].append(
             f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
-        return None, facts
+        return None, target, facts
     if pred.shape != (len(target),):
         facts["invalid_reasons"].append(f"predict returned shape {pred.shape}, expected "
                                         f"({len(target)},)")
-        return None, facts
+        return None, target, facts
     bad = ~(np.isfinite(pred) & (pred > 0))
     if bad.any():
         facts["invalid_reasons"].append(f"{int(bad.sum())} of {len(pred)} predictions are not "
                                         "finite and positive")
-    return pred, facts
+    return pred, target, facts
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -102,7 +115,7 @@ def run(spec: RunSpec) -> RunResult:
                                spec.test_fraction)
         home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
         target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
-    pred, facts = _fit_and_predict(estimator, home, target, gpu)
+    pred, target, facts = _fit_and_predict(estimator, home, target, gpu)
     predictions = target.select(PREDICTION_COLUMNS).with_columns(
         pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
     predictions = predictions.with_columns(
@@ -115,9 +128,10 @@ def run(spec: RunSpec) -> RunResult:
         "home_sku": home_row["sku"], "split": "home_heldout" if spec.dataset == home_name else "unseen",
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
-        "code_version": code_version(), "valid": not facts["invalid_reasons"],
+        "code_version": code_version(), "code_hash": code_hash(), "valid": not facts["invalid_reasons"],
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts["fit_seconds"],
         "profiled_rows": int(getattr(estimator, "profiled_rows_", 0)),
+        "deploy_rows": len(facts["deploy_row_ids"]), "deploy_row_ids": facts["deploy_row_ids"],
         "predict_cells_per_s": (len(target) / facts["predict_seconds"]
                                 if facts["predict_seconds"] else None),
         "phases": metrics.by_phase(predictions) if pred is not None else {},

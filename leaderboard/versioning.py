@@ -28,3 +28,13 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
+
+
+@cache
+def code_hash() -> str:
+    """A hash of the code and configs that decide a run's numbers (Python and YAML under
+    leaderboard/, predictors/ and conf/). Runs with another hash are stale, as in asv; edits to
+    docs or tests leave it unchanged."""
+    files = sorted(p for d in ("leaderboard", "predictors", "conf") for p in (paths.REPO_ROOT / d)
+                   .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)
+    return content_hash([(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files])

@@ -91,6 +91,15 @@ class Predictor:
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         raise NotImplementedError
 
+    def deploy_rows(self, cells: pl.DataFrame) -> np.ndarray | None:
+        """The one deploy-time reading a predictor may take on the target (ours.md): a boolean
+        mask over the blind target cells, or None for none. The harness hands those rows, with
+        their ground truth, to ``calibrate`` and leaves them out of the score."""
+        return None
+
+    def calibrate(self, reading: pl.DataFrame, gpu: GpuSpec) -> None:
+        """Take the deploy reading chosen by ``deploy_rows``."""
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
