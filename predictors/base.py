@@ -70,15 +70,17 @@ class Predictor:
     name: ClassVar[str]  # set by ``register``
 
     @classmethod
+    def _parameters(cls) -> list[inspect.Parameter]:
+        return [p for p in inspect.signature(cls.__init__).parameters.values()
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+    @classmethod
     def param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p for p in sig.parameters if p != "self"]
+        return [p.name for p in cls._parameters()]
 
     @classmethod
     def default_params(cls) -> dict[str, Any]:
-        sig = inspect.signature(cls.__init__)
-        return {p.name: p.default for p in sig.parameters.values()
-                if p.name != "self" and p.default is not inspect.Parameter.empty}
+        return {p.name: p.default for p in cls._parameters() if p.default is not p.empty}
 
     def get_params(self) -> dict[str, Any]:
         return {p: getattr(self, p) for p in self.param_names()}

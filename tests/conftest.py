@@ -134,3 +134,33 @@ def tiny(tmp_path, monkeypatch) -> TinySources:
     monkeypatch.setattr(sources, "load_pins", lambda *args, **kwargs: [])
     monkeypatch.setenv("LEADERBOARD_SOURCES", str(root))
     return TinySources(root)
+
+
+@dataclass
+class RealHome:
+    home: object  # predictors.base.Home of a100_vidur's training split
+    target: pl.DataFrame  # h200_vidur cells, ground truth included
+    gpu: object  # the h200_sxm GpuSpec
+
+
+@pytest.fixture(scope="session")
+def real_home(real_store) -> RealHome:
+    """The a100_vidur home (default split) and the h200_vidur target, read from the real store."""
+    from leaderboard import homes
+    from leaderboard.catalog import StoreCatalog
+    from leaderboard.specs import load_gpu_specs, load_models
+    from leaderboard.split import split
+
+    saved = os.environ.get("LEADERBOARD_HOME")
+    os.environ["LEADERBOARD_HOME"] = str(real_store.home)
+    try:
+        with StoreCatalog() as catalog:
+            rows = catalog.datasets()
+            gpus = load_gpu_specs()
+            train, _ = split(catalog.cells("a100_vidur"), "workload_id", 0, 0.3)
+            home = homes.build_home(catalog, rows["a100_vidur"], train, gpus["a100_sxm"],
+                                    load_models())
+            target = catalog.cells("h200_vidur")
+    finally:
+        os.environ["LEADERBOARD_HOME"] = saved or ""
+    return RealHome(home, target, gpus["h200_sxm"])

@@ -1,0 +1,92 @@
+"""The registry and the contract every registered predictor keeps (one test over all of them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from predictors import registry
+from predictors.base import GROUND_TRUTH_COLUMNS, Predictor, PredictorCard
+
+CARD = PredictorCard("analytical", "test", "a constant", False)
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    registry.discover()
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
+def test_duplicate_names_are_rejected(scratch_registry):
+    @registry.register("dup_probe")
+    class First(Predictor):
+        card = CARD
+
+    with pytest.raises(ValueError, match="already registered"):
+        @registry.register("dup_probe")
+        class Second(Predictor):
+            card = CARD
+
+
+def test_a_class_without_a_card_is_rejected(scratch_registry):
+    with pytest.raises(TypeError, match="PredictorCard"):
+        @registry.register("no_card_probe")
+        class NoCard(Predictor):
+            pass
+
+
+def test_typo_lists_valid_names_and_the_closest(scratch_registry):
+    @registry.register("roofline_probe")
+    class Probe(Predictor):
+        card = CARD
+
+    with pytest.raises(registry.UnknownPredictor) as err:
+        registry.get("roofline_prob")
+    assert "Did you mean 'roofline_probe'?" in str(err.value)
+    assert all(name in str(err.value) for name in registry.names())
+
+
+def test_unknown_parameter_names_the_valid_ones(scratch_registry):
+    @registry.register("param_probe")
+    class Probe(Predictor):
+        card = CARD
+
+        def __init__(self, eff: float = 1.0):
+            self.eff = eff
+
+    with pytest.raises(ValueError, match="its parameters: eff"):
+        registry.build("param_probe", {"efficiency": 0.5})
+    assert registry.build("param_probe", {"eff": 0.5}).get_params() == {"eff": 0.5}
+
+
+def test_the_registry_has_the_baselines():
+    assert {"rf_verbatim", "rf_scaled", "genz", "genz_calibrated", "llm_viewer", "liminal",
+            "distserve", "distserve_scaled", "ours"} <= set(registry.names())
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_contract(name, real_home):
+    """scikit-learn's estimator contract, blind prediction and valid output, per predictor."""
+    cls = registry.get(name)
+    assert cls.card.kind in ("analytical", "learned", "profiled")
+    defaults = cls.default_params()
+    assert set(defaults) == set(cls.param_names()), "every hyper-parameter needs a default"
+    estimator = cls()
+    assert estimator.get_params() == defaults
+    before = set(vars(estimator))
+    assert estimator.fit(real_home.home) is estimator
+    learned = set(vars(estimator)) - before
+    assert all(a.endswith("_") for a in learned), f"learned state must end in _: {learned}"
+    assert estimator.trained_on_ == "a100_sxm"
+    assert estimator.get_params() == defaults, "fit must not change hyper-parameters"
+    sample = real_home.target.sample(200, seed=0).drop(GROUND_TRUTH_COLUMNS)
+    kept = sample.clone()
+    pred = estimator.predict(sample, real_home.gpu)
+    assert isinstance(pred, np.ndarray) and pred.shape == (200,)
+    assert np.isfinite(pred).all() and (pred > 0).all()
+    assert sample.equals(kept), "predict must not modify its input"
+    np.testing.assert_array_equal(estimator.predict(sample, real_home.gpu), pred)
+    reordered = estimator.predict(sample.reverse(), real_home.gpu)
+    np.testing.assert_allclose(reordered[::-1], pred, rtol=1e-12)
+    assert isinstance(sample, pl.DataFrame)
