@@ -1,0 +1,46 @@
+"""Datasheet pieces shared by the roofline baselines (genz, llm_viewer, liminal).
+
+Only what two or more of them use lives here: the bf16 element size, the TP all-reduce count,
+the per-direction link bandwidth read from a GPU's datasheet, and GenZ's ring all-reduce
+formula (baselines.md §3.3), which LLM-Viewer's optional collectives and LIMINAL's sync term
+reuse.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leaderboard.specs import GpuSpec
+
+BF16_BYTES = 2.0
+# Megatron TP: one all-reduce after the attention block, one after the MLP (baselines.md §8.5).
+ALLREDUCES_PER_LAYER = 2.0
+
+
+def peak_flops(gpu: GpuSpec) -> float:
+    """Dense bf16 tensor-core peak in FLOP/s (decimal tera, as every datasheet means it)."""
+    return float(gpu["bf16_dense_tflops"]) * 1e12
+
+
+def link_gbs_per_direction(gpu: GpuSpec) -> float:
+    """The GPU's interconnect bandwidth in one direction, in GB/s.
+
+    NVIDIA quotes NVLink and PCIe as the bidirectional total per GPU (A100 600, H100/H200 900,
+    B200/GB200 1,800, L40S PCIe Gen4 x16 64). Each step of a ring all-reduce sends to one
+    neighbour while it receives from the other, so the time a message takes is set by one
+    direction: half the quoted figure. This reproduces GenZ's own H100 (450) and Blackwell (900)
+    entries; GenZ's A100 entry (150, a quarter of 600) is the odd one out and is not followed.
+    """
+    return float(gpu["interconnect"]["bw_gbs"]) / 2.0
+
+
+def ring_allreduce_s(message_bytes: np.ndarray, group: np.ndarray, link_bytes_per_s: float,
+                     link_latency_s: float, fixed_s: float) -> np.ndarray:
+    """Ring all-reduce time in seconds: ``fixed + 2(N-1)·latency + 2(N-1)/N · bytes / bw``.
+
+    GenZ uses ``fixed = 5 µs``; the value is 0 for a group of one or an empty message.
+    """
+    hops = 2.0 * (group - 1.0)
+    seconds = (fixed_s + hops * link_latency_s
+               + hops / np.maximum(group, 1.0) * message_bytes / link_bytes_per_s)
+    return np.where((group > 1) & (message_bytes > 0), seconds, 0.0)
