@@ -15,6 +15,7 @@ from leaderboard.specs import GpuSpec
 BF16_BYTES = 2.0
 # Megatron TP: one all-reduce after the attention block, one after the MLP (baselines.md §8.5).
 ALLREDUCES_PER_LAYER = 2.0
+GENZ_COLLECTIVE_FIXED_S = 5e-6  # GenZ adds 5 µs to every collective
 
 
 def peak_flops(gpu: GpuSpec) -> float:
@@ -38,7 +39,7 @@ def ring_allreduce_s(message_bytes: np.ndarray, group: np.ndarray, link_bytes_pe
                      link_latency_s: float, fixed_s: float) -> np.ndarray:
     """Ring all-reduce time in seconds: ``fixed + 2(N-1)·latency + 2(N-1)/N · bytes / bw``.
 
-    GenZ uses ``fixed = 5 µs``; the value is 0 for a group of one or an empty message.
+    GenZ uses ``fixed = GENZ_COLLECTIVE_FIXED_S``; the value is 0 for a group of one or an empty message.
     """
     hops = 2.0 * (group - 1.0)
     seconds = (fixed_s + hops * link_latency_s

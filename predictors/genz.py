@@ -34,6 +34,7 @@ from leaderboard.specs import GpuSpec
 from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
     BF16_BYTES,
+    GENZ_COLLECTIVE_FIXED_S,
     link_gbs_per_direction,
     peak_flops,
     ring_allreduce_s,
@@ -44,7 +45,6 @@ from predictors.steps import Steps
 
 GENZ_REFERENCE = ("Bambhaniya et al., 'Demystifying Platform Requirements for Diverse LLM "
                   "Inference Use Cases', arXiv 2406.01698; github.com/abhibambhaniya/GenZ-LLM-Analyzer")
-GENZ_COLLECTIVE_FIXED_S = 5e-6  # GenZ adds 5 µs to every collective
 GIB = float(2**30)
 
 
