@@ -1,8 +1,9 @@
 """Where a run reads cells from: the local store, or a Hugging Face export (``leaderboard.hub``).
 
-Both give the same four things: the dataset list (name, kind, sku, version), a dataset's cells,
-its lineage (the measured points behind each cell), and the published coefficient table that
-some baselines ship with. A run scores the same way whichever catalog it reads.
+Both give the same five things: the dataset list (name, kind, sku, version), a dataset's cells,
+its lineage (the measured points behind each cell), an op dataset's points, and the published
+coefficient table that some baselines ship with. A run scores the same way whichever catalog it
+reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
+from leaderboard.cells.ops import op_points
 
 
 class StoreCatalog:
@@ -41,6 +43,9 @@ class StoreCatalog:
     def lineage(self, name: str) -> pl.DataFrame:
         return self._con.sql("SELECT * FROM cell_lineage WHERE dataset = ? ORDER BY cell_id, op, key",
                              params=[name]).pl()
+
+    def op_points(self, name: str) -> pl.DataFrame:
+        return op_points(self._con, name)
 
     def coefficients(self) -> pl.DataFrame:
         return self._con.sql("SELECT * FROM coefficients ORDER BY ALL").pl()

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard import guard, homes, metrics
+from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.specs import load_gpu_specs, load_models, require_gpu
 from leaderboard.split import split
@@ -52,7 +53,7 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu
+def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu, op_level: bool = False
                      ) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
     """Predictions (or None), the target rows they score, and the timing/validity facts.
 
@@ -68,17 +69,19 @@ def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu
         facts["fit_seconds"] = time.perf_counter() - started
         if fitted is not estimator:
             facts["invalid_reasons"].append("fit did not return self")
+        hidden = op_level_api.MEASURED if op_level else GROUND_TRUTH_COLUMNS
         with guard.sealed("deploy reading"):
-            mask = estimator.deploy_rows(target.drop(GROUND_TRUTH_COLUMNS))
+            mask = None if op_level else estimator.deploy_rows(target.drop(hidden))
             if mask is not None and np.asarray(mask).any():
                 mask = pl.Series(np.asarray(mask, dtype=bool))
                 estimator.calibrate(target.filter(mask), gpu)
                 facts["deploy_row_ids"] = target.filter(mask)["cell_id"].to_list()
                 target = target.filter(~mask)
-        blind = target.drop(GROUND_TRUTH_COLUMNS)
+        blind = target.drop(hidden)
+        predict = estimator.predict_ops if op_level else estimator.predict
         started = time.perf_counter()
         with guard.sealed("predict"):
-            pred = np.asarray(estimator.predict(blind, gpu), dtype=np.float64)
+            pred = np.asarray(predict(blind, gpu), dtype=np.float64)
         facts["predict_seconds"] = time.perf_counter() - started
     except NotSupported:
         raise
@@ -103,23 +106,32 @@ def run(spec: RunSpec) -> RunResult:
     with StoreCatalog(spec.sources_root, spec.gpu_specs) as catalog:
         rows = catalog.datasets()
         target_row = homes.require_dataset(rows, spec.dataset)
-        if target_row["kind"] != "cells":
-            raise NotSupported(f"dataset '{spec.dataset}' is op-level; op-level scoring is not "
-                               "implemented yet")
+        op_level = target_row["kind"] == "ops"
         home_name = homes.home_of(spec.dataset, spec.home, rows)
         home_row = rows[home_name]
+        if (home_row["kind"] == "ops") != op_level:
+            raise ValueError(f"home '{home_name}' is a {home_row['kind']} dataset but "
+                             f"'{spec.dataset}' is a {target_row['kind']} dataset")
         gpus = load_gpu_specs(spec.gpu_specs)
         gpu = require_gpu(gpus, target_row["sku"], f"dataset {spec.dataset}")
         home_gpu = require_gpu(gpus, home_row["sku"], f"home dataset {home_name}")
-        train, heldout = split(catalog.cells(home_name), "workload_id", spec.seed,
-                               spec.test_fraction)
-        home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
-        target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
-    pred, target, facts = _fit_and_predict(estimator, home, target, gpu)
-    predictions = target.select(PREDICTION_COLUMNS).with_columns(
+        if op_level:
+            op_level_api.require_op_predictor(estimator)
+            home, target = op_level_api.home_and_target(
+                catalog, home_row, spec.dataset, home_gpu, load_models(), spec.seed,
+                spec.test_fraction)
+        else:
+            train, heldout = split(catalog.cells(home_name), "workload_id", spec.seed,
+                                   spec.test_fraction)
+            home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
+            target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
+    pred, target, facts = _fit_and_predict(estimator, home, target, gpu, op_level)
+    columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
+    predictions = target.select(columns).with_columns(
         pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
     predictions = predictions.with_columns(
         signed_pct=(pl.col("pred_ms") - pl.col("gt_ms")) / pl.col("gt_ms") * 100.0)
+    phases = op_level_api.OP_PHASES if op_level else metrics.PHASES
     result = {
         "predictor": spec.predictor, "params": estimator.get_params(),
         "card": {"kind": estimator.card.kind, "reference": estimator.card.reference,
@@ -134,7 +146,8 @@ def run(spec: RunSpec) -> RunResult:
         "deploy_rows": len(facts["deploy_row_ids"]), "deploy_row_ids": facts["deploy_row_ids"],
         "predict_cells_per_s": (len(target) / facts["predict_seconds"]
                                 if facts["predict_seconds"] else None),
-        "phases": metrics.by_phase(predictions) if pred is not None else {},
+        "level": "op" if op_level else "step",
+        "phases": metrics.by_phase(predictions, phases) if pred is not None else {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     folder = _write(spec, result, predictions)

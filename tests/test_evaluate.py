@@ -13,7 +13,7 @@ from leaderboard import paths, store
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
 from predictors import registry
-from predictors.base import Predictor, PredictorCard
+from predictors.base import NotSupported, Predictor, PredictorCard
 
 CARD = PredictorCard("analytical", "test", "probe", False)
 SEEN: dict = {}
@@ -37,6 +37,10 @@ def probes(monkeypatch, store_home):
         def predict(self, cells, gpu):
             SEEN["cells"], SEEN["gpu"] = cells, gpu
             return np.full(len(cells), 1.0)
+
+        def predict_ops(self, points, gpu):
+            SEEN["points"] = points
+            return np.full(len(points), 0.01)
 
     @registry.register("peeks_at_ground_truth")
     class Peek(Predictor):
@@ -163,6 +167,19 @@ def test_run_folder_and_output_json(probes, tmp_path):
     saved = pl.read_parquet(result.folder / "predictions.parquet")
     assert len(saved) == 2469 and saved["pred_ms"].eq(1.0).all()
     assert metrics["phases"]["all"]["mape"] == pytest.approx(saved["signed_pct"].abs().mean())
+
+
+def test_op_level_datasets_are_scored_the_same_way(probes, tmp_path):
+    result = _run(tmp_path, "spy", "a100_sxm_ops")
+    assert result.metrics["level"] == "op" and result.metrics["split"] == "home_heldout"
+    assert set(result.metrics["phases"]) == {"all", "gemm", "attn_prefill", "attn_decode"}
+    trained = {i for f in SEEN["home"].ops.values() for i in f["cell_id"]}
+    assert trained and trained.isdisjoint(result.predictions["cell_id"])
+    assert not {"gt_ms", "latency_ms", "flags"} & set(SEEN["points"].columns)
+    unseen = _run(tmp_path, "spy", "h200_sxm_ops")
+    assert unseen.metrics["phases"]["all"]["n"] == len(SEEN["points"])
+    with pytest.raises(NotSupported, match="predict_ops"):
+        _run(tmp_path, "negative", "h200_sxm_ops")
 
 
 def test_unknown_dataset_gets_the_closest_name(probes, tmp_path):

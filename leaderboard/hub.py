@@ -1,0 +1,205 @@
+"""The datasets as a Hugging Face dataset: export the store to a folder, read one back.
+
+``python -m leaderboard.hub export PATH [--only NAME ...] [--overwrite]`` writes every cell and op
+dataset of the store (``--only``: those named, plus each one's home) as a dataset folder:
+
+    PATH/README.md                         the card; its YAML ``configs:`` lists every config
+    PATH/catalog/catalog.parquet           config ``catalog``: name, kind, sku, version per dataset
+    PATH/<name>/cells.parquet              config ``<name>``, split ``cells``
+    PATH/<name>/lineage.parquet            config ``<name>_lineage``, split ``lineage``
+    PATH/<sku>_ops/points.parquet          config ``<sku>_ops``, split ``points``
+    PATH/coefficients/coefficients.parquet config ``coefficients``
+    PATH/<name>/card.md                    the store's card of each dataset
+
+Pushing it needs a write token (``hf auth login`` or ``HF_TOKEN``); the suite never pushes:
+
+    hf upload <owner>/<name> PATH . --repo-type dataset
+    # or: HfApi().upload_folder(repo_id="<owner>/<name>", folder_path=PATH, repo_type="dataset")
+
+``HubCatalog(repo, revision)`` reads such a folder, or a hub id, through
+``datasets.load_dataset`` and gives what ``StoreCatalog`` gives, so a run scores the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+from rich.console import Console
+
+from leaderboard import guard, paths
+from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
+from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
+from leaderboard.tables import TABLES
+
+# The store holds its categorical provenance columns as VARCHAR; a read gives String.
+COEFFICIENT_SCHEMA = {c: pl.String if t == pl.Categorical else t
+                      for c, t in TABLES["coefficients"].schema.items()}
+CATALOG_SCHEMA = {"name": pl.String, "kind": pl.String, "sku": pl.String, "version": pl.String,
+                  "backend_versions": pl.List(pl.String), "rows": pl.Int64}
+# Without a bound the Hugging Face client retries an unreachable hub for about 20 s.
+PROBE_TIMEOUT_S = 3.0
+PUSH_COMMAND = "hf upload <owner>/<name> {path} . --repo-type dataset"
+
+stderr = Console(stderr=True)
+
+
+class HubError(ValueError):
+    """A hub dataset cannot be read; the message names the repo, the endpoint and the fix."""
+
+
+def lineage_config(name: str) -> str:
+    return f"{name}_lineage"
+
+
+def cache_dir() -> Path:
+    """Where ``load_dataset`` keeps its prepared Arrow files: under the suite's home, like all
+    else it writes (hub downloads themselves stay in Hugging Face's own hub cache)."""
+    return paths.home() / "hf_datasets"
+
+
+def _unreachable(what: str, endpoint: str, reason: str) -> HubError:
+    return HubError(
+        f"cannot reach the Hugging Face Hub at {endpoint} to load {what} ({reason}). Either "
+        "export the datasets to a local folder (python -m leaderboard.hub export PATH, where the "
+        "store is) and pass dataset.repo=PATH, or set HF_HUB_OFFLINE=1 before starting to read a "
+        "copy already in the local Hugging Face cache.")
+
+
+def require_reachable(repo: str) -> None:
+    """Fail within ``PROBE_TIMEOUT_S`` when the hub endpoint does not answer at all.
+
+    Offline mode needs no probe: ``load_dataset`` then reads the local cache only and fails at
+    once. Any HTTP answer, even an error status, means the endpoint is reachable.
+    """
+    from datasets import config as hf_config
+
+    if hf_config.HF_HUB_OFFLINE:
+        return
+    request = urllib.request.Request(hf_config.HF_ENDPOINT, method="HEAD")
+    try:
+        urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return
+    except OSError as exc:  # URLError, refused, timed out, unknown host
+        reason = getattr(exc, "reason", exc)
+        raise _unreachable(f"'{repo}'", hf_config.HF_ENDPOINT,
+                           f"{reason}; gave up after {PROBE_TIMEOUT_S:.0f} s") from exc
+
+
+class HubCatalog:
+    """An exported folder or a hub id, read through ``datasets.load_dataset``.
+
+    ``revision`` pins a hub commit, branch or tag; a local folder has no revisions.
+    """
+
+    def __init__(self, repo: str, revision: str | None = None):
+        guard.check("open a hub dataset")
+        self.repo, self.revision = repo, revision
+        folder = Path(repo).expanduser()
+        if folder.is_dir():
+            self.repo = str(folder.resolve())
+        elif repo.startswith(("/", ".", "~")):
+            raise HubError(f"no exported dataset folder at {folder}; write one with "
+                           f"python -m leaderboard.hub export {repo}")
+        else:
+            require_reachable(repo)
+        self._rows: dict[str, dict] | None = None
+
+    def __enter__(self) -> HubCatalog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass  # load_dataset holds no connection between reads
+
+    def _load(self, config: str, split: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+        import datasets as hf_datasets  # about 1 s to import: only a hub run pays for it
+
+        try:
+            table = hf_datasets.load_dataset(self.repo, name=config, split=split,
+                                             revision=self.revision, cache_dir=str(cache_dir()))
+        except ConnectionError as exc:  # offline and not cached, or the hub went away mid-run
+            from datasets import config as hf_config
+
+            offline = ("HF_HUB_OFFLINE is set and it is not in the local cache"
+                       if hf_config.HF_HUB_OFFLINE else str(exc))
+            raise _unreachable(f"'{self.repo}' config '{config}'", hf_config.HF_ENDPOINT,
+                               offline) from exc
+        frame = pl.from_arrow(table.data.table)
+        return frame.select([pl.col(c).cast(t) for c, t in schema.items()])
+
+    def datasets(self) -> dict[str, dict]:
+        if self._rows is None:
+            frame = self._load("catalog", "catalog", CATALOG_SCHEMA)
+            self._rows = {r["name"]: {k: r[k] for k in ("name", "kind", "sku", "version",
+                                                        "backend_versions")}
+                          for r in frame.iter_rows(named=True)}
+        return self._rows
+
+    def _kind(self, name: str) -> str | None:
+        return self.datasets().get(name, {}).get("kind")
+
+    def cells(self, name: str) -> pl.DataFrame:
+        # Like the store: a name that is not a cell dataset has no cells.
+        if self._kind(name) != "cells":
+            return pl.DataFrame(schema=CELL_SCHEMA)
+        return self._load(name, "cells", CELL_SCHEMA)
+
+    def lineage(self, name: str) -> pl.DataFrame:
+        if self._kind(name) != "cells":
+            return pl.DataFrame(schema=LINEAGE_SCHEMA)
+        return self._load(lineage_config(name), "lineage", LINEAGE_SCHEMA)
+
+    def op_points(self, name: str) -> pl.DataFrame:
+        """The points of ``<sku>_ops``, as ``leaderboard.cells.ops.op_points`` gives them."""
+        if self._kind(name) != "ops":
+            raise HubError(f"'{name}' is not an op dataset of {self.repo}")
+        return self._load(name, "points", OP_SCHEMA)
+
+    def coefficients(self) -> pl.DataFrame:
+        return self._load("coefficients", "coefficients", COEFFICIENT_SCHEMA)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from leaderboard.config import load_config
+    from leaderboard.hub_export import export
+    from leaderboard.ingest import BuildError
+    from leaderboard.sources import SourceError
+    from leaderboard.specs import SpecError
+
+    parser = argparse.ArgumentParser(prog="python -m leaderboard.hub", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    exporting = commands.add_parser("export", help="write the datasets as a Hugging Face folder")
+    exporting.add_argument("path", type=Path)
+    exporting.add_argument("overrides", nargs="*", help="config overrides, e.g. sources.root=/data")
+    exporting.add_argument("--only", nargs="+", metavar="NAME",
+                           help="export these datasets (and their homes) only")
+    exporting.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.overrides)
+    started = time.perf_counter()
+    try:
+        rows = export(args.path, only=args.only, overwrite=args.overwrite,
+                      sources_root=cfg.sources.root, gpu_specs=cfg.gpu_specs)
+    except (SourceError, SpecError, BuildError, ValueError, FileExistsError) as exc:
+        stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    stderr.print(f"[bold]exported[/] {len(rows)} configs, {sum(rows.values()):,} rows, "
+                 f"{folder_bytes(args.path) / 2**20:.1f} MiB to {args.path} in "
+                 f"{time.perf_counter() - started:.1f} s. Push it with:\n  "
+                 + PUSH_COMMAND.format(path=args.path), highlight=False, soft_wrap=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

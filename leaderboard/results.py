@@ -1,0 +1,103 @@
+"""The results store: the folder of run outputs, queried read-only through an in-memory DuckDB.
+
+Each run is a folder ``<runs_dir>/<run_id>/`` holding ``metrics.json`` and
+``predictions.parquet`` (``leaderboard.evaluate`` writes it under a hidden ``.<run_id>.partial``
+name and renames it when complete). There is no results database file: concurrent runs only
+ever create folders, so no two processes ever open one DuckDB file for writing.
+
+As in asv, a result is keyed by what produced it. ``current`` keeps the runs whose code hash is
+today's and whose target and home dataset versions are the store's, and of those the latest per
+(predictor, dataset, params, split); everything else is stale and drops out of the leaderboard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from leaderboard import store
+from leaderboard.versioning import code_hash
+
+# The metrics.json fields the store exposes, with their DuckDB types. Nested fields stay JSON so
+# predictors with different parameters share one schema.
+RUN_COLUMNS = {
+    "run_id": "VARCHAR", "predictor": "VARCHAR", "params": "JSON", "card": "JSON",
+    "dataset": "VARCHAR", "sku": "VARCHAR", "home_dataset": "VARCHAR", "home_sku": "VARCHAR",
+    "split": "VARCHAR", "split_seed": "BIGINT", "test_fraction": "DOUBLE",
+    "dataset_version": "VARCHAR", "home_dataset_version": "VARCHAR", "code_version": "VARCHAR",
+    "code_hash": "VARCHAR", "valid": "BOOLEAN", "invalid_reasons": "VARCHAR[]",
+    "fit_seconds": "DOUBLE", "profiled_rows": "BIGINT", "deploy_rows": "BIGINT",
+    "predict_cells_per_s": "DOUBLE", "phases": "JSON", "created_at": "VARCHAR",
+}
+RUN_FILES = ("metrics.json", "predictions.parquet")
+
+
+def complete_run_folders(runs_dir: str | Path) -> list[Path]:
+    """Run folders holding both outputs; hidden ``.partial`` folders of interrupted or running
+    runs are skipped."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and all((p / name).is_file() for name in RUN_FILES))
+
+
+def load_runs(runs_dir: str | Path, con: duckdb.DuckDBPyConnection | None = None
+              ) -> duckdb.DuckDBPyRelation:
+    """Every complete run as one row (``RUN_COLUMNS`` plus ``folder``); ``params`` is minified
+    JSON, so equal parameters compare equal as text."""
+    con = con or duckdb.connect()
+    files = [str(p / "metrics.json") for p in complete_run_folders(runs_dir)]
+    if not files:
+        typed = ", ".join(f'NULL::{t} AS "{c}"' for c, t in RUN_COLUMNS.items())
+        return con.sql(f"SELECT {typed}, NULL::VARCHAR AS folder WHERE false")
+    columns = "{" + ", ".join(f"'{c}': '{t}'" for c, t in RUN_COLUMNS.items()) + "}"
+    return con.sql(
+        f"SELECT * REPLACE (json(params::VARCHAR) AS params), "
+        f"parse_dirpath(filename) AS folder "
+        f"FROM read_json($files, columns={columns}, filename=true, format='auto')",
+        params={"files": files}).project(", ".join([*(f'"{c}"' for c in RUN_COLUMNS), "folder"]))
+
+
+def store_versions() -> dict[str, str]:
+    """The store's current version of every dataset, from its ``datasets`` table."""
+    with store.connect() as con:
+        return dict(con.execute("SELECT name, version FROM datasets").fetchall())
+
+
+def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
+            code: str | None = None) -> duckdb.DuckDBPyRelation:
+    """The runs that still count: made by today's code (``code_hash``) on today's target and
+    home dataset versions, and of those the latest per (predictor, dataset, params, split)."""
+    versions = store_versions() if versions is None else versions
+    if not versions:
+        return runs.filter("false")
+    table = ", ".join(f"({_quote(name)}, {_quote(version)})" for name, version in versions.items())
+    return runs.query("runs", f"""
+        WITH versions(name, version) AS (VALUES {table})
+        SELECT runs.* FROM runs
+        JOIN versions target ON target.name = runs.dataset AND target.version = runs.dataset_version
+        JOIN versions home ON home.name = runs.home_dataset
+                           AND home.version = runs.home_dataset_version
+        WHERE runs.code_hash = {_quote(code or code_hash())}
+        QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction
+                                   ORDER BY created_at DESC, run_id DESC) = 1
+        ORDER BY predictor, dataset""")
+
+
+def load_predictions(runs: pl.DataFrame) -> pl.DataFrame:
+    """The per-cell predictions of the given runs, with each run's predictor, dataset, sku, split
+    and validity attached."""
+    if runs.is_empty():
+        return pl.DataFrame()
+    cells = pl.concat([pl.read_parquet(Path(folder) / "predictions.parquet")
+                       for folder in runs["folder"]], how="vertical_relaxed")
+    return cells.join(runs.select("run_id", "predictor", "dataset", "sku", "split", "valid"),
+                      on="run_id", how="left")
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
