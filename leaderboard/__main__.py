@@ -9,12 +9,11 @@ from __future__ import annotations
 import sys
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import paths
+from leaderboard.config import dataset_names, register_predictor_nodes
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
@@ -25,17 +24,9 @@ from predictors.base import NotSupported
 stderr = Console(stderr=True)
 
 
-def register_predictor_nodes() -> None:
-    """One ``predictor/<name>`` node per registered predictor, its keys the constructor's."""
-    cs = ConfigStore.instance()
-    for name in registry.names():
-        cs.store(group="predictor", name=name, node={"name": name, **registry.get(name).default_params()})
-
-
 def check_choices(argv: list[str]) -> None:
     """Answer a typo in ``predictor=`` or ``dataset=`` with the valid names and the closest one."""
-    valid = {"predictor": registry.names(),
-             "dataset": sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml"))}
+    valid = {"predictor": registry.names(), "dataset": dataset_names()}
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in valid and value:

@@ -1,13 +1,29 @@
-"""Composing the Hydra config outside ``@hydra.main`` (for the data and report commands)."""
+"""The Hydra config: predictor nodes from the registry, and composing it outside ``@hydra.main``."""
 
 from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from leaderboard import paths
+from predictors import registry
 
 
-def load_config(overrides: list[str] | None = None) -> DictConfig:
+def register_predictor_nodes() -> None:
+    """One ``predictor/<name>`` node per registered predictor, its keys the constructor's."""
+    store = ConfigStore.instance()
+    for name in registry.names():
+        store.store(group="predictor", name=name,
+                    node={"name": name, **registry.get(name).default_params()})
+
+
+def dataset_names() -> list[str]:
+    return sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml"))
+
+
+def load_config(overrides: list[str] | None = None, with_hydra: bool = False) -> DictConfig:
+    register_predictor_nodes()
     with initialize_config_dir(config_dir=str(paths.CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides or [])
+        return compose(config_name="config", overrides=overrides or [],
+                       return_hydra_config=with_hydra)

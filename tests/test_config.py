@@ -1,0 +1,56 @@
+"""Every config in every group composes, and conf/dataset matches the store's datasets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from leaderboard import paths
+from leaderboard.catalog import StoreCatalog
+from leaderboard.config import dataset_names, load_config
+from predictors import registry
+
+LAUNCHERS = sorted(p.stem for p in (paths.CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
+
+
+def test_defaults_compose():
+    cfg = load_config(with_hydra=True)
+    assert cfg.split.test_fraction == 0.3 and cfg.dataset.name
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_predictor_node_composes_with_its_defaults(name):
+    cfg = load_config([f"predictor={name}"])
+    assert cfg.predictor.name == name
+    params = {k: v for k, v in cfg.predictor.items() if k != "name"}
+    assert params == registry.get(name).default_params()
+
+
+@pytest.mark.parametrize("name", dataset_names())
+def test_every_dataset_node_composes(name):
+    hub = ["dataset.name=h200_vidur", "dataset.repo=/tmp/export"] if name == "hf" else []
+    cfg = load_config([f"dataset={name}", *hub])
+    assert cfg.dataset.name == (name if name != "hf" else "h200_vidur")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_launcher_composes(launcher):
+    cfg = load_config([f"hydra/launcher={launcher}"], with_hydra=True)
+    assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
+
+
+def test_every_scoreable_dataset_has_a_node_and_back(store_home):
+    with StoreCatalog() as catalog:
+        in_store = set(catalog.datasets())
+    assert in_store == set(dataset_names()) - {"hf"}
+
+
+def test_a_typo_on_the_command_line_names_the_closest_choice(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=rf_verbatm",
+                           f"runs_dir={tmp_path}"], capture_output=True, text=True, timeout=120,
+                          cwd=paths.REPO_ROOT)
+    assert done.returncode == 2
+    assert "Did you mean 'rf_verbatim'?" in " ".join(done.stderr.split())
