@@ -1,0 +1,126 @@
+"""``ours``: the profiling-free step-time predictor of docs/ours.md, and its ablation ladder.
+
+Step time = T_blocks (+ light kernels + LM head + S(N) on wall-clock targets). T_blocks sums
+per-op rooflines, each slowed by named factors (predictors/ours/factors.py) whose constants are
+physical or were fitted once on the home A100's op points and frozen in conf/ours/constants.yaml
+(``python -m predictors.ours.calibrate`` re-derives them). ``fit`` reads no rows.
+
+The ladder ``ours_r0_roofline`` ... ``ours_r7_collectives`` switches the factors on one rung at
+a time; ``ours`` is the last rung plus the wall-clock terms. On ``gpu_block`` targets (the
+``_vidur`` sets) the wall-clock terms are off: that ground truth has no light kernels, LM head or
+host time, so ``ours`` equals ``ours_r7_collectives`` there.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import polars as pl
+
+from leaderboard.specs import GpuSpec
+from predictors.base import Home, Predictor, PredictorCard
+from predictors.ours import config, factors
+from predictors.ours.config import Device
+from predictors.ours.ops import Switches
+from predictors.ours.step import block_times, wall_clock_extras
+from predictors.registry import register
+from predictors.steps import Steps
+
+FACTORS = ("clock", "waves", "delivery", "l2_memory", "floors", "attention", "collectives",
+           "wall_clock")
+LADDER = ("r0_roofline", "r1_clock", "r2_waves", "r3_delivery", "r4_l2_memory", "r5_floors",
+          "r6_attention", "r7_collectives")
+
+
+@register("ours")
+class Ours(Predictor):
+    card = PredictorCard(
+        kind="analytical", reference="docs/ours.md; reference/seed-report.txt sections 2 and 4",
+        description="per-op roofline x named factors (clock, wave/cluster, tensor-core activity, "
+                    "duty cycle, L2-reuse memory law, floors, attention, collectives); constants "
+                    "physical or frozen from the home A100's op points; S(N) from one deploy "
+                    "reading on wall-clock targets",
+        needs_profiled_rows=False)
+
+    def __init__(self, clock: bool = True, waves: bool = True, delivery: bool = True,
+                 l2_memory: bool = True, floors: bool = True, attention: bool = True,
+                 collectives: bool = True, wall_clock: bool = True):
+        self.clock, self.waves, self.delivery = clock, waves, delivery
+        self.l2_memory, self.floors, self.attention = l2_memory, floors, attention
+        self.collectives, self.wall_clock = collectives, wall_clock
+
+    @property
+    def switches(self) -> Switches:
+        return Switches(**{f: bool(getattr(self, f)) for f in FACTORS if f != "wall_clock"})
+
+    def fit(self, home: Home) -> Ours:
+        """Nothing is fitted here: the constants are read frozen. ``profiled_rows_`` counts the
+        home op points they were once fitted on, so the card's cost is not understated."""
+        self.constants_ = config.load_constants()
+        self.trained_on_ = self.constants_["home"]["sku"]
+        self.profiled_rows_ = int(self.constants_["home"]["op_rows"])
+        self.host_floor_ = (0.0, 0.0)
+        return self
+
+    def components(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
+        """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
+        s, dev = Steps.from_cells(cells), Device.of(gpu, self.constants_)
+        parts = block_times(cells, s, dev, self.constants_, self.switches)
+        if self.wall_clock:
+            wall = (cells["gt_kind"] == "wall_clock").to_numpy()
+            extras = wall_clock_extras(s, dev, self.constants_, self.switches)
+            extras["host_floor"] = factors.host_floor_seconds(s.num_requests, *self.host_floor_)
+            parts.update({k: np.where(wall, v, 0.0) for k, v in extras.items()})
+        return parts
+
+    def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
+        return sum(self.components(cells, gpu).values()) * 1e3
+
+    def deploy_rows(self, cells: pl.DataFrame) -> np.ndarray | None:
+        """Wall-clock targets only: the decode batch-size sweep of one configuration, the
+        (model, TP) first in name order, at the per-request context most of its decode cells
+        share (on splitwise: bloom-176b TP8, batch 1..64, prompt 512 + 128 generated tokens)."""
+        if not self.wall_clock or "gt_kind" not in cells.columns:
+            return None
+        frame = cells.with_row_index("row").filter(
+            (pl.col("gt_kind") == "wall_clock") & (pl.col("phase") == "decode"))
+        if frame.is_empty():
+            return None
+        first = frame.sort("model", "tp").row(0, named=True)
+        sweep = frame.filter((pl.col("model") == first["model"]) & (pl.col("tp") == first["tp"]))
+        ctx = sweep["decode_ctx_sum"] // sweep["num_decode"]
+        sweep = sweep.filter(ctx == ctx.mode().sort()[0])
+        if sweep["num_decode"].n_unique() < 2:
+            return None
+        mask = np.zeros(len(cells), dtype=bool)
+        mask[sweep["row"].to_numpy()] = True
+        return mask
+
+    def calibrate(self, reading: pl.DataFrame, gpu: GpuSpec) -> None:
+        """S(N) = s_floor + s_slope (N - 1) by least squares on the reading's measured time
+        left over after the GPU terms."""
+        self.host_floor_ = (0.0, 0.0)
+        rest = reading["gt_ms"].to_numpy() * 1e-3 - sum(self.components(reading, gpu).values())
+        n = reading["num_requests"].to_numpy().astype(np.float64)
+        design = np.column_stack([np.ones_like(n), n - 1.0])
+        s_floor, s_slope = np.linalg.lstsq(design, rest, rcond=None)[0]
+        self.host_floor_ = (float(s_floor), float(s_slope))
+
+
+def _rung(name: str, enabled: tuple[str, ...]) -> type[Ours]:
+    """A ladder rung: ``Ours`` with the factors up to this rung on by default."""
+    defaults = {f: f in enabled for f in FACTORS}
+
+    def __init__(self, **params):
+        Ours.__init__(self, **{**defaults, **params})
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(f, inspect.Parameter.KEYWORD_ONLY, default=v)
+               for f, v in defaults.items()]
+    __init__.__signature__ = inspect.Signature(params)
+    cls = type(f"Ours_{name}", (Ours,), {"__init__": __init__, "__doc__": f"ours, ladder {name}"})
+    return register(f"ours_{name}")(cls)
+
+
+RUNGS = {name: _rung(name, FACTORS[:i]) for i, name in enumerate(LADDER)}

@@ -1,0 +1,162 @@
+"""Re-derive the fitted constants of ``ours`` from the home GPU's op points, and freeze them.
+
+``python -m predictors.ours.calibrate`` builds the home exactly as a leaderboard run does (the
+a100_vidur training split, seed 0, 30 % held out), fits each family's few constants by least
+squares on log time over the home's measured op points (GEMMs, prefill and decode attention,
+all-reduce), and rewrites the ``fitted on home`` leaves of conf/ours/constants.yaml. No cell
+step time and no other GPU is read. ``fit_constants`` is the pure part, used by the tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import numpy as np
+import polars as pl
+import yaml
+from scipy.optimize import least_squares
+
+from predictors.base import Home
+from predictors.ours import config, ops
+from predictors.ours.config import Device
+from predictors.ours.ops import Switches
+
+GEMM_OPS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
+FULL = Switches()
+
+
+def _fit(residual, x0, lower, upper) -> np.ndarray:
+    return least_squares(residual, x0, bounds=(lower, upper), loss="soft_l1", f_scale=0.1).x
+
+
+def _log_err(pred: np.ndarray, measured_ms: np.ndarray) -> np.ndarray:
+    return np.log(pred * 1e3) - np.log(measured_ms)
+
+
+def fit_gemm(frames: list[pl.DataFrame], c: dict, home: Home) -> None:
+    g = pl.concat([f.select("m", "n", "k", "latency_ms") for f in frames])
+    m, n, k = (g[x].to_numpy().astype(np.float64) for x in ("m", "n", "k"))
+    ms = g["latency_ms"].to_numpy()
+
+    def residual(x):
+        c["clock"]["home_f_clk"], c["gemm"]["duty_c"], c["gemm"]["floor_s"] = x[0], x[1], x[2]
+        c["memory_law"].update(dram=x[3], l2=x[4], p=x[5])
+        return _log_err(ops.gemm(m, n, k, Device.of(home.gpu, c), c, FULL)["seconds"], ms)
+
+    # Bounds keep each factor physical: a clock can only droop, DRAM efficiency lies in
+    # [0.5, 1], an L2-resident stream at most ~3x DRAM, a launch floor between 2 and 20 us.
+    _fit(residual, [0.95, 2.0, 8e-6, 0.7, 1.0, 1.0], [0.7, 0.0, 2e-6, 0.5, 0.5, 0.5],
+         [1.0, 20.0, 2e-5, 1.0, 3.0, 4.0])
+
+
+def fit_prefill(p: pl.DataFrame, c: dict, home: Home) -> None:
+    dev = Device.of(home.gpu, c)
+    b, q, h, kvh = (p[x].to_numpy().astype(np.float64)
+                    for x in ("batch", "q_len", "num_heads", "num_kv_heads"))
+    ms = p["latency_ms"].to_numpy()
+
+    def residual(x):
+        c["attention"]["prefill_eta"], c["attention"]["prefill_floor_s"] = x
+        # A measured point of ``batch`` equal requests is one kernel: b times the work.
+        one = ops.prefill_attention(q, 0.0 * q, h * b, kvh * b, 128.0, dev, c, FULL)
+        return _log_err(one["seconds"], ms)
+
+    _fit(residual, [0.5, 1e-5], [0.05, 0.0], [1.0, 5e-5])
+
+
+def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
+    dev = Device.of(home.gpu, c)
+    b, kv, h, kvh = (d[x].to_numpy().astype(np.float64)
+                     for x in ("batch", "kv_len", "num_heads", "num_kv_heads"))
+    ms = d["latency_ms"].to_numpy()
+
+    def residual(x):
+        a = c["attention"]
+        a["decode_eta"], a["decode_knee"], a["decode_floor_s"] = x
+        return _log_err(ops.decode_attention(b, kv, h, kvh, 128.0, dev, c, FULL)["seconds"], ms)
+
+    _fit(residual, [0.7, 0.2, 1e-5], [0.05, 1e-3, 0.0], [2.0, 20.0, 5e-5])
+
+
+def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
+    dev = Device.of(home.gpu, c)
+    size = a["message_bytes"].to_numpy().astype(np.float64)
+    tp = a["num_gpus"].to_numpy().astype(np.float64)
+    ms = a["latency_ms"].to_numpy()
+
+    def residual(x):
+        coll = c["collectives"]
+        coll["custom_floor_s"], coll["custom_eta"], coll["nccl_floor_s"], coll["nccl_eta"] = x
+        return _log_err(ops.allreduce(size, tp, dev, c, FULL)["seconds"], ms)
+
+    _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
+
+
+def fit_constants(home: Home, constants: dict) -> dict:
+    """The constants with every ``fitted on home`` value re-derived from ``home.ops``."""
+    c = copy.deepcopy(constants)
+    fit_gemm([home.ops[o] for o in GEMM_OPS], c, home)
+    fit_prefill(home.ops["attn_prefill"], c, home)
+    fit_decode(home.ops["attn_decode"], c, home)
+    fit_allreduce(home.ops["allreduce"], c, home)
+    c["home"]["op_rows"] = int(sum(len(home.ops[o]) for o in
+                                   (*GEMM_OPS, "attn_prefill", "attn_decode", "allreduce")))
+    return c
+
+
+FITTED_LEAVES = [("clock", "home_f_clk"), ("gemm", "duty_c"), ("gemm", "floor_s"),
+                 ("memory_law", "dram"), ("memory_law", "l2"), ("memory_law", "p"),
+                 ("attention", "prefill_eta"), ("attention", "prefill_floor_s"),
+                 ("attention", "decode_eta"), ("attention", "decode_knee"),
+                 ("attention", "decode_floor_s"), ("collectives", "custom_floor_s"),
+                 ("collectives", "custom_eta"), ("collectives", "nccl_floor_s"),
+                 ("collectives", "nccl_eta"), ("home", "op_rows")]
+
+
+def _leaf_lines(node: dict, indent: int) -> list[str]:
+    """YAML with one ``{value, provenance}`` leaf per line, as the file is written by hand."""
+    lines = []
+    for key, value in node.items():
+        pad = " " * indent
+        if isinstance(value, dict) and "value" in value:
+            lines.append(f"{pad}{key}: " + yaml.safe_dump(value, default_flow_style=True,
+                                                           width=10**6, sort_keys=False).strip())
+        else:
+            lines += [f"{pad}{key}:", *_leaf_lines(value, indent + 2)]
+    return lines
+
+
+def write(fitted: dict, command: str) -> None:
+    raw = yaml.safe_load(config.CONSTANTS_PATH.read_text())
+    header = [line for line in config.CONSTANTS_PATH.read_text().splitlines()
+              if line.startswith("#")]
+    for section, key in FITTED_LEAVES:
+        value = fitted[section][key]
+        raw[section][key] = {"value": float(f"{value:.6g}") if key != "op_rows" else value,
+                             "provenance": f"fitted on home a100_sxm (a100_vidur train split, "
+                                           f"home op points) by `{command}`"}
+    config.CONSTANTS_PATH.write_text("\n".join(header + _leaf_lines(raw, 0)) + "\n")
+    config.load_constants.cache_clear()
+
+
+def main() -> None:
+    from leaderboard import homes
+    from leaderboard.catalog import StoreCatalog
+    from leaderboard.specs import load_gpu_specs, load_models
+    from leaderboard.split import split
+
+    base = config.load_constants()
+    with StoreCatalog() as catalog:
+        row = catalog.datasets()[base["home"]["dataset"]]
+        train, _ = split(catalog.cells(row["name"]), "workload_id", 0, 0.3)
+        home = homes.build_home(catalog, row, train, load_gpu_specs()[row["sku"]], load_models())
+    fitted = fit_constants(home, base)
+    write(fitted, "python -m predictors.ours.calibrate")
+    json.dump({f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

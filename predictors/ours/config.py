@@ -1,0 +1,75 @@
+"""``conf/ours/constants.yaml``: every constant of ``ours`` with its value and provenance.
+
+Each leaf is ``{value: ..., provenance: "physical: ..." | "fitted on home ..."}``; the loader
+refuses a leaf without a provenance, so no number enters the model unexplained. ``Device``
+resolves one GPU's datasheet and its architecture's entry into the numbers the factors use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from leaderboard import paths
+from leaderboard.specs import GpuSpec
+from predictors._roofline import link_gbs_per_direction, peak_flops
+from predictors.ours import factors
+
+CONSTANTS_PATH = paths.CONF_DIR / "ours" / "constants.yaml"
+PROVENANCE_KINDS = ("physical", "fitted on home", "measured grid", "default")
+
+
+def _values(node: Any, where: str) -> Any:
+    """Strip ``{value, provenance}`` leaves to their values, checking every provenance."""
+    if isinstance(node, dict) and "value" in node:
+        prov = str(node.get("provenance", ""))
+        if not prov.startswith(PROVENANCE_KINDS):
+            raise ValueError(f"{CONSTANTS_PATH}: {where} has no provenance starting with one of "
+                             f"{PROVENANCE_KINDS}")
+        return node["value"]
+    if isinstance(node, dict):
+        return {k: _values(v, f"{where}.{k}" if where else k) for k, v in node.items()}
+    return node
+
+
+@lru_cache(maxsize=4)
+def load_constants(path: Path = CONSTANTS_PATH) -> dict:
+    raw = yaml.safe_load(Path(path).read_text())
+    return _values(raw, "")
+
+
+def arch_entry(gpu: GpuSpec, constants: dict) -> dict:
+    """The architecture's constants; an architecture the file does not name takes ``default``
+    (Ampere-like: no clusters, the home's clock droop), so any GPU with a spec file works."""
+    archs = constants["architectures"]
+    return archs.get(str(gpu["arch"]).lower(), archs["default"])
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as the factors see it: datasheet peaks plus its architecture's constants."""
+
+    sku: str
+    peak_flops: float
+    mem_bw: float
+    l2_bytes: float
+    sms: int
+    cta_cap: int
+    f_clk: float
+    eta_act: float
+    link_bytes_per_s: float
+    arch: dict
+
+    @classmethod
+    def of(cls, gpu: GpuSpec, constants: dict) -> Device:
+        arch = arch_entry(gpu, constants)
+        return cls(sku=gpu.sku, peak_flops=peak_flops(gpu), mem_bw=gpu.mem_bw_bytes_per_s,
+                   l2_bytes=float(gpu["l2_mb"]) * 2**20, sms=int(gpu["sm_count"]),
+                   cta_cap=factors.cta_cap(gpu, arch),
+                   f_clk=factors.clock_factor(arch, constants["clock"]["home_f_clk"]),
+                   eta_act=float(arch["eta_act"]),
+                   link_bytes_per_s=link_gbs_per_direction(gpu) * 1e9, arch=arch)

@@ -1,0 +1,132 @@
+"""Per-op times of one forward step: FLOPs and bytes of each op, timed through the factors.
+
+Each op function returns a dict of arrays: ``seconds`` and the factor values behind it (so
+``explain`` prints exactly what ``predict`` summed). ``Switches`` turns factors off for the
+ablation ladder; a switched-off factor is 1 (or 0 for an additive floor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from predictors._roofline import BF16_BYTES
+from predictors.ours import factors
+from predictors.ours.config import Device
+
+
+@dataclass(frozen=True)
+class Switches:
+    clock: bool = True  # f_clk
+    waves: bool = True  # eta_cl: tile padding, waves, cluster cap
+    delivery: bool = True  # eta_act * eta_duty
+    l2_memory: bool = True  # eta_mem(x), the L2-reuse law
+    floors: bool = True  # per-kernel launch floors
+    attention: bool = True  # attention's own efficiencies, GT-style kernel split
+    collectives: bool = True  # all-reduce floors, link efficiency, custom/NCCL regimes
+
+
+def gemm(m, n, k, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
+    """One bf16 GEMM (m x k) @ (k x n): max(compute, memory) + floor."""
+    g = c["gemm"]
+    flops = 2.0 * m * n * k
+    moved = BF16_BYTES * (m * k + n * k + m * n)
+    one = np.ones_like(flops)
+    f_clk = dev.f_clk * one if sw.clock else one
+    eta_cl = (factors.wave_efficiency(m, n, k, dev.sms, dev.cta_cap, g["tile_m"],
+                                            g["tile_n"], g["tile_k"])
+              if sw.waves else one)
+    eta_act = dev.eta_act * one if sw.delivery else one
+    eta_duty = factors.duty_cycle(k, g["duty_c"], g["tile_k"]) if sw.delivery else one
+    eta_mem = (factors.l2_memory_efficiency(moved, dev.l2_bytes, c["memory_law"])
+               if sw.l2_memory else one)
+    eta_c = f_clk * eta_cl * eta_act * eta_duty
+    compute_s = flops / (dev.peak_flops * eta_c)
+    memory_s = moved / (dev.mem_bw * eta_mem)
+    floor_s = g["floor_s"] * one if sw.floors else 0.0 * one
+    return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
+            "memory_s": memory_s, "floor_s": floor_s, "f_clk": f_clk, "eta_cl": eta_cl,
+            "eta_act": eta_act, "eta_duty": eta_duty, "eta_mem": eta_mem, "flops": flops,
+            "bytes": moved}
+
+
+def prefill_attention(q, ctx, heads, kv_heads, head_dim, dev: Device, c: dict,
+                      sw: Switches) -> dict[str, np.ndarray]:
+    """Causal FlashAttention of one request: q new tokens over ctx cached plus themselves.
+    With ``attention`` on, its compute efficiency is FlashAttention's own (fitted on home) and
+    its CTAs (one per head per query tile) are wave-quantized like a GEMM's tiles."""
+    a = c["attention"]
+    flops = 4.0 * q * (ctx + q / 2.0) * heads * head_dim
+    moved = BF16_BYTES * head_dim * (2.0 * q * heads + 2.0 * (q + ctx) * kv_heads)
+    one = np.ones_like(flops)
+    f_clk = dev.f_clk * one if sw.clock else one
+    if sw.attention:
+        # One CTA per (head, query tile), no split along the keys: FlashAttention-2's grid.
+        eta_cl = (factors.wave_efficiency(q, heads * a["tile_q"], 0.0 * q, dev.sms, dev.sms,
+                                          a["tile_q"], a["tile_q"], 1) if sw.waves else one)
+        eta_kernel = a["prefill_eta"] * one
+    else:
+        eta_cl = one
+        eta_kernel = dev.eta_act * one if sw.delivery else one
+    eta_mem = (factors.l2_memory_efficiency(moved, dev.l2_bytes, c["memory_law"])
+               if sw.l2_memory else one)
+    eta_c = f_clk * eta_cl * eta_kernel
+    compute_s = flops / (dev.peak_flops * eta_c)
+    memory_s = moved / (dev.mem_bw * eta_mem)
+    floor = a["prefill_floor_s"] if sw.attention else c["gemm"]["floor_s"]
+    floor_s = floor * one if sw.floors else 0.0 * one
+    return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
+            "memory_s": memory_s, "floor_s": floor_s, "f_clk": f_clk, "eta_cl": eta_cl,
+            "eta_kernel": eta_kernel, "eta_mem": eta_mem, "flops": flops, "bytes": moved}
+
+
+def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,
+                     sw: Switches) -> dict[str, np.ndarray]:
+    """One decode-attention kernel over ``batch`` requests of ``kv`` cached tokens: it streams
+    their K and V once. With ``attention`` on, a kernel with few (request x KV head) CTAs keeps
+    only part of the memory system busy, at FlashInfer's own efficiency (fitted on home)."""
+    a = c["attention"]
+    flops = 4.0 * batch * kv * heads * head_dim
+    moved = BF16_BYTES * head_dim * batch * (2.0 * kv * kv_heads + 2.0 * heads)
+    one = np.ones_like(flops)
+    eta_mem = (factors.l2_memory_efficiency(moved, dev.l2_bytes, c["memory_law"])
+               if sw.l2_memory else one)
+    if sw.attention:
+        parallel = factors.decode_parallelism(batch * kv_heads, dev.sms, a["decode_knee"])
+        eta_kernel = a["decode_eta"] * parallel
+    else:
+        eta_kernel = one
+    memory_s = moved / (dev.mem_bw * eta_mem * eta_kernel)
+    compute_s = flops / dev.peak_flops
+    floor = a["decode_floor_s"] if sw.attention else c["gemm"]["floor_s"]
+    floor_s = floor * one if sw.floors else 0.0 * one
+    return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
+            "memory_s": memory_s, "floor_s": floor_s, "eta_kernel": eta_kernel,
+            "eta_mem": eta_mem, "flops": flops, "bytes": moved}
+
+
+def allreduce(message_bytes, tp, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
+    """One TP all-reduce of the step's activations. Off: the bare ring over the link."""
+    if sw.collectives:
+        seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s,
+                                            c["collectives"])
+    else:
+        bare = {"custom_floor_s": 0.0, "custom_eta": 1.0, "nccl_floor_s": 0.0, "nccl_eta": 1.0,
+                "custom_max_bytes": np.inf}
+        seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s, bare)
+    return {"seconds": seconds, "bytes": message_bytes}
+
+
+def binary_parts(count: np.ndarray, largest: int) -> list[tuple[int, np.ndarray]]:
+    """How many kernels of each power-of-two batch a group of ``count`` identical requests
+    becomes, as (batch, kernels per group): the measured grid holds power-of-two batches up to
+    ``largest``, and the ground truth sums one measured kernel per part (vidur_method.compose)."""
+    count = count.astype(np.int64)
+    parts = [(largest, count // largest)]
+    rest = count % largest
+    b = 1
+    while b < largest:
+        parts.append((b, (rest & b > 0).astype(np.int64)))
+        b *= 2
+    return parts
