@@ -16,6 +16,7 @@ The colour scale is fixed and symmetric (``SIGNED_RANGE``), so images compare ac
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -24,8 +25,10 @@ matplotlib.use("Agg")  # files only, never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from leaderboard import store  # noqa: E402
+from leaderboard.homes import family  # noqa: E402
 
 PHASE_PANELS = ("prefill", "decode", "mixed")
 SIGNED_RANGE = 50.0  # percent; colours saturate beyond, the annotated numbers do not
@@ -68,24 +71,25 @@ def _error_stats() -> list[pl.Expr]:
             pl.col("signed_pct").abs().mean().alias("mape")]
 
 
-def batch_context_table(predictions: pl.DataFrame) -> pl.DataFrame:
-    """Per (predictor, dataset, phase, batch bucket, context bucket): n, mean signed APE, MAPE.
-    A bucket ``k`` holds values in [2^k, 2^(k+1))."""
+def batch_context_table(predictions: pl.DataFrame, keys=KEYS) -> pl.DataFrame:
+    """Per (keys, phase, batch bucket, context bucket): n, mean signed APE, MAPE. A bucket ``k``
+    holds values in [2^k, 2^(k+1))."""
     context = (pl.when(pl.col("num_decode") > 0)
                .then(pl.col("decode_ctx_sum") / pl.col("num_decode"))
                .otherwise(pl.col("total_tokens") / pl.col("num_requests")))
     return (_scored(predictions)
             .with_columns(batch_bucket=pl.col("num_requests").log(2).floor().cast(pl.Int32),
                           context_bucket=context.log(2).floor().cast(pl.Int32))
-            .group_by(*KEYS, "phase", "batch_bucket", "context_bucket").agg(_error_stats())
-            .sort(*KEYS, "phase", "batch_bucket", "context_bucket"))
+            .group_by(*keys, "phase", "batch_bucket", "context_bucket").agg(_error_stats())
+            .sort(*keys, "phase", "batch_bucket", "context_bucket"))
 
 
-def op_family_table(predictions: pl.DataFrame, dominant: pl.DataFrame) -> pl.DataFrame:
-    """Per (predictor, dataset, dominant op family): n, mean signed APE, MAPE (all phases)."""
+def op_family_table(predictions: pl.DataFrame, dominant: pl.DataFrame, keys=KEYS
+                    ) -> pl.DataFrame:
+    """Per (keys, dominant op family): n, mean signed APE, MAPE (all phases together)."""
     return (_scored(predictions).join(dominant, on=["dataset", "cell_id"], how="left")
             .with_columns(pl.col("op_family").fill_null("unknown"))
-            .group_by(*KEYS, "op_family").agg(_error_stats()).sort(*KEYS, "op_family"))
+            .group_by(*keys, "op_family").agg(_error_stats()).sort(*keys, "op_family"))
 
 
 def bucket_label(k: int) -> str:
@@ -93,91 +97,121 @@ def bucket_label(k: int) -> str:
     return str(low) if k == 0 else f"{low}-{2 * low - 1}"
 
 
-def _annotated_heatmap(ax, values: np.ndarray, counts: np.ndarray, xlabels, ylabels, cmap):
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-SIGNED_RANGE,
-                      vmax=SIGNED_RANGE, aspect="auto", origin="lower")
-    ax.set_xticks(range(len(xlabels)), xlabels, rotation=45, ha="right", fontsize=7)
-    ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
-    for (row, col), n in np.ndenumerate(counts):
-        if n:
-            value = values[row, col]
-            dark = abs(value) > 0.6 * SIGNED_RANGE
-            ax.text(col, row, f"{value:+.0f}\nn={n}", ha="center", va="center", fontsize=6,
-                    color="white" if dark else "black", linespacing=0.9)
-    return image
-
-
-def _grid(table: pl.DataFrame, row_key: str, col_key: str, rows, cols):
+def _heatmap(ax, table: pl.DataFrame, row_key: str, col_key: str, rows: list, cols: list,
+             row_labels: list[str], col_labels: list[str]):
+    """Mean signed APE coloured on the fixed scale, each filled box annotated with value and n."""
     values = np.full((len(rows), len(cols)), np.nan)
     counts = np.zeros((len(rows), len(cols)), dtype=int)
     for rec in table.iter_rows(named=True):
         r, c = rows.index(rec[row_key]), cols.index(rec[col_key])
         values[r, c], counts[r, c] = rec["mean_signed_pct"], rec["n"]
-    return values, counts
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-SIGNED_RANGE,
+                      vmax=SIGNED_RANGE, aspect="auto")
+    ax.set_xticks(range(len(cols)), col_labels, rotation=30, ha="right", fontsize=9)
+    ax.set_yticks(range(len(rows)), row_labels, fontsize=9)
+    for (r, c), n in np.ndenumerate(counts):
+        if n:
+            dark = abs(values[r, c]) > 0.6 * SIGNED_RANGE
+            ax.text(c, r, f"{values[r, c]:+.0f}\nn={n}", ha="center", va="center", fontsize=8,
+                    color="white" if dark else "black", linespacing=0.95)
+    return image
 
 
-def draw(predictor: str, cells: pl.DataFrame, families: pl.DataFrame, datasets: list[str],
-         path: Path) -> Path:
-    """One figure per predictor: a row per dataset, a column per phase (batch x context), and
-    below them the dataset x op-family heatmap."""
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("#eeeeee")
-    height_ratios = [2.2] * len(datasets) + [0.45 * len(datasets) + 1.2]
-    fig = plt.figure(figsize=(14, sum(height_ratios) + 1.0), dpi=72, layout="constrained")
-    grid = fig.add_gridspec(len(datasets) + 1, len(PHASE_PANELS), height_ratios=height_ratios)
-    split_of = dict(cells.select("dataset", "split").unique().iter_rows())
-    image = None
-    for col, phase in enumerate(PHASE_PANELS):
-        panel = cells.filter(pl.col("phase") == phase)
-        batches = sorted(panel["batch_bucket"].unique())
-        contexts = sorted(panel["context_bucket"].unique())
-        for row, dataset in enumerate(datasets):
+def draw(title: str, cells: pl.DataFrame, families: pl.DataFrame, groups: list[str],
+         family_groups: list[str], path: Path) -> Path:
+    """A row of batch x context heatmaps (one per phase) for each of ``groups`` in ``cells``,
+    and below them the heatmap of ``family_groups`` x op family from ``families``."""
+    height_ratios = [3.0] * len(groups) + [0.4 * len(groups) + 1.6]
+    fig = plt.figure(figsize=(15, sum(height_ratios) + 1.2), dpi=72, layout="constrained")
+    grid = fig.add_gridspec(len(groups) + 1, len(PHASE_PANELS), height_ratios=height_ratios)
+    for row, group in enumerate(groups):
+        for col, phase in enumerate(PHASE_PANELS):
             ax = fig.add_subplot(grid[row, col])
-            here = panel.filter(pl.col("dataset") == dataset)
-            if here.is_empty():
+            panel = cells.filter((pl.col("group") == group) & (pl.col("phase") == phase))
+            if panel.is_empty():
                 ax.set_axis_off()
-                ax.text(0.5, 0.5, f"{dataset}: no {phase} cells", ha="center", va="center",
-                        transform=ax.transAxes, fontsize=8, color="gray")
+                ax.text(0.5, 0.5, f"{group}\nno {phase} cells", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=10, color="gray")
                 continue
-            values, counts = _grid(here, "batch_bucket", "context_bucket", batches, contexts)
-            image = _annotated_heatmap(ax, values, counts, [bucket_label(k) for k in contexts],
-                                       [bucket_label(k) for k in batches], cmap)
-            split = "home held-out" if split_of.get(dataset) == "home_heldout" else "unseen"
-            ax.set_title(f"{dataset} ({split}) - {phase}", fontsize=9)
-            ax.set_ylabel("batch (requests)", fontsize=7)
-            ax.set_xlabel("mean context per request (tokens)", fontsize=7)
-    ax = fig.add_subplot(grid[len(datasets), :])
-    present = set(families["op_family"])
-    order = [f for f in FAMILY_ORDER if f in present]
-    values, counts = _grid(families, "dataset", "op_family", datasets, order)
-    image = _annotated_heatmap(ax, values, counts, order, datasets, cmap)
-    ax.set_title("by the op family dominating each cell's measured time (all phases)", fontsize=9)
-    fig.colorbar(image, ax=fig.axes, shrink=0.4, extend="both",
-                 label=f"mean signed APE %, (pred - measured) / measured; colour clipped at "
-                       f"±{SIGNED_RANGE:.0f}%")
-    fig.suptitle(f"Error atlas: {predictor} (blue: predicts too fast, red: too slow)",
-                 fontsize=12)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+            # Batch grows upwards: the first row is drawn at the top, so list buckets descending.
+            batches = sorted(panel["batch_bucket"].unique(), reverse=True)
+            contexts = sorted(panel["context_bucket"].unique())
+            image = _heatmap(ax, panel, "batch_bucket", "context_bucket", batches, contexts,
+                             [bucket_label(k) for k in batches],
+                             [bucket_label(k) for k in contexts])
+            ax.set_title(f"{group}: {phase}", fontsize=10)
+            ax.set_ylabel("batch (requests)", fontsize=9)
+            ax.set_xlabel("mean context per request (tokens)", fontsize=9)
+    ax = fig.add_subplot(grid[len(groups), :])
+    order = [f for f in FAMILY_ORDER if f in set(families["op_family"])]
+    image = _heatmap(ax, families, "group", "op_family", family_groups, order, family_groups,
+                     order)
+    ax.set_title("by the op family that dominates each cell's measured time (all phases)",
+                 fontsize=10)
+    fig.colorbar(image, ax=fig.axes, shrink=0.35, extend="both",
+                 label=f"mean signed APE %, colour clipped at ±{SIGNED_RANGE:.0f}%")
+    fig.suptitle(f"{title}    (blue: predicted too fast, red: too slow; n = cells)",
+                 fontsize=13)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
     plt.close(fig)
+    # A 256-colour palette keeps the committed images small (about a third of the RGBA size);
+    # the figure uses far fewer colours than that.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.open(buffer).convert("RGB").quantize(256).save(path, optimize=True)
     return path
 
 
-def write(predictions: pl.DataFrame, dominant: pl.DataFrame, datasets: list[str],
-          out_dir: Path) -> dict[str, Path]:
-    """Both tables as parquet (all predictors) and one PNG per predictor; returns the PNGs."""
+def _display_order(item: tuple[str, str]) -> tuple:
+    """(dataset, split) sort key: the vidur family (the main benchmark) first, home first."""
+    dataset, split = item
+    return family(dataset) != "vidur", family(dataset), split != "home_heldout", dataset
+
+
+def _group_labels(predictions: pl.DataFrame) -> dict[str, str]:
+    """dataset -> figure row: the home's held-out cells alone, the family's unseen GPUs pooled
+    (their per-GPU tables are in the parquet files and the op-family panel)."""
+    splits = dict(predictions.select("dataset", "split").unique().iter_rows())
+    labels = {}
+    for dataset, split in sorted(splits.items(), key=_display_order):
+        if split == "home_heldout":
+            labels[dataset] = f"{dataset} (home, held-out)"
+        else:
+            unseen = sorted(d.split("_")[0] for d, s in splits.items()
+                            if s != "home_heldout" and family(d) == family(dataset))
+            labels[dataset] = f"{family(dataset)} unseen ({', '.join(unseen)})"
+    return labels
+
+
+def write(predictions: pl.DataFrame, dominant: pl.DataFrame, out_dir: Path) -> dict[str, Path]:
+    """Both tables per dataset as parquet (all predictors) and one PNG per predictor; returns the
+    PNGs. PNGs of predictors no longer in the results are removed."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cells = batch_context_table(predictions)
-    families = op_family_table(predictions, dominant)
-    cells.write_parquet(out_dir / "batch_context.parquet")
-    families.write_parquet(out_dir / "op_family.parquet")
+    batch_context_table(predictions).write_parquet(out_dir / "batch_context.parquet")
+    op_family_table(predictions, dominant).write_parquet(out_dir / "op_family.parquet")
     images = {}
-    for predictor in sorted(cells["predictor"].unique()):
-        mine = [d for d in datasets if d in set(cells.filter(pl.col("predictor") == predictor)
-                                                ["dataset"])]
-        images[predictor] = draw(predictor, cells.filter(pl.col("predictor") == predictor),
-                                 families.filter(pl.col("predictor") == predictor), mine,
-                                 out_dir / f"{predictor}.png")
+    for (predictor,), mine in predictions.group_by("predictor", maintain_order=True):
+        labels = _group_labels(mine)
+        per_dataset = {d: f"{d} ({'home' if s == 'home_heldout' else 'unseen'})" for d, s in
+                       sorted(mine.select("dataset", "split").unique().iter_rows(),
+                              key=_display_order)}
+        images[predictor] = draw(
+            f"Error atlas: {predictor}",
+            batch_context_table(mine.with_columns(group=pl.col("dataset").replace_strict(labels)),
+                                ("group",)),
+            op_family_table(mine.with_columns(group=pl.col("dataset").replace_strict(per_dataset)),
+                            dominant, ("group",)),
+            list(dict.fromkeys(labels.values())), list(per_dataset.values()),
+            out_dir / f"{predictor}.png")
     for stale in set(out_dir.glob("*.png")) - set(images.values()):
-        stale.unlink()  # a predictor no longer in the results must not linger in RESULTS.md
+        stale.unlink()
     return images
+
+
+def write_run(predictions: pl.DataFrame, dominant: pl.DataFrame, dataset: str, path: Path
+              ) -> Path:
+    """The atlas of one run (one predictor on one GPU): for the run folder."""
+    cells = predictions.with_columns(dataset=pl.lit(dataset), group=pl.lit(dataset))
+    return draw(f"Error atlas: {dataset}", batch_context_table(cells, ("group",)),
+                op_family_table(cells, dominant, ("group",)), [dataset], [dataset], path)

@@ -68,10 +68,10 @@ def store_versions() -> dict[str, str]:
         return dict(con.execute("SELECT name, version FROM datasets").fetchall())
 
 
-def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-            code: str | None = None) -> duckdb.DuckDBPyRelation:
-    """The runs that still count: made by today's code (``code_hash``) on today's target and
-    home dataset versions, and of those the latest per (predictor, dataset, params, split)."""
+def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
+               code: str | None = None) -> duckdb.DuckDBPyRelation:
+    """The runs made by today's code (``code_hash``) on today's target and home dataset
+    versions (the store's, unless ``versions`` maps dataset names to versions)."""
     versions = store_versions() if versions is None else versions
     if not versions:
         return runs.filter("false")
@@ -82,7 +82,15 @@ def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = 
         JOIN versions target ON target.name = runs.dataset AND target.version = runs.dataset_version
         JOIN versions home ON home.name = runs.home_dataset
                            AND home.version = runs.home_dataset_version
-        WHERE runs.code_hash = {_quote(code or code_hash())}
+        WHERE runs.code_hash = {_quote(code or code_hash())}""")
+
+
+def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
+            code: str | None = None) -> duckdb.DuckDBPyRelation:
+    """The runs that still count: up to date, and of those the latest per (predictor, dataset,
+    params, split)."""
+    return up_to_date(runs, versions, code).query("fresh", """
+        SELECT * FROM fresh
         QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction
                                    ORDER BY created_at DESC, run_id DESC) = 1
         ORDER BY predictor, dataset""")

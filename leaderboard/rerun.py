@@ -1,0 +1,93 @@
+"""Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
+
+The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home) and
+the splitwise pair. Each run is what ``python -m leaderboard predictor=P dataset=D`` does with
+the default config (default parameters, the ``heldout`` split, the dataset's configured home),
+run in a pool of worker processes because a run is single-threaded, Python-bound work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import yaml
+
+from leaderboard import paths, store
+from leaderboard.evaluate import RunSpec, run
+from leaderboard.homes import family
+from leaderboard.versioning import code_hash
+from predictors import registry
+from predictors.base import NotSupported
+
+LEADERBOARD_FAMILIES = ("vidur", "splitwise")
+# Written beside the runs (hidden, so the results loader never takes it for a run).
+TIMING_FILE = ".rerun.json"
+
+
+@dataclass
+class Outcome:
+    predictor: str
+    dataset: str
+    status: str  # "valid" | "invalid" | "not supported: ..." | "error: ..."
+    seconds: float
+
+
+def leaderboard_datasets() -> list[str]:
+    return sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml")
+                  if family(p.stem) in LEADERBOARD_FAMILIES)
+
+
+def default_split() -> dict:
+    return yaml.safe_load((paths.CONF_DIR / "split" / "heldout.yaml").read_text())
+
+
+def run_specs(runs_dir: Path) -> list[RunSpec]:
+    split = default_split()
+    specs = []
+    for dataset in leaderboard_datasets():
+        conf = yaml.safe_load((paths.CONF_DIR / "dataset" / f"{dataset}.yaml").read_text())
+        specs += [RunSpec(predictor=name, dataset=dataset, params={}, home=conf.get("home"),
+                          seed=split["seed"], test_fraction=split["test_fraction"],
+                          runs_dir=runs_dir) for name in registry.names()]
+    return specs
+
+
+def _run_one(spec: RunSpec) -> Outcome:
+    started = time.perf_counter()
+    try:
+        status = "valid" if run(spec).metrics["valid"] else "invalid"
+    except NotSupported as exc:
+        status = f"not supported: {exc}"
+    except Exception as exc:  # noqa: BLE001 - one broken predictor must not stop the others
+        status = f"error: {type(exc).__name__}: {exc}"
+    return Outcome(spec.predictor, spec.dataset, status, time.perf_counter() - started)
+
+
+def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
+    """Run everything, ``jobs`` processes at a time; records the wall time in ``TIMING_FILE``."""
+    store.ensure()  # build once here rather than racing for the build lock in every worker
+    started = time.perf_counter()
+    specs = run_specs(runs_dir)
+    # spawn, not fork: forking a process that already started Polars' thread pool can deadlock.
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        outcomes = list(pool.map(_run_one, specs))
+    seconds = time.perf_counter() - started
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    (runs_dir / TIMING_FILE).write_text(json.dumps({
+        "seconds": seconds, "jobs": jobs, "code_hash": code_hash(),
+        "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
+    return outcomes
+
+
+def last_rerun(runs_dir: Path) -> dict | None:
+    """The timing of the last full rerun into ``runs_dir``, if it ran on today's code."""
+    path = Path(runs_dir) / TIMING_FILE
+    if not path.is_file():
+        return None
+    timing = json.loads(path.read_text())
+    return timing if timing.get("code_hash") == code_hash() else None

@@ -1,0 +1,167 @@
+"""Results store, atlases, tie-aware ranking and the report, on synthetic run folders."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard import atlas, ranking, report, results
+from leaderboard.versioning import code_hash
+from predictors import registry
+from predictors.base import Predictor, PredictorCard
+
+VERSIONS = {"a100_vidur": "va100", "h100_vidur": "vh100", "h200_vidur": "vh200"}
+SKUS = {"a100_vidur": "a100_sxm", "h100_vidur": "h100_sxm", "h200_vidur": "h200_sxm"}
+
+
+class TinyPredictor(Predictor):
+    card = PredictorCard("analytical", "test", "throwaway", False)
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+
+def cells(n: int = 40, seed: int = 0, bias: float = 0.1) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    num_requests = rng.integers(1, 64, n)
+    num_decode = np.where(np.arange(n) % 2 == 0, num_requests, 0)
+    gt = rng.uniform(1, 10, n)
+    pred = gt * (1 + bias + rng.normal(0, 0.05, n))
+    return pl.DataFrame({
+        "cell_id": [f"c{i}" for i in range(n)], "workload_id": [f"w{i}" for i in range(n)],
+        "model": "m", "tp": 1, "phase": np.where(num_decode > 0, "decode", "prefill"),
+        "num_requests": num_requests, "num_decode": num_decode,
+        "total_tokens": np.where(num_decode > 0, num_requests, num_requests * 512),
+        "decode_ctx_sum": num_decode * 300, "gt_kind": "gpu_block", "gt_ms": gt, "pred_ms": pred,
+        "signed_pct": (pred - gt) / gt * 100})
+
+
+def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str = "tiny",
+              created_at: str = "2026-01-01T00:00:00+00:00", folder_name: str | None = None,
+              predictions: pl.DataFrame | None = None, **overrides):
+    predictions = cells() if predictions is None else predictions
+    home = "a100_vidur"
+    metrics = {
+        "run_id": run_id, "predictor": predictor, "params": {"scale": 1.0},
+        "card": {"kind": "analytical", "reference": "test", "trained_on": "a100_sxm",
+                 "needs_profiled_rows": False},
+        "dataset": dataset, "sku": SKUS[dataset], "home_dataset": home, "home_sku": "a100_sxm",
+        "split": "home_heldout" if dataset == home else "unseen", "split_seed": 0,
+        "test_fraction": 0.3, "dataset_version": VERSIONS[dataset],
+        "home_dataset_version": VERSIONS[home], "code_version": "abc", "code_hash": code_hash(),
+        "valid": True, "invalid_reasons": [], "fit_seconds": 0.01, "profiled_rows": 0,
+        "deploy_rows": 0, "predict_cells_per_s": 1e5,
+        "phases": {"all": {"n": len(predictions), "mape": 10.0}}, "created_at": created_at,
+        **overrides}
+    folder = runs_dir / (folder_name or run_id)
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    predictions.with_columns(run_id=pl.lit(run_id)).write_parquet(folder / "predictions.parquet")
+    return folder
+
+
+def current_ids(runs_dir) -> set[str]:
+    return set(results.current(results.load_runs(runs_dir), VERSIONS).pl()["run_id"])
+
+
+def test_stale_runs_drop_out_and_the_latest_run_counts(tmp_path):
+    write_run(tmp_path, "old", created_at="2026-01-01T00:00:00+00:00")
+    write_run(tmp_path, "new", created_at="2026-01-02T00:00:00+00:00")
+    write_run(tmp_path, "other-code", code_hash="0000000000000000",
+              created_at="2026-01-03T00:00:00+00:00")
+    write_run(tmp_path, "other-target", dataset_version="stale",
+              created_at="2026-01-03T00:00:00+00:00")
+    write_run(tmp_path, "other-home", home_dataset_version="stale",
+              created_at="2026-01-03T00:00:00+00:00")
+    write_run(tmp_path, "other-params", params={"scale": 2.0})
+    assert results.load_runs(tmp_path).shape[0] == 6
+    assert current_ids(tmp_path) == {"new", "other-params"}
+
+
+def test_partial_and_incomplete_folders_are_ignored(tmp_path):
+    write_run(tmp_path, "done")
+    write_run(tmp_path, "interrupted", folder_name=".interrupted.partial",
+              created_at="2026-02-01T00:00:00+00:00")
+    (write_run(tmp_path, "no-predictions", dataset="h200_vidur") / "predictions.parquet").unlink()
+    assert [p.name for p in results.complete_run_folders(tmp_path)] == ["done"]
+    assert current_ids(tmp_path) == {"done"}
+    assert results.load_runs(tmp_path / "missing").shape[0] == 0
+
+
+def test_ranking_counts_ties_measured_ties_and_home_pairs():
+    rows = [  # (workload, sku, split, measured, predicted)
+        ("w1", "a", "home_heldout", 10.0, 1.0), ("w1", "b", "unseen", 20.0, 1.005),  # a~b tie
+        ("w1", "c", "unseen", 30.0, 3.0),  # a<c and b<c correct
+        ("w2", "a", "home_heldout", 10.0, 3.0), ("w2", "b", "unseen", 20.0, 2.0),  # a-b wrong
+        ("w2", "c", "unseen", 20.1, 1.0),  # a-c wrong, b-c measured within 1%: left out
+    ]
+    frame = pl.DataFrame(rows, schema=["workload_id", "sku", "split", "gt_ms", "pred_ms"],
+                         orient="row").with_columns(predictor=pl.lit("p"))
+    row = ranking.ranking_table(ranking.sku_pairs(frame)).row(0, named=True)
+    assert (row["correct"], row["wrong"], row["ties"], row["measured_ties"]) == (2, 2, 1, 1)
+    assert row["pairs"] == 5 and row["home_pairs"] == 4
+    assert row["decisive_accuracy"] == pytest.approx(0.5)
+    assert row["tie_aware_accuracy"] == pytest.approx(0.4)
+    assert row["most_tied_pair"] == "a/b: 1"
+    # At 0.1% neither near-equality (0.5% apart) is equal any more.
+    loose = ranking.ranking_table(ranking.sku_pairs(frame, tolerance=0.001)).row(0, named=True)
+    assert loose["ties"] == 0 and loose["measured_ties"] == 0
+
+
+def test_bootstrap_places_share_a_rank_when_intervals_overlap():
+    rng = np.random.default_rng(1)
+    workloads = [f"w{i}" for i in range(200)]
+    noise = rng.normal(0, 3, len(workloads))
+    frames = [pl.DataFrame({"predictor": name, "workload_id": workloads,
+                            "signed_pct": center + noise + rng.normal(0, 1, len(workloads))})
+              for name, center in (("close_a", 10.0), ("close_b", 10.2), ("far", 40.0))]
+    places = ranking.bootstrap_places(pl.concat(frames), samples=300)
+    place = dict(places.select("predictor", "place").iter_rows())
+    assert place == {"close_a": 1, "close_b": 1, "far": 3}
+    far = places.filter(pl.col("predictor") == "far").row(0, named=True)
+    assert far["ci_low"] < far["mape"] < far["ci_high"]
+    again = ranking.bootstrap_places(pl.concat(frames), samples=300)
+    assert again.equals(places)  # seeded
+
+
+def test_atlas_buckets_cover_every_scored_cell():
+    predictions = cells(200).with_columns(predictor=pl.lit("p"), dataset=pl.lit("h100_vidur"),
+                                          sku=pl.lit("h100_sxm"), split=pl.lit("unseen"))
+    predictions = predictions.with_columns(  # an INVALID run's missing predictions are not placed
+        signed_pct=pl.when(pl.int_range(pl.len()) < 5).then(None).otherwise("signed_pct"))
+    table = atlas.batch_context_table(predictions)
+    assert table["n"].sum() == 195
+    by_phase = dict(table.group_by("phase").agg(pl.col("n").sum()).iter_rows())
+    assert by_phase == dict(predictions.drop_nulls("signed_pct").group_by("phase").len().iter_rows())
+    one = predictions.filter(pl.col("num_requests").is_in([3, 4]) & (pl.col("num_decode") > 0))
+    buckets = atlas.batch_context_table(one)["batch_bucket"].to_list()
+    assert set(buckets) <= {1, 2} and atlas.bucket_label(1) == "2-3"
+    assert atlas.op_family("gemm_qkv") == atlas.op_family("k_proj") == "gemm"
+    assert atlas.op_family("input_layernorm") == "light kernels"
+
+
+def test_report_renders_every_section(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    monkeypatch.setattr(registry, "discover", lambda: None)
+    runs = tmp_path / "runs"
+    for i, dataset in enumerate(VERSIONS):
+        write_run(runs, f"r{i}", dataset=dataset, predictions=cells(seed=i))
+    write_run(runs, "old", dataset="h100_vidur", code_hash="0000000000000000")
+    monkeypatch.setattr(atlas, "dominant_op_families", lambda datasets: pl.DataFrame(
+        {"dataset": "h100_vidur", "cell_id": [f"c{i}" for i in range(40)], "op_family": "gemm"}))
+    out = tmp_path / "RESULTS.md"
+    block = report.render(runs, out, tmp_path / "atlas", versions=VERSIONS)
+    for section in ("## Leaderboard", "### vidur: all", "## SKU ranking", "### Places",
+                    "## Error atlases", "## Performance", "## Provenance"):
+        assert section in block
+    assert "![error atlas of tiny](atlas/tiny.png)" in block
+    assert (tmp_path / "atlas" / "tiny.png").stat().st_size > 1000
+    assert "1 dropped as stale" in block
+    assert "| tiny | 10.0 | 10.0 | 10.0 | 10.0 |" in block
+    kept = "# Results\n\nintro\n\n" + "## Store build\n\nkept\n"
+    first = report.splice(kept, block)
+    assert first.index(report.BEGIN) < first.index("## Store build") and "kept" in first
+    assert report.splice(first, f"{report.BEGIN}\nnew\n{report.END}").count(report.BEGIN) == 1
