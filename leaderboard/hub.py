@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import polars as pl
+import yaml
 from rich.console import Console
 
 from leaderboard import guard, paths
@@ -55,6 +56,13 @@ class HubError(ValueError):
 
 def lineage_config(name: str) -> str:
     return f"{name}_lineage"
+
+
+def conf_home(name: str) -> str | None:
+    """The home ``conf/dataset/<name>.yaml`` names (the llmservingsim family names the A6000), or
+    None: then the home is the A100 dataset of the same family (``leaderboard.homes.home_of``)."""
+    conf = paths.CONF_DIR / "dataset" / f"{name}.yaml"
+    return yaml.safe_load(conf.read_text()).get("home") if conf.is_file() else None
 
 
 def cache_dir() -> Path:
@@ -130,6 +138,9 @@ class HubCatalog:
                        if hf_config.HF_HUB_OFFLINE else str(exc))
             raise _unreachable(f"'{self.repo}' config '{config}'", hf_config.HF_ENDPOINT,
                                offline) from exc
+        except FileNotFoundError as exc:  # the hub answered: no such repo, revision or file
+            raise HubError(f"'{self.repo}' config '{config}' (revision {self.revision or 'main'}) "
+                           f"was not found: {exc}") from exc
         frame = pl.from_arrow(table.data.table)
         return frame.select([pl.col(c).cast(t) for c, t in schema.items()])
 
@@ -156,7 +167,6 @@ class HubCatalog:
         return self._load(lineage_config(name), "lineage", LINEAGE_SCHEMA)
 
     def op_points(self, name: str) -> pl.DataFrame:
-        """The points of ``<sku>_ops``, as ``leaderboard.cells.ops.op_points`` gives them."""
         if self._kind(name) != "ops":
             raise HubError(f"'{name}' is not an op dataset of {self.repo}")
         return self._load(name, "points", OP_SCHEMA)

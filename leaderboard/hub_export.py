@@ -1,0 +1,160 @@
+"""Write the store's cell and op datasets as a Hugging Face dataset folder (see ``leaderboard.hub``).
+
+The folder is written under a temporary name beside PATH and renamed into place when complete,
+so an interrupted export leaves no PATH, and with ``--overwrite`` the previous export intact.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import yaml
+from rich.progress import Progress
+
+from leaderboard import homes, paths, store
+from leaderboard.catalog import StoreCatalog
+from leaderboard.hub import CATALOG_SCHEMA, conf_home, lineage_config, stderr
+
+TITLE = "LLM step-latency ground truth"
+TAGS = ["llm", "inference", "latency", "gpu", "benchmark"]
+
+
+def selected(rows: dict[str, dict], only: list[str] | None) -> list[str]:
+    """Every dataset, or those named plus each one's home, which a run needs to fit on."""
+    if not only:
+        return sorted(rows)
+    names = set()
+    for name in only:
+        homes.require_dataset(rows, name)
+        names |= {name, homes.home_of(name, conf_home(name), rows)}
+    return sorted(names)
+
+
+def source_rows(con: duckdb.DuckDBPyConnection, name: str, card: str) -> list[tuple]:
+    """(rel, repo, commit, license) of the upstream files behind a dataset: those its card lists,
+    and the request traces its workloads were replayed from (the cards list measured files only)."""
+    traces = [t for (t,) in con.execute("SELECT DISTINCT trace FROM cells WHERE dataset = ? "
+                                        "AND trace IS NOT NULL", [name]).fetchall()]
+    files = {f for (f,) in con.execute("SELECT DISTINCT file FROM request_traces "
+                                       "WHERE list_contains(?, trace)", [traces]).fetchall()}
+    if "sharegpt" in traces:  # leaderboard.cells.traces replays LLMServingSim's serving requests
+        files |= {f for (f,) in con.execute("SELECT DISTINCT file FROM serving_requests").fetchall()}
+    return [r for r in con.execute("SELECT rel, repo, commit, license FROM sources ORDER BY rel")
+            .fetchall() if r[0] in files or f"`{r[0]}`" in card]
+
+
+def _coefficient_sources(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    return con.execute("SELECT rel, repo, commit, license FROM sources WHERE rel IN "
+                       "(SELECT DISTINCT file FROM coefficients) ORDER BY rel").fetchall()
+
+
+def _write_split(root: Path, folder: str, split: str, frame: pl.DataFrame) -> str:
+    rel = f"{folder}/{split}.parquet"
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(root / rel, compression="zstd")
+    return rel
+
+
+def _repos(sources: list[tuple]) -> str:
+    return ", ".join(sorted({f"{repo}@{commit[:7]}" if commit else f"{repo} (unpinned)"
+                             for _, repo, commit, _ in sources}))
+
+
+def _licenses(sources: list[tuple]) -> str:
+    return ", ".join(sorted({lic for *_, lic in sources if lic}))
+
+
+def render_readme(configs: list[dict], meta: dict[str, str]) -> str:
+    """The card: YAML ``configs:`` for ``load_dataset``, then one table row per config and one
+    per source repository with its license."""
+    all_sources = {s for c in configs for s in c["sources"]}
+    front = {"license": sorted({lic.lower() for *_, lic in all_sources if lic}),
+             "pretty_name": TITLE, "tags": TAGS,
+             "configs": [{"config_name": c["config"],
+                          "data_files": [{"split": c["split"], "path": c["path"]}]}
+                         for c in configs]}
+    config_rows = "\n".join(
+        f"| `{c['config']}` | {c['kind']} | {c['sku'] or '-'} | {c['rows']:,} | `{c['version']}` | "
+        f"{_repos(c['sources']) or '-'} | {_licenses(c['sources']) or '-'} |" for c in configs)
+    by_repo = defaultdict(set)
+    for rel, repo, commit, lic in all_sources:
+        by_repo[(repo, commit or "unpinned", lic or "unknown")].add(rel)
+    repo_rows = "\n".join(f"| [{repo}](https://github.com/{repo}) | `{commit}` | {lic} | "
+                          f"{len(rels)} |" for (repo, commit, lic), rels in sorted(by_repo.items()))
+    return (paths.DATASETS_DIR / "cards" / "hf_readme.md").read_text().format(
+        front_matter=yaml.safe_dump(front, sort_keys=False), config_rows=config_rows,
+        source_rows=repo_rows, store_version=meta["store_version"],
+        builder_version=meta["builder_version"], code_version=meta["code_version"])
+
+
+def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection,
+               only: list[str] | None, quiet: bool) -> list[dict]:
+    rows = catalog.datasets()
+    names = selected(rows, only)
+    cards = dict(con.execute("SELECT name, card FROM datasets WHERE list_contains(?, name)",
+                             [names]).fetchall())
+    configs = []
+    with Progress(console=stderr, transient=True, disable=quiet) as progress:
+        task = progress.add_task("exporting", total=len(names) + 1)
+        for name in names:
+            row = rows[name]
+            progress.update(task, description=f"exporting {name}")
+            sources = source_rows(con, name, cards[name])
+            parts = ([(name, "cells", catalog.cells(name)),
+                      (lineage_config(name), "lineage", catalog.lineage(name))]
+                     if row["kind"] == "cells" else [(name, "points", catalog.op_points(name))])
+            for config, split, frame in parts:
+                configs.append({"config": config, "split": split, "rows": len(frame),
+                                "path": _write_split(root, name, split, frame),
+                                "kind": "lineage" if split == "lineage" else row["kind"],
+                                "sku": row["sku"], "version": row["version"], "sources": sources})
+            (root / name / "card.md").write_text(cards[name])
+            progress.advance(task)
+        coefficients = catalog.coefficients()
+        version = con.execute("SELECT version FROM table_versions "
+                              "WHERE table_name = 'coefficients'").fetchall()[0][0]
+        configs.append({"config": "coefficients", "split": "coefficients", "kind": "coefficients",
+                        "rows": len(coefficients), "sku": None, "version": version,
+                        "sources": _coefficient_sources(con),
+                        "path": _write_split(root, "coefficients", "coefficients", coefficients)})
+        listed = pl.DataFrame([{**{k: rows[n][k] for k in CATALOG_SCHEMA if k != "rows"},
+                                "rows": next(c["rows"] for c in configs if c["config"] == n)}
+                               for n in names], schema=CATALOG_SCHEMA)
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        configs.append({"config": "catalog", "split": "catalog", "kind": "catalog",
+                        "rows": len(listed), "sku": None, "version": meta["store_version"],
+                        "sources": [], "path": _write_split(root, "catalog", "catalog", listed)})
+        (root / "README.md").write_text(render_readme(configs, meta))
+        progress.advance(task)
+    return configs
+
+
+def export(path: str | Path, only: list[str] | None = None, overwrite: bool = False,
+           quiet: bool = False, sources_root: str | None = None,
+           gpu_specs: str | None = None) -> dict[str, int]:
+    """Write the folder; returns the rows of each config written."""
+    target = Path(path).expanduser().absolute()
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass --overwrite to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with StoreCatalog(sources_root, gpu_specs) as catalog, \
+                store.connect(sources_root, gpu_specs) as con:
+            configs = _write_all(tmp, catalog, con, only, quiet)
+        if target.exists():
+            old = target.with_name(f".{target.name}.{os.getpid()}.old")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {c["config"]: c["rows"] for c in configs}
