@@ -55,13 +55,30 @@ class Ours(Predictor):
         return Switches(**{f: bool(getattr(self, f)) for f in FACTORS if f != "wall_clock"})
 
     def fit(self, home: Home) -> Ours:
-        """Nothing is fitted here: the constants are read frozen. ``profiled_rows_`` counts the
-        home op points they were once fitted on, so the card's cost is not understated."""
+        """The GPU-time constants are read frozen; ``profiled_rows_`` counts the home op points
+        they were once fitted on, so the card's cost is not understated. A wall-clock home (the
+        splitwise family) also gives alpha, the block-time scale of a real engine, fitted here
+        on the home's training steps only (with a home S(N) that is then discarded: each target
+        calibrates its own from its deploy reading)."""
         self.constants_ = config.load_constants()
         self.trained_on_ = self.constants_["home"]["sku"]
         self.profiled_rows_ = int(self.constants_["home"]["op_rows"])
-        self.host_floor_ = (0.0, 0.0)
+        self.host_floor_, self.alpha_ = (0.0, 0.0), 1.0
+        wall = home.cells.filter(pl.col("gt_kind") == "wall_clock")
+        if self.wall_clock and len(wall) >= 3:
+            self.alpha_ = self._fit_alpha(wall, home.gpu)
+            self.profiled_rows_ += len(wall)
         return self
+
+    def _fit_alpha(self, wall: pl.DataFrame, gpu: GpuSpec) -> float:
+        """alpha by least squares on relative error: gt = alpha * T_gpu + s_floor + s_slope (N-1)."""
+        parts = self.components(wall, gpu)
+        gpu_s = sum(v for k, v in parts.items() if k != "host_floor")
+        gt = wall["gt_ms"].to_numpy() * 1e-3
+        n = wall["num_requests"].to_numpy().astype(np.float64)
+        design = np.column_stack([gpu_s, np.ones_like(n), n - 1.0]) / gt[:, None]
+        alpha = np.linalg.lstsq(design, np.ones_like(gt), rcond=None)[0][0]
+        return float(alpha)
 
     def components(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
         """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
@@ -70,32 +87,35 @@ class Ours(Predictor):
         if self.wall_clock:
             wall = (cells["gt_kind"] == "wall_clock").to_numpy()
             extras = wall_clock_extras(s, dev, self.constants_, self.switches)
-            extras["host_floor"] = factors.host_floor_seconds(s.num_requests, *self.host_floor_)
-            parts.update({k: np.where(wall, v, 0.0) for k, v in extras.items()})
+            parts.update(extras)
+            # alpha scales every GPU term of a wall-clock step; S(N) is host time, unscaled.
+            parts = {k: np.where(wall, self.alpha_ * v, v) for k, v in parts.items()}
+            parts.update({k: np.where(wall, v, 0.0) for k, v in parts.items() if k in extras})
+            host = factors.host_floor_seconds(s.num_requests, *self.host_floor_)
+            parts["host_floor"] = np.where(wall, host, 0.0)
         return parts
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         return sum(self.components(cells, gpu).values()) * 1e3
 
     def deploy_rows(self, cells: pl.DataFrame) -> np.ndarray | None:
-        """Wall-clock targets only: the decode batch-size sweep of one configuration, the
-        (model, TP) first in name order, at the per-request context most of its decode cells
-        share (on splitwise: bloom-176b TP8, batch 1..64, prompt 512 + 128 generated tokens)."""
+        """Wall-clock targets only: one short decode batch-size sweep. The (model, TP) first in
+        name order that has decode cells of at least two batch sizes at one per-request
+        context, and of those the context most of its decode cells share (on splitwise:
+        bloom-176b TP8, batch 1..64, prompt 512 + 128 generated tokens, 7 cells)."""
         if not self.wall_clock or "gt_kind" not in cells.columns:
             return None
-        frame = cells.with_row_index("row").filter(
-            (pl.col("gt_kind") == "wall_clock") & (pl.col("phase") == "decode"))
-        if frame.is_empty():
-            return None
-        first = frame.sort("model", "tp").row(0, named=True)
-        sweep = frame.filter((pl.col("model") == first["model"]) & (pl.col("tp") == first["tp"]))
-        ctx = sweep["decode_ctx_sum"] // sweep["num_decode"]
-        sweep = sweep.filter(ctx == ctx.mode().sort()[0])
-        if sweep["num_decode"].n_unique() < 2:
-            return None
-        mask = np.zeros(len(cells), dtype=bool)
-        mask[sweep["row"].to_numpy()] = True
-        return mask
+        decode = cells.with_row_index("row").filter(
+            (pl.col("gt_kind") == "wall_clock") & (pl.col("phase") == "decode")).with_columns(
+            ctx=pl.col("decode_ctx_sum") // pl.col("num_decode"))
+        for _, config_cells in decode.sort("model", "tp").group_by(["model", "tp"],
+                                                                   maintain_order=True):
+            sweep = config_cells.filter(pl.col("ctx") == config_cells["ctx"].mode().sort()[0])
+            if sweep["num_decode"].n_unique() >= 2:
+                mask = np.zeros(len(cells), dtype=bool)
+                mask[sweep["row"].to_numpy()] = True
+                return mask
+        return None
 
     def calibrate(self, reading: pl.DataFrame, gpu: GpuSpec) -> None:
         """S(N) = s_floor + s_slope (N - 1) by least squares on the reading's measured time

@@ -1,0 +1,131 @@
+"""``ours`` end to end on synthetic cells: registration, ladder, any spec, wall-clock mode."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard.specs import GpuSpec, load_gpu_specs
+from predictors import registry
+from predictors.base import Home
+from predictors.ours import FACTORS, LADDER, config
+from predictors.ours.step import decode_groups
+
+
+def cells(rows: list[tuple], kind: str = "gpu_block") -> pl.DataFrame:
+    """(model, tp, q_lens, ctx_lens) per row, with the derived columns Steps reads."""
+    out = []
+    for i, (model, tp, q, c) in enumerate(rows):
+        dec = [x for x, y in zip(c, q, strict=True) if y == 1 and x > 0]
+        phase = "decode" if len(dec) == len(q) else "prefill" if not dec else "mixed"
+        out.append({"cell_id": f"c{i}", "model": model, "tp": tp, "q_lens": q, "ctx_lens": c,
+                    "num_requests": len(q), "num_decode": len(dec), "total_tokens": sum(q),
+                    "decode_ctx_sum": sum(dec), "phase": phase, "gt_kind": kind})
+    return pl.DataFrame(out)
+
+
+MIX = cells([("llama-3-8b", 4, [1] * 40, [511] * 20 + [1023] * 20),
+             ("qwen3-8b", 2, [512, 1, 1], [0, 2047, 15]),
+             ("llama-3.2-3b", 1, [4096], [0]),
+             ("llama-2-70b", 8, [1] * 3, [600, 700, 900])])
+
+
+def home(sku="a100_sxm") -> Home:
+    return Home(sku=sku, gpu=load_gpu_specs()[sku], dataset="synthetic", cells=MIX)
+
+
+def test_ours_and_every_rung_are_registered_with_their_switches():
+    names = registry.names()
+    assert "ours" in names and all(f"ours_{r}" in names for r in LADDER)
+    r0 = registry.build("ours_r0_roofline")
+    assert not any(r0.get_params().values())
+    r3 = registry.build("ours_r3_delivery")
+    assert [f for f, on in r3.get_params().items() if on] == list(FACTORS[:3])
+    assert all(registry.build("ours").get_params().values())
+    assert registry.build("ours_r2_waves", {"l2_memory": True}).l2_memory
+
+
+def test_every_constant_has_a_provenance():
+    constants = config.load_constants()
+    assert constants["home"]["sku"] == "a100_sxm" and constants["home"]["op_rows"] > 0
+    assert 0.5 < constants["clock"]["home_f_clk"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["ours", *(f"ours_{r}" for r in LADDER)])
+def test_finite_positive_on_every_known_gpu(name):
+    model = registry.build(name).fit(home())
+    for gpu in load_gpu_specs().values():
+        pred = model.predict(MIX, gpu)
+        assert pred.shape == (len(MIX),) and np.all(np.isfinite(pred) & (pred > 0)), gpu.sku
+
+
+def test_a_gpu_the_project_has_never_seen():
+    made_up = GpuSpec("ampere_like", {
+        "sku": "ampere_like", "arch": "ampere", "sm_count": 84, "boost_clock_mhz": 1700,
+        "bf16_dense_tflops": 150.0, "mem_bw_gbs": 900, "l2_mb": 6, "mem_gb": 48,
+        "interconnect": {"kind": "pcie", "bw_gbs": 64}}, Path("ampere_like.yaml"))
+    unknown_arch = GpuSpec("future", {**made_up.data, "sku": "future", "arch": "rubin"},
+                           Path("future.yaml"))
+    model = registry.build("ours").fit(home())
+    for gpu in (made_up, unknown_arch):
+        pred = model.predict(MIX, gpu)
+        assert np.all(np.isfinite(pred) & (pred > 0))
+    a100 = model.predict(MIX, load_gpu_specs()["a100_sxm"])
+    assert np.all(model.predict(MIX, made_up) > a100)  # half the compute, under half the memory
+
+
+def test_faster_gpu_is_faster_and_h100_h200_compute_ties():
+    model = registry.build("ours").fit(home())
+    gpus = load_gpu_specs()
+    prefill = cells([("llama-3.2-3b", 1, [8192], [0])])
+    a100, h100, h200 = (model.predict(prefill, gpus[s])[0] for s in ("a100_sxm", "h100_sxm",
+                                                                       "h200_sxm"))
+    assert h100 < a100 and h200 <= h100
+    assert h200 == pytest.approx(h100, rel=0.05)  # same compute peak: a large prefill nearly ties
+
+
+def test_decode_groups_by_context_octave():
+    cell, count, ctx = decode_groups(MIX)
+    first = cell == 0
+    assert sorted(count[first]) == [20, 20] and sorted(ctx[first]) == [511, 1023]
+    assert list(count[cell == 1]) == [1, 1]  # the prefill request is not a decode group
+    assert 2 not in cell
+
+
+def test_gpu_block_cells_get_no_wall_clock_terms():
+    model = registry.build("ours").fit(home())
+    parts = model.components(MIX, load_gpu_specs()["h100_sxm"])
+    for term in ("light_kernels", "lm_head", "host_floor"):
+        assert not parts[term].any()
+    off = registry.build("ours", {"wall_clock": False}).fit(home())
+    assert off.predict(MIX, load_gpu_specs()["h100_sxm"]) == pytest.approx(
+        model.predict(MIX, load_gpu_specs()["h100_sxm"]))
+
+
+def test_wall_clock_deploy_reading_recovers_the_host_floor():
+    gpu = load_gpu_specs()["h100_sxm"]
+    sweep = [("llama-2-70b", 8, [1] * b, [576] * b) for b in (1, 2, 4, 8, 16)]
+    other = [("llama-2-70b", 8, [512] * 2, [0, 0]), ("llama-2-70b", 4, [1] * 4, [576] * 4)]
+    target = cells(sweep + other, kind="wall_clock")
+    model = registry.build("ours").fit(home())
+    mask = model.deploy_rows(target)
+    assert mask.tolist() == [True] * 5 + [False] * 2  # only the first config's decode sweep
+    truth = model.predict(target, gpu) + 1e3 * (0.02 + 0.0005 * (target["num_requests"].to_numpy() - 1))
+    model.calibrate(target.filter(pl.Series(mask)).with_columns(gt_ms=pl.Series(truth[mask])),
+                    gpu)
+    assert model.host_floor_ == pytest.approx((0.02, 0.0005), rel=1e-6)
+    assert model.predict(target, gpu) == pytest.approx(truth)
+    assert registry.build("ours").deploy_rows(MIX) is None  # no reading on gpu_block targets
+
+
+def test_predict_throughput():
+    many = pl.concat([MIX] * 25_000)  # 100k cells
+    model = registry.build("ours").fit(home())
+    gpu = load_gpu_specs()["h200_sxm"]
+    started = time.perf_counter()
+    model.predict(many, gpu)
+    assert len(many) / (time.perf_counter() - started) > 50_000

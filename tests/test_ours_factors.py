@@ -1,0 +1,114 @@
+"""Each factor of ``ours`` at its edges (predictors/ours/factors.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from leaderboard.specs import GpuSpec
+from predictors.ours import factors
+
+HOPPER = {"f_clk": None, "clusters": True, "default_gpc_count": 8, "lost_gpcs": 1,
+          "cluster_sms_per_gpc": 16}
+AMPERE = {"f_clk": None, "clusters": False}
+
+
+def spec(**data) -> GpuSpec:
+    return GpuSpec(data.get("sku", "test"), data, Path("test.yaml"))
+
+
+def test_one_wave_against_two():
+    sms = cap = 108
+    full = factors.wave_efficiency(np.array([128.0]), np.array([128.0 * 108]), np.array([64.0]),
+                                   sms, cap, 128, 128, 64)
+    spill = factors.wave_efficiency(np.array([128.0]), np.array([128.0 * 109]), np.array([64.0]),
+                                    sms, cap, 128, 128, 64)
+    assert full[0] == pytest.approx(1.0)
+    assert spill[0] == pytest.approx(109 / 216)  # a second wave with one CTA in it
+
+
+def test_tile_padding_and_small_m_tiles():
+    # m = 160 needs two 128-row tiles: 62.5 % of the padded tile rows are used.
+    eff = factors.wave_efficiency(np.array([160.0]), np.array([128.0 * 54]), np.array([64.0]),
+                                  108, 108, 128, 128, 64)
+    assert eff[0] == pytest.approx(160 / 256)
+    # m = 1 gets a 16-row tile, not a 128-row one.
+    small = factors.wave_efficiency(np.array([1.0]), np.array([128.0 * 108]), np.array([64.0]),
+                                    108, 108, 128, 128, 64)
+    assert small[0] == pytest.approx(1 / 16)
+
+
+def test_split_k_fills_idle_sms_only_when_k_is_long():
+    m, n = np.array([16.0]), np.array([128.0 * 12])
+    short = factors.wave_efficiency(m, n, np.array([64.0]), 108, 108, 128, 128, 64)
+    long = factors.wave_efficiency(m, n, np.array([8192.0]), 108, 108, 128, 128, 64)
+    assert long[0] > 5 * short[0]
+
+
+def test_cluster_cap_is_seven_gpcs_of_sixteen_on_h100():
+    h100 = spec(sm_count=132, gpc_count=8, compute_capability="9.0")
+    assert factors.cta_cap(h100, HOPPER) == 112
+    # At full waves the cap alone leaves 20 of 132 SMs idle.
+    many = factors.wave_efficiency(np.array([128.0 * 112]), np.array([128.0]), np.array([64.0]),
+                                   132, 112, 128, 128, 64)
+    assert many[0] == pytest.approx(112 / 132)
+
+
+def test_gpu_without_clusters_uses_every_sm():
+    a100 = spec(sm_count=108, gpc_count=7, compute_capability="8.0")
+    assert factors.cta_cap(a100, AMPERE) == 108
+    # Consumer Blackwell (sm120) has no clusters even under a cluster architecture entry.
+    sm120 = spec(sm_count=170, gpc_count=None, compute_capability="12.0")
+    assert not factors.uses_clusters(sm120, HOPPER)
+    assert factors.cta_cap(sm120, HOPPER) == 170
+
+
+def test_missing_gpc_count_takes_the_architecture_default():
+    assert factors.cta_cap(spec(sm_count=132, compute_capability="9.0"), HOPPER) == 112
+    assert factors.cta_cap(spec(sm_count=60, compute_capability="9.0"), HOPPER) == 60  # capped
+
+
+def test_duty_cycle_amortizes_over_k():
+    k = np.array([64.0, 1024.0, 65536.0])
+    eff = factors.duty_cycle(k, 3.0, 64)
+    assert np.all(np.diff(eff) > 0) and eff[-1] > 0.99
+    assert factors.duty_cycle(k, 0.0, 64) == pytest.approx(np.ones(3))
+
+
+def test_l2_resident_against_dram_bound():
+    law = {"dram": 0.7, "l2": 1.5, "p": 2.0}
+    l2 = 40 * 2**20
+    resident = factors.l2_memory_efficiency(np.array([l2 / 100]), l2, law)
+    dram = factors.l2_memory_efficiency(np.array([l2 * 100]), l2, law)
+    half = factors.l2_memory_efficiency(np.array([l2]), l2, law)
+    assert resident[0] == pytest.approx(1.5, rel=1e-3)
+    assert dram[0] == pytest.approx(0.7, rel=1e-3)
+    assert half[0] == pytest.approx((0.7 + 1.5) / 2)
+
+
+def test_clock_reading_or_home_droop():
+    assert factors.clock_factor({"f_clk": 0.57}, 0.94) == 0.57
+    assert factors.clock_factor({"f_clk": None}, 0.94) == 0.94
+
+
+def test_decode_parallelism_saturates():
+    p = factors.decode_parallelism(np.array([1.0, 10.0, 1e6]), 100, 0.1)
+    assert p == pytest.approx([0.1, 1.0, 1.0])
+
+
+def test_allreduce_regimes_and_single_gpu():
+    coll = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_floor_s": 5e-5, "nccl_eta": 0.7,
+            "custom_max_bytes": 8 * 2**20}
+    size = np.array([1e3, 8 * 2**20, 8 * 2**20 + 1, 1e6])
+    tp = np.array([2.0, 2.0, 2.0, 1.0])
+    t = factors.allreduce_seconds(size, tp, 300e9, coll)
+    assert t[0] == pytest.approx(5e-6, rel=1e-2)
+    assert t[2] > t[1] + 2.5e-5  # NCCL's floor past vLLM's custom all-reduce limit
+    assert t[3] == 0.0
+
+
+def test_host_floor_is_linear_in_requests():
+    s = factors.host_floor_seconds(np.array([1.0, 2.0, 11.0]), 0.003, 0.0001)
+    assert s == pytest.approx([0.003, 0.0031, 0.004])
