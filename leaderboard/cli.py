@@ -1,5 +1,8 @@
 """``python -m leaderboard predictor=NAME dataset=NAME [key=value ...]``: one leaderboard run.
 
+The Hydra task lives in this importable module, not in ``__main__``, so multirun launchers
+(joblib's loky workers, submitit) pickle it by reference.
+
 Fits the predictor on the home dataset's training rows, predicts the target blind, prints the
 per-phase errors and writes ``<runs_dir>/<run_id>/{metrics.json, predictions.parquet}``.
 """
@@ -13,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard.config import dataset_names, register_predictor_nodes
+from leaderboard import paths
+from leaderboard.config import dataset_names
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
@@ -54,8 +58,7 @@ def print_metrics(metrics: dict, folder) -> None:
                     f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; wrote {folder}")
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run_task(cfg: DictConfig) -> None:
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     spec = RunSpec(predictor=cfg.predictor.name, dataset=cfg.dataset.name, params=params,
                    home=cfg.dataset.home, seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
@@ -69,7 +72,5 @@ def main(cfg: DictConfig) -> None:
     print_metrics(result.metrics, result.folder)
 
 
-if __name__ == "__main__":
-    register_predictor_nodes()
-    check_choices(sys.argv[1:])
-    main()
+# Undecorated ``run_task`` stays importable by name, so launchers pickle it by reference.
+main = hydra.main(config_path=str(paths.CONF_DIR), config_name="config", version_base="1.3")(run_task)

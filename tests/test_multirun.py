@@ -1,0 +1,44 @@
+"""Multirun: Hydra's joblib launcher in parallel, and the SLURM path through submitit's local
+executor. Every run of the sweep lands in its own complete folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from leaderboard import paths
+
+
+def _sweep(tmp_path, *overrides) -> tuple[list[dict], str]:
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, "-m", "leaderboard", "-m", "predictor=genz,llm_viewer",
+         "dataset=h100_vidur,l40s_vidur", f"runs_dir={runs}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+         *overrides], capture_output=True, text=True, timeout=300, cwd=paths.REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(runs.glob(".*")), "no partial run folder may remain"
+    metrics = [json.loads((d / "metrics.json").read_text()) for d in sorted(runs.iterdir())]
+    return metrics, done.stdout + done.stderr
+
+
+def _check(metrics: list[dict]) -> None:
+    assert sorted((m["predictor"], m["dataset"]) for m in metrics) == [
+        ("genz", "h100_vidur"), ("genz", "l40s_vidur"),
+        ("llm_viewer", "h100_vidur"), ("llm_viewer", "l40s_vidur")]
+    assert all(m["valid"] and m["phases"]["all"]["n"] == 2469 for m in metrics)
+
+
+@pytest.mark.usefixtures("store_home")
+def test_joblib_multirun_runs_in_parallel_and_loses_nothing(tmp_path):
+    metrics, output = _sweep(tmp_path)
+    _check(metrics)
+    assert "Joblib.Parallel(n_jobs=2" in output and "launching 4 jobs" in output
+
+
+@pytest.mark.usefixtures("store_home")
+def test_submitit_launcher_runs_the_sweep(tmp_path):
+    _check(_sweep(tmp_path, "hydra/launcher=submitit_local_test")[0])
+    assert list((tmp_path / "sweep" / ".submitit").iterdir()), "submitit wrote no job folders"
