@@ -75,7 +75,8 @@ def ranking_table(pairs: pl.DataFrame) -> pl.DataFrame:
     decisive = pl.col("correct") + pl.col("wrong")
     return (table.join(most_tied, on="predictor", how="left")
             .with_columns(pairs=decisive + pl.col("ties"))
-            .with_columns(decisive_accuracy=pl.col("correct") / decisive,
+            # No decisive pairs (a predictor blind to the GPU ties everything): no accuracy.
+            .with_columns(decisive_accuracy=pl.when(decisive > 0).then(pl.col("correct") / decisive),
                           tie_aware_accuracy=pl.col("correct") / pl.col("pairs"))
             .sort("tie_aware_accuracy", "predictor", descending=[True, False], nulls_last=True))
 

@@ -109,6 +109,9 @@ def test_ranking_counts_ties_measured_ties_and_home_pairs():
     # At 0.1% neither near-equality (0.5% apart) is equal any more.
     loose = ranking.ranking_table(ranking.sku_pairs(frame, tolerance=0.001)).row(0, named=True)
     assert loose["ties"] == 0 and loose["measured_ties"] == 0
+    blind = frame.with_columns(pred_ms=pl.lit(1.0))  # the same time on every GPU: all ties
+    row = ranking.ranking_table(ranking.sku_pairs(blind)).row(0, named=True)
+    assert row["ties"] == 5 and row["decisive_accuracy"] is None and row["tie_aware_accuracy"] == 0
 
 
 def test_bootstrap_places_share_a_rank_when_intervals_overlap():
