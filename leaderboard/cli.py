@@ -19,6 +19,7 @@ from rich.table import Table
 from leaderboard import paths
 from leaderboard.config import dataset_names
 from leaderboard.evaluate import RunSpec, run
+from leaderboard.hub import conf_home
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError
@@ -60,8 +61,11 @@ def print_metrics(metrics: dict, folder) -> None:
 
 def run_task(cfg: DictConfig) -> None:
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
+    hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
+    home = cfg.dataset.home or (conf_home(cfg.dataset.name) if hub_repo else None)
     spec = RunSpec(predictor=cfg.predictor.name, dataset=cfg.dataset.name, params=params,
-                   home=cfg.dataset.home, seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
+                   home=home, hub_repo=hub_repo, hub_revision=cfg.dataset.get("revision"),
+                   seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
                    runs_dir=cfg.runs_dir, output_json=cfg.output.json, sources_root=cfg.sources.root,
                    gpu_specs=cfg.gpu_specs)
     try:

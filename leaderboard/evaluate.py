@@ -22,6 +22,7 @@ import polars as pl
 from leaderboard import guard, homes, metrics
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
+from leaderboard.hub import HubCatalog
 from leaderboard.specs import load_gpu_specs, load_models, require_gpu
 from leaderboard.split import split
 from leaderboard.versioning import code_hash, code_version
@@ -44,6 +45,8 @@ class RunSpec:
     output_json: str | None = None
     sources_root: str | None = None
     gpu_specs: str | None = None
+    hub_repo: str | None = None  # read cells from a Hugging Face export instead of the store
+    hub_revision: str | None = None
 
 
 @dataclass
@@ -103,7 +106,9 @@ def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu, op_level: bool 
 
 def run(spec: RunSpec) -> RunResult:
     estimator = registry.build(spec.predictor, spec.params)
-    with StoreCatalog(spec.sources_root, spec.gpu_specs) as catalog:
+    catalog = (HubCatalog(spec.hub_repo, spec.hub_revision) if spec.hub_repo
+               else StoreCatalog(spec.sources_root, spec.gpu_specs))
+    with catalog:
         rows = catalog.datasets()
         target_row = homes.require_dataset(rows, spec.dataset)
         op_level = target_row["kind"] == "ops"
@@ -136,7 +141,8 @@ def run(spec: RunSpec) -> RunResult:
         "predictor": spec.predictor, "params": estimator.get_params(),
         "card": {"kind": estimator.card.kind, "reference": estimator.card.reference,
                  "trained_on": home_row["sku"], "needs_profiled_rows": estimator.card.needs_profiled_rows},
-        "dataset": spec.dataset, "sku": target_row["sku"], "home_dataset": home_name,
+        "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
+        "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"], "split": "home_heldout" if spec.dataset == home_name else "unseen",
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],

@@ -69,7 +69,8 @@ def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
     root = sources.explicit_root(sources_root)
     cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "cells").glob("*.yaml"),
-                                                  *(paths.DATASETS_DIR / "cards").glob("*.md")])]
+                                                  *(paths.DATASETS_DIR / "cards").glob("*.md")])
+                   if p.name != "hf_readme.md"]  # the export's template shapes no cell
     return content_hash(BUILDER_VERSION, sources.PINS_FILE.read_text(), spec_texts, load_models(),
                         cell_inputs, str(root), sorted(only or ADAPTERS))
 

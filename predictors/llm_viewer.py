@@ -87,6 +87,31 @@ def prefill_request_ops(steps: Steps) -> OpCounts:
     }
 
 
+def point_ops(points: pl.DataFrame) -> OpCounts:
+    """Per measured kernel of an op-level dataset: its LLM-Viewer ops. A GEMM point is one
+    linear layer (N = m tokens, ic = k, oc = n); an attention point is b requests of the same
+    shape (prefill: s = q_len new tokens, no cache; decode: s = kv_len cached tokens)."""
+    col = lambda c: points[c].fill_null(0).to_numpy().astype(np.float64)  # noqa: E731
+    gemm = (points["op_family"] == "gemm").to_numpy()
+    prefill = (points["phase"] == "prefill").to_numpy() & ~gemm
+    m, n, k = col("m"), col("n"), col("k")
+    b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
+    s = np.where(prefill, col("q_len"), col("kv_len"))
+    e = BF16_BYTES
+    only = lambda mask, c: (c[0] * mask, c[1] * mask)  # noqa: E731
+    attention = ~gemm
+    sq = np.where(prefill, s * s, s)  # scores per request and head: s² (prefill) or s (decode)
+    q_rows = np.where(prefill, s, 1.0)
+    return {
+        "gemm": only(gemm, (2 * m * n * k, e * (m * k + k * n + m * n))),
+        "qk": only(attention, (2 * b * sq * d * heads, e * b * (
+            q_rows * d * np.where(prefill, kv_heads, heads) + sq * heads + s * d * kv_heads))),
+        "softmax": only(attention, (5 * b * heads * sq, 2 * e * b * heads * sq)),
+        "sv": only(attention, (2 * b * sq * d * heads,
+                               e * b * (sq * heads + q_rows * d * heads + s * d * kv_heads))),
+    }
+
+
 @register("llm_viewer")
 class LLMViewer(Predictor):
     card = PredictorCard(
@@ -99,6 +124,11 @@ class LLMViewer(Predictor):
     def __init__(self, ring_allreduce: bool = False, link_latency_us: float = 1.0):
         self.ring_allreduce = ring_allreduce
         self.link_latency_us = link_latency_us
+
+    def predict_ops(self, points: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
+        flops, mem_bytes_per_s = peak_flops(gpu), gpu.mem_bw_bytes_per_s
+        return sum(np.maximum(ops / flops, moved / mem_bytes_per_s)
+                   for ops, moved in point_ops(points).values()) * 1e3
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         steps = Steps.from_cells(cells)
