@@ -36,11 +36,8 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from build_store import cpu_model  # noqa: E402 - the sibling benchmark, on sys.path as a script
 
-from leaderboard import guard, homes  # noqa: E402
-from leaderboard.catalog import StoreCatalog  # noqa: E402
+from leaderboard import evaluate, guard  # noqa: E402
 from leaderboard.evaluate import RunSpec  # noqa: E402
-from leaderboard.specs import load_gpu_specs, load_models, require_gpu  # noqa: E402
-from leaderboard.split import split  # noqa: E402
 from leaderboard.versioning import code_hash, code_version  # noqa: E402
 from predictors import registry  # noqa: E402
 from predictors.base import GROUND_TRUTH_COLUMNS  # noqa: E402
@@ -52,19 +49,9 @@ TARGET_BY_NAME = {"distserve": 1e6, "distserve_scaled": 1e6, "rf_verbatim": 1e5,
 
 
 def load_inputs(target: str):
-    """(home, target cells with ground truth, target GPU spec), as ``evaluate.run`` loads them."""
-    spec = RunSpec(predictor="", dataset=target, params={})  # the run's default seed and test fraction
-    with StoreCatalog() as catalog:
-        rows = catalog.datasets()
-        target_row = homes.require_dataset(rows, target)
-        home_row = rows[homes.home_of(target, None, rows)]
-        gpus = load_gpu_specs()
-        train, _ = split(catalog.cells(home_row["name"]), "workload_id", spec.seed,
-                         spec.test_fraction)
-        home = homes.build_home(catalog, home_row, train,
-                                require_gpu(gpus, home_row["sku"], "home"), load_models())
-        cells = catalog.cells(target)
-    return home, cells, require_gpu(gpus, target_row["sku"], target)
+    """(home, target cells with ground truth, target GPU spec), exactly as a default run loads them."""
+    inputs = evaluate.load_inputs(RunSpec(predictor="", dataset=target, params={}))
+    return inputs.home, inputs.target, inputs.gpu
 
 
 def best_of(repeats: int, action) -> tuple[float, object]:

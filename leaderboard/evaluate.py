@@ -23,11 +23,11 @@ from leaderboard import guard, homes, metrics
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
-from leaderboard.specs import load_gpu_specs, load_models, require_gpu
+from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu
 from leaderboard.split import split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
-from predictors.base import GROUND_TRUTH_COLUMNS
+from predictors.base import GROUND_TRUTH_COLUMNS, Home
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
                       "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms")
@@ -104,8 +104,20 @@ def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu, op_level: bool 
     return pred, target, facts
 
 
-def run(spec: RunSpec) -> RunResult:
-    estimator = registry.build(spec.predictor, spec.params)
+@dataclass
+class RunInputs:
+    """What a run reads before any predictor code runs."""
+
+    home: Home
+    target: pl.DataFrame  # ground truth included; the harness hides it from predict
+    gpu: GpuSpec
+    target_row: dict
+    home_row: dict
+    op_level: bool
+
+
+def load_inputs(spec: RunSpec) -> RunInputs:
+    """The home (training rows only) and the target of a run, from the store or a hub export."""
     catalog = (HubCatalog(spec.hub_repo, spec.hub_revision) if spec.hub_repo
                else StoreCatalog(spec.sources_root, spec.gpu_specs))
     with catalog:
@@ -121,7 +133,6 @@ def run(spec: RunSpec) -> RunResult:
         gpu = require_gpu(gpus, target_row["sku"], f"dataset {spec.dataset}")
         home_gpu = require_gpu(gpus, home_row["sku"], f"home dataset {home_name}")
         if op_level:
-            op_level_api.require_op_predictor(estimator)
             home, target = op_level_api.home_and_target(
                 catalog, home_row, spec.dataset, home_gpu, load_models(), spec.seed,
                 spec.test_fraction)
@@ -130,7 +141,18 @@ def run(spec: RunSpec) -> RunResult:
                                    spec.test_fraction)
             home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
             target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
-    pred, target, facts = _fit_and_predict(estimator, home, target, gpu, op_level)
+    return RunInputs(home, target, gpu, target_row, home_row, op_level)
+
+
+def run(spec: RunSpec) -> RunResult:
+    estimator = registry.build(spec.predictor, spec.params)
+    inputs = load_inputs(spec)
+    if inputs.op_level:
+        op_level_api.require_op_predictor(estimator)
+    target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
+    op_level = inputs.op_level
+    pred, target, facts = _fit_and_predict(estimator, inputs.home, inputs.target, inputs.gpu,
+                                           op_level)
     columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
     predictions = target.select(columns).with_columns(
         pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
