@@ -1,0 +1,296 @@
+"""Vidur's random-forest step-time predictor (MLSys'24, microsoft/vidur), re-implemented from
+baselines.md §2 on the home GPU's measured op points.
+
+One forest per op per (model, TP), with Vidur's features: the four GEMMs (Vidur's attn_pre_proj,
+attn_post_proj, mlp_up_proj, mlp_down_proj) on ``[num_tokens]``; prefill attention on
+``[kv_cache_size, prefill_chunk_size²]``, where a measured point of ``batch`` requests of
+``q_len`` tokens is Vidur's one equivalent request with chunk² = batch·q_len²; decode attention
+on ``[batch_size, kv_cache_size]``; all-reduce on ``[num_tokens = bytes / (hidden·2)]``.
+Vidur's norms, rope, activation, residual add and KV-cache save are left out: aiconfigurator
+did not measure them, so the ground truth has no rows to train them on (and no time for them).
+
+A step is composed as Vidur does (§2.4), quirks kept: token ops at T rounded up to a multiple
+of 8; decode attention once at (decode count, mean context floored then rounded up to 64), although
+the ground truth sums one point per context group (``decode_attention="per_context_group"``
+evaluates the forest per group instead; off by default); all prefills as one request with
+Q = round(sqrt(Σq²)) and K = Σ ceil(c/64)·64; ×1.1 for GQA models when more than one request
+shares a kernel; the all-reduce twice per layer plus 0.02 ms NCCL launch each; × layers.
+
+``rf_verbatim`` returns the home predictions for any target GPU (§2.5). ``rf_scaled`` (§2.6 (b))
+multiplies each op by its roofline-time ratio, target over home, at the step's real shapes,
+using the datasheet peaks of ``Home.gpu`` (the A100 SXM the home points were measured on) and
+of the target; the all-reduce forest by the interconnect bandwidth ratio (PCIe for the L40S,
+as its spec says), never the 0.02 ms launch constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from sklearn.ensemble import RandomForestRegressor
+from sklearn.model_selection import GridSearchCV
+
+from predictors import _model_cache
+from predictors.base import Home, NotSupported, Predictor, PredictorCard
+from predictors.registry import register
+from predictors.steps import Steps
+
+# Vidur's 27-configuration grid, and a one-configuration default: a full search runs 10-fold CV
+# over 27 forests for each of ~35 regressors, too slow here. On these small, exact tables
+# (~20-100 rows per regressor) the least regularized point of Vidur's grid with its fewest trees.
+GRIDS = {"full": {"n_estimators": [250, 500, 750], "max_depth": [8, 16, 32],
+                  "min_samples_split": [2, 5, 10]},
+         "reduced": {"n_estimators": [250], "max_depth": [32], "min_samples_split": [2]}}
+GEMMS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
+TOKEN_ROUNDING, KV_GRANULARITY = 8, 64
+GQA_BATCHING_FACTOR = 0.1
+NCCL_LAUNCH_MS = 0.02
+ALLREDUCES_PER_LAYER = 2
+DECODE_MODES = ("mean_context", "per_context_group")
+# Where each forest is tabulated once at fit, like Vidur's lookup grid (§2.4) widened to this
+# data's range (8192 tokens, 192 decode requests, contexts to 8191); values outside it are
+# computed from the forest on demand, so a table changes speed, never a prediction.
+MAX_TOKENS, MAX_DECODE_BATCH, MAX_KV, MAX_CHUNK = LOOKUP_BOUNDS = 8192, 256, 8192, 8192
+
+
+def round_up(x: np.ndarray, multiple: int) -> np.ndarray:
+    return np.ceil(np.asarray(x, dtype=np.float64) / multiple) * multiple
+
+
+def _encode(features: np.ndarray) -> np.ndarray:
+    """One int64 per row of 1 or 2 non-negative integer features, for sorted lookups."""
+    f = np.asarray(features, dtype=np.int64)
+    return f[:, 0] if f.shape[1] == 1 else (f[:, 0] << 32) | f[:, 1]
+
+
+def _decode(keys: np.ndarray, width: int) -> np.ndarray:
+    return keys[:, None] if width == 1 else np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1)
+
+
+@dataclass
+class OpForest:
+    """A fitted forest and its values on the fit-time grid; evaluates only distinct features."""
+
+    forest: RandomForestRegressor
+    width: int
+    grid_keys: np.ndarray  # sorted
+    grid_values: np.ndarray
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        keys, inverse = np.unique(_encode(features), return_inverse=True)
+        at = np.minimum(np.searchsorted(self.grid_keys, keys), len(self.grid_keys) - 1)
+        hit = self.grid_keys[at] == keys
+        values = np.where(hit, self.grid_values[at], 0.0)
+        if not hit.all():
+            values[~hit] = self.forest.predict(_decode(keys[~hit], self.width).astype(np.float64))
+        return values[inverse]
+
+
+def lookup_grid(op: str) -> np.ndarray:
+    if op == "attn_decode":
+        batch, kv = np.meshgrid(np.arange(1, MAX_DECODE_BATCH + 1),
+                                np.arange(KV_GRANULARITY, MAX_KV + 1, KV_GRANULARITY))
+        return np.stack([batch.ravel(), kv.ravel()], axis=1)
+    if op == "attn_prefill":  # kv 0: the only cache size the home measured prefill at
+        chunk = np.arange(1, MAX_CHUNK + 1)
+        return np.stack([np.zeros_like(chunk), chunk**2], axis=1)
+    return np.arange(TOKEN_ROUNDING, MAX_TOKENS + 1, TOKEN_ROUNDING)[:, None]
+
+
+def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int) -> RandomForestRegressor:
+    """Vidur's search (§2.3): GridSearchCV on −MAPE, unshuffled 10-fold CV (2 below 10 rows),
+    the best refit on all rows. One candidate needs no search: the refit is the result."""
+    candidates = GRIDS[grid]
+    if all(len(v) == 1 for v in candidates.values()):
+        params = {k: v[0] for k, v in candidates.items()}
+        return RandomForestRegressor(**params, random_state=random_state).fit(x, y)
+    search = GridSearchCV(RandomForestRegressor(random_state=random_state), candidates,
+                          scoring="neg_mean_absolute_percentage_error", cv=10 if len(y) >= 10 else 2)
+    return search.fit(x, y).best_estimator_
+
+
+def training_rows(home: Home, model: dict, tp: int) -> dict[str, pl.DataFrame]:
+    """Per op, the home's measured points of this (model, TP): features x, target y, row id."""
+    h, d = model["hidden_size"], model["head_dim"]
+    heads, kv_heads, ffn = model["num_heads"] // tp, model["num_kv_heads"] // tp, model["intermediate_size"]
+    gemm_nk = {"gemm_qkv": ((heads + 2 * kv_heads) * d, h), "gemm_o": (h, heads * d),
+               "gemm_gate_up": ((2 if model["gated_mlp"] else 1) * ffn // tp, h),
+               "gemm_down": (h, ffn // tp)}
+    ops = {k: v.with_row_index("row") for k, v in home.ops.items()}
+    same_heads = ((pl.col("num_heads") == heads) & (pl.col("num_kv_heads") == kv_heads)
+                  & (pl.col("head_dim") == d))
+    rows = {op: ops[op].filter(n=n, k=k).select("row", x=pl.concat_list("m"), y="latency_ms")
+            for op, (n, k) in gemm_nk.items()}
+    rows["attn_prefill"] = ops["attn_prefill"].filter(same_heads).select(
+        "row", x=pl.concat_list(pl.col("batch") * pl.col("kv_len"),
+                                pl.col("batch") * pl.col("q_len") ** 2), y="latency_ms")
+    rows["attn_decode"] = ops["attn_decode"].filter(same_heads).select(
+        "row", x=pl.concat_list("batch", "kv_len"), y="latency_ms")
+    if tp > 1:
+        rows["allreduce"] = ops["allreduce"].filter(num_gpus=tp).select(
+            "row", x=pl.concat_list(pl.col("message_bytes") / (h * 2)), y="latency_ms")
+    return rows
+
+
+def peaks(gpu) -> dict[str, float]:
+    return {"flops": float(gpu["bf16_dense_tflops"]) * 1e12, "mem_bw": float(gpu["mem_bw_gbs"]) * 1e9,
+            "link_bw": float(gpu["interconnect"]["bw_gbs"]) * 1e9}
+
+
+@register("rf_verbatim")
+class VidurRandomForest(Predictor):
+    card = PredictorCard(
+        kind="profiled", reference="Vidur (Agrawal et al., MLSys'24), github.com/microsoft/vidur",
+        description="Vidur's per-op random forests fitted on the home GPU's measured op points, "
+                    "composed per step as Vidur does; home predictions returned for any GPU",
+        needs_profiled_rows=True)
+
+    def __init__(self, grid: str = "reduced", random_state: int = 0,
+                 decode_attention: str = "mean_context"):
+        self.grid = grid
+        self.random_state = random_state
+        self.decode_attention = decode_attention
+
+    def fit(self, home: Home) -> VidurRandomForest:
+        if self.grid not in GRIDS or self.decode_attention not in DECODE_MODES:
+            raise ValueError(f"grid must be one of {sorted(GRIDS)} and decode_attention one of "
+                             f"{DECODE_MODES}; got {self.grid!r}, {self.decode_attention!r}")
+        configs = sorted(set(home.cells.select("model", "tp").iter_rows()))
+        needed = {*GEMMS, "attn_prefill", "attn_decode"} | ({"allreduce"} if any(tp > 1 for _, tp in configs)
+                                                           else set())
+        missing = sorted(needed - set(home.ops))
+        if missing:
+            raise NotSupported(f"rf needs the home's measured op points {sorted(needed)}; dataset "
+                               f"{home.dataset} has none for {missing} (only the _vidur family has them)")
+        self.forests_, self.cache_hits_, used = {}, 0, {}
+        for name, tp in configs:
+            for op, rows in training_rows(home, home.models[name], tp).items():
+                if rows.is_empty():
+                    raise NotSupported(f"home {home.dataset} has no {op} points for {name} TP{tp}")
+                x, y = np.array(rows["x"].to_list(), dtype=np.float64), rows["y"].to_numpy()
+                key = _model_cache.key_of(op, x.tolist(), y.tolist(), GRIDS[self.grid], self.random_state,
+                                          LOOKUP_BOUNDS)
+                self.forests_[(name, tp, op)], loaded = _model_cache.load_or_fit(
+                    "rf", key, lambda x=x, y=y, op=op: self._tabulated(op, x, y))
+                self.cache_hits_ += loaded
+                used.setdefault(op, set()).update(rows["row"].to_list())
+        self.trained_on_ = home.sku
+        self.home_peaks_ = peaks(home.gpu)
+        self.profiled_rows_ = sum(len(r) for r in used.values())  # distinct points; configs share some
+        return self
+
+    def _tabulated(self, op: str, x: np.ndarray, y: np.ndarray) -> OpForest:
+        forest = fit_forest(x, y, self.grid, self.random_state)
+        grid = lookup_grid(op)
+        order = np.argsort(_encode(grid))
+        return OpForest(forest, x.shape[1], _encode(grid)[order],
+                        forest.predict(grid[order].astype(np.float64)))
+
+    def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
+        return sum(self.op_ms(cells, Steps.from_cells(cells)).values())
+
+    def op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
+        """Per op, each cell's predicted home time over all layers (ms)."""
+        out = {op: np.zeros(steps.n) for op in (*GEMMS, "attn_prefill", "attn_decode", "allreduce",
+                                                 "allreduce_launch")}
+        sum_q2, kv_sum = steps.sum(steps.pf_q**2), steps.sum(round_up(steps.pf_ctx, KV_GRANULARITY))
+        groups = self._decode_groups(cells) if self.decode_attention == "per_context_group" else None
+        configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
+        for name, tp, rows in configs.iter_rows():
+            if (name, tp, "attn_decode") not in self.forests_:
+                raise NotSupported(f"rf was fitted on {sorted({k[:2] for k in self.forests_})}, "
+                                   f"not on {name} TP{tp}")
+            i = np.asarray(rows)
+            f = {op: self.forests_.get((name, tp, op)) for op in (*GEMMS, "attn_prefill",
+                                                                  "attn_decode", "allreduce")}
+            layers, gqa = steps.layers[i], GQA_BATCHING_FACTOR * (steps.heads[i] > steps.kv_heads[i])
+            t8 = round_up(steps.tokens[i], TOKEN_ROUNDING)[:, None]
+            for op in GEMMS:
+                out[op][i] = f[op](t8) * layers
+            n_pf, n_dec = steps.num_prefill[i], steps.num_decode[i]
+            chunk = np.rint(np.sqrt(sum_q2[i]))  # round half to even, as Python's round
+            out["attn_prefill"][i] = (_forest_where(n_pf > 0, f["attn_prefill"], kv_sum[i], chunk**2)
+                                      * (1 + gqa * (n_pf > 1)) * layers)
+            out["attn_decode"][i] = (self._decode_attention(f["attn_decode"], steps, i, groups)
+                                     * (1 + gqa * (n_dec > 1)) * layers)
+            if tp > 1:
+                out["allreduce"][i] = f["allreduce"](t8) * ALLREDUCES_PER_LAYER * layers
+                out["allreduce_launch"][i] = NCCL_LAUNCH_MS * ALLREDUCES_PER_LAYER * layers
+        return out
+
+    @staticmethod
+    def _decode_attention(forest: OpForest, steps: Steps, i: np.ndarray, groups: pl.DataFrame | None
+                          ) -> np.ndarray:
+        """One kernel per cell at (decode count, mean context) as Vidur; or, with the context
+        groups given, one per group at (its count, its context), summed as the ground truth is."""
+        n_dec = steps.num_decode[i]
+        if groups is None:
+            mean_ctx = np.floor(steps.decode_ctx[i] / np.maximum(n_dec, 1))
+            return _forest_where(n_dec > 0, forest, n_dec, round_up(mean_ctx, KV_GRANULARITY))
+        g = groups.filter(pl.col("cell").is_in(i))
+        per_group = forest(np.stack([g["batch"], round_up(g["ctx"], KV_GRANULARITY)], axis=1)) \
+            if len(g) else np.zeros(0)
+        return np.bincount(g["cell"].to_numpy(), per_group, minlength=steps.n)[i]
+
+    @staticmethod
+    def _decode_groups(cells: pl.DataFrame) -> pl.DataFrame:
+        """One row per (cell, context) among decode requests, with how many share it."""
+        return (cells.select(pl.int_range(pl.len()).alias("cell"), "q_lens", "ctx_lens")
+                .explode("q_lens", "ctx_lens").filter((pl.col("q_lens") == 1) & (pl.col("ctx_lens") > 0))
+                .group_by("cell", pl.col("ctx_lens").alias("ctx")).agg(batch=pl.len()))
+
+
+def _forest_where(mask: np.ndarray, forest: OpForest, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The forest at (first, second) where ``mask``, else 0: features of empty ops never reach it."""
+    out = np.zeros(len(mask))
+    if mask.any():
+        out[mask] = forest(np.stack([first[mask], second[mask]], axis=1))
+    return out
+
+
+@register("rf_scaled")
+class VidurRandomForestScaled(VidurRandomForest):
+    card = PredictorCard(
+        kind="profiled", reference="Vidur (Agrawal et al., MLSys'24), github.com/microsoft/vidur; "
+                                   "cross-GPU scaling is baselines.md §2.6 (b), not Vidur's",
+        description="rf_verbatim's per-op home times, each scaled by its roofline-time ratio "
+                    "(target over home datasheet peaks); all-reduce by interconnect bandwidth",
+        needs_profiled_rows=True)
+
+    def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
+        steps = Steps.from_cells(cells)
+        home_ms = self.op_ms(cells, steps)
+        target = peaks(gpu)
+        ratios = roofline_ratios(steps, self.home_peaks_, target)
+        ratios["allreduce"] = self.home_peaks_["link_bw"] / target["link_bw"]
+        ratios["allreduce_launch"] = 1.0  # Vidur's CPU-side NCCL launch constant
+        return sum(ms * ratios[op] for op, ms in home_ms.items())
+
+
+def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, float]
+                    ) -> dict[str, np.ndarray]:
+    """Per op and cell, max(FLOP/F, BYTE/B) on the target over the same on the home (§2.6 (b)),
+    at the step's real (unrounded, TP-sharded) shapes; 1 where the op does no work."""
+    e = 2.0  # bf16 bytes
+    s = steps.sharded()
+    heads, kv_heads, d, h, t = s["heads"], s["kv_heads"], steps.head_dim, steps.hidden, steps.tokens
+
+    def gemm(k: np.ndarray, n: np.ndarray):
+        return 2 * t * k * n, e * (k * n + t * k + t * n)
+
+    ffn_up = (1 + steps.gated) * s["ffn"]
+    work = {"gemm_qkv": gemm(h, (heads + 2 * kv_heads) * d), "gemm_o": gemm(heads * d, h),
+            "gemm_gate_up": gemm(h, ffn_up), "gemm_down": gemm(s["ffn"], h)}
+    q, c, at = steps.pf_q, steps.pf_ctx, steps.pf_cell
+    work["attn_prefill"] = (steps.sum(4 * q * (c + q / 2) * heads[at] * d[at]),
+                            e * steps.sum(2 * q * heads[at] * d[at] + 2 * (c + q) * kv_heads[at] * d[at]))
+    work["attn_decode"] = (4 * steps.decode_ctx * heads * d,
+                           e * (2 * steps.decode_ctx * kv_heads * d + 2 * heads * d * steps.num_decode))
+    ratios = {}
+    for op, (flop, byte) in work.items():
+        on_home = np.maximum(flop / home["flops"], byte / home["mem_bw"])
+        on_target = np.maximum(flop / target["flops"], byte / target["mem_bw"])
+        ratios[op] = np.divide(on_target, on_home, out=np.ones(steps.n), where=on_home > 0)
+    return ratios

@@ -1,0 +1,236 @@
+"""Vidur's random-forest baselines: rounding, composition, model cache, scaling, real fidelity.
+
+Unit tests fit on a synthetic home whose every op has one constant latency per op (dyadic, so
+a forest reproduces it exactly), which makes each step time computable by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard import homes
+from leaderboard.catalog import StoreCatalog
+from leaderboard.evaluate import RunSpec, run
+from leaderboard.specs import GpuSpec, load_gpu_specs, load_models
+from leaderboard.split import split
+from predictors import _model_cache
+from predictors.base import Home, NotSupported
+from predictors.rf import GEMMS, VidurRandomForest, VidurRandomForestScaled, peaks, roofline_ratios
+from predictors.steps import Steps
+
+LATENCY = {"gemm_qkv": 0.5, "gemm_o": 0.25, "gemm_gate_up": 1.0, "gemm_down": 0.75,
+           "attn_prefill": 2.0, "attn_decode": 0.125, "allreduce": 0.0625}
+GEMM_MS = 2.5
+SMALL = ("llama-3.2-3b", 1)  # 28 layers, GQA, no all-reduce
+SHARDED = ("qwen3-8b", 2)  # 36 layers, GQA, all-reduce
+LAYERS = {"llama-3.2-3b": 28, "qwen3-8b": 36}
+
+
+def gemm_nk(model: dict, tp: int) -> dict[str, tuple[int, int]]:
+    h, d, f = model["hidden_size"], model["head_dim"], model["intermediate_size"]
+    nq, nkv = model["num_heads"] // tp, model["num_kv_heads"] // tp
+    return {"gemm_qkv": ((nq + 2 * nkv) * d, h), "gemm_o": (h, nq * d),
+            "gemm_gate_up": (2 * f // tp, h), "gemm_down": (h, f // tp)}
+
+
+def synthetic_home(latency: dict[str, float] = LATENCY, configs=(SMALL, SHARDED)) -> Home:
+    models = load_models()
+    ops: dict[str, list[dict]] = {op: [] for op in latency}
+    for name, tp in configs:
+        m = models[name]
+        heads = {"num_heads": m["num_heads"] // tp, "num_kv_heads": m["num_kv_heads"] // tp,
+                 "head_dim": m["head_dim"]}
+        for op, (n, k) in gemm_nk(m, tp).items():
+            ops[op] += [{"m": t, "n": n, "k": k, "latency_ms": latency[op]} for t in (1, 8, 64, 512, 4096)]
+        ops["attn_prefill"] += [{"batch": b, "q_len": q, "kv_len": 0, **heads, "latency_ms":
+                                 latency["attn_prefill"]} for b in (1, 2) for q in (16, 256, 4096)]
+        ops["attn_decode"] += [{"batch": b, "kv_len": kv, **heads, "latency_ms": latency["attn_decode"]}
+                               for b in (1, 8, 64) for kv in (127, 1023, 4095)]
+        if tp > 1:
+            ops["allreduce"] += [{"num_gpus": tp, "message_bytes": t * m["hidden_size"] * 2,
+                                  "latency_ms": latency["allreduce"]} for t in (1, 64, 4096)]
+    return Home(sku="a100_sxm", gpu=load_gpu_specs()["a100_sxm"], dataset="synthetic",
+                cells=pl.DataFrame({"model": [c[0] for c in configs], "tp": [c[1] for c in configs]}),
+                ops={op: pl.DataFrame(rows) for op, rows in ops.items() if rows}, models=models)
+
+
+def make_cells(steps: list[tuple[tuple[str, int], list[int], list[int]]]) -> pl.DataFrame:
+    rows = []
+    for (model, tp), q, c in steps:
+        decode = [qi == 1 and ci > 0 for qi, ci in zip(q, c, strict=True)]
+        rows.append({"model": model, "tp": tp, "q_lens": q, "ctx_lens": c, "num_requests": len(q),
+                     "num_decode": sum(decode), "total_tokens": sum(q),
+                     "decode_ctx_sum": sum(ci for ci, d in zip(c, decode, strict=True) if d)})
+    return pl.DataFrame(rows)
+
+
+CELLS = make_cells([(SMALL, [1, 1, 1, 1], [100, 200, 300, 400]),  # decode, 4 requests
+                    (SMALL, [512], [0]),  # one prefill
+                    (SMALL, [128, 64, 1], [0, 0, 500]),  # mixed: 2 prefills, 1 decode
+                    (SHARDED, [1, 1], [10, 20])])  # TP2 decode
+
+
+class Recorder:
+    """Stands in for a forest: remembers the features it is asked for, answers 1 ms."""
+
+    def __init__(self):
+        self.features = []
+
+    def __call__(self, features):
+        self.features.append(np.asarray(features).tolist())
+        return np.ones(len(features))
+
+
+@pytest.fixture(scope="module")
+def fitted() -> VidurRandomForest:
+    """Fitted once for the module (forests take seconds); tests that change it take a copy."""
+    return VidurRandomForest().fit(synthetic_home())
+
+
+def with_params(predictor: VidurRandomForest, **params) -> VidurRandomForest:
+    """A copy with other predict-time hyper-parameters and its own table of forests."""
+    clone = copy.copy(predictor)
+    clone.forests_ = dict(predictor.forests_)
+    vars(clone).update(params)
+    return clone
+
+
+def test_vidur_rounding_of_the_features_the_forests_see(fitted):
+    recorders = {op: Recorder() for op in (*GEMMS, "attn_prefill", "attn_decode")}
+    fitted = with_params(fitted)
+    fitted.forests_.update({(*SMALL, op): r for op, r in recorders.items()})
+    cells = make_cells([(SMALL, [1] * 3, [1023, 1024, 2047]),  # T 3 -> 8; mean 1364 -> kv 1408
+                        (SMALL, [3, 4, 9], [0, 65, 0]),  # Q = round(sqrt(106)) = 10; K = 0+128+0
+                        (SMALL, [1, 1], [1, 2])])  # mean 1.5 -> floor 1 -> kv 64
+    fitted.predict(cells, load_gpu_specs()["a100_sxm"])
+    assert recorders["gemm_qkv"].features == [[[8], [16], [8]]]
+    assert recorders["attn_decode"].features == [[[3, 1408], [2, 64]]]
+    assert recorders["attn_prefill"].features == [[[128, 100]]]
+
+
+def test_composition_by_hand(fitted):
+    pred = fitted.predict(CELLS, load_gpu_specs()["a100_sxm"])
+    gqa = 1.1  # both models have fewer KV heads than query heads
+    per_layer = [GEMM_MS + 0.125 * gqa,  # 4 decodes share one kernel
+                 GEMM_MS + 2.0,  # a lone prefill: no batching factor
+                 GEMM_MS + 2.0 * gqa + 0.125,  # 2 prefills as one request; one decode
+                 GEMM_MS + 0.125 * gqa + 2 * (0.0625 + 0.02)]  # two all-reduces + launch each
+    np.testing.assert_allclose(pred, np.array(per_layer) * [28, 28, 28, 36], rtol=1e-12)
+
+
+def test_per_context_group_flag_sums_one_decode_kernel_per_context(fitted):
+    gpu = load_gpu_specs()["a100_sxm"]
+    cells = make_cells([(SMALL, [1, 1, 1], [100, 100, 300])])  # two context groups
+    grouped = with_params(fitted, decode_attention="per_context_group")
+    assert grouped.predict(cells, gpu)[0] == pytest.approx(28 * (GEMM_MS + 2 * 0.125 * 1.1))
+    assert fitted.predict(cells, gpu)[0] == pytest.approx(28 * (GEMM_MS + 0.125 * 1.1))
+
+
+def test_fit_counts_distinct_rows_and_rejects_bad_input(fitted):
+    home = synthetic_home()
+    assert fitted.profiled_rows_ == sum(len(f) for f in home.ops.values())
+    with pytest.raises(NotSupported, match="attn_decode"):
+        VidurRandomForest().fit(replace(home, ops={k: v for k, v in home.ops.items() if k != "attn_decode"}))
+    with pytest.raises(NotSupported, match="llama-3-8b TP4"):
+        fitted.predict(make_cells([(("llama-3-8b", 4), [1], [5])]), home.gpu)
+    with pytest.raises(ValueError, match="grid"):
+        VidurRandomForest(grid="huge").fit(home)
+
+
+def test_cache_loads_on_second_fit_and_keys_on_data():
+    first = VidurRandomForest().fit(synthetic_home())
+    forests = len(first.forests_)
+    files = set(_model_cache.cache_dir().glob("rf-*.joblib"))
+    # Training data is the key, so forests with identical rows (here every op of the two
+    # configs but the all-reduce) share one file, fitted once.
+    assert len(files) == 7 and first.cache_hits_ == forests - len(files)
+    second = VidurRandomForest().fit(synthetic_home())
+    assert second.cache_hits_ == forests
+    gpu = load_gpu_specs()["a100_sxm"]
+    np.testing.assert_array_equal(first.predict(CELLS, gpu), second.predict(CELLS, gpu))
+    changed = VidurRandomForest().fit(synthetic_home({**LATENCY, "attn_decode": 0.25}))
+    assert changed.cache_hits_ == forests - 1  # only the new decode rows are fitted, once
+    assert len(set(_model_cache.cache_dir().glob("rf-*.joblib")) - files) == 1
+
+
+def test_model_files_outside_the_cache_are_refused(tmp_path):
+    outside = tmp_path / "elsewhere.joblib"
+    outside.write_bytes(b"not even read")
+    with pytest.raises(_model_cache.UntrustedModelPath):
+        _model_cache.load(outside)
+    link = _model_cache.cache_dir() / "rf-link.joblib"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside)
+    with pytest.raises(_model_cache.UntrustedModelPath):
+        _model_cache.load(link)
+    with pytest.raises(_model_cache.UntrustedModelPath):
+        _model_cache.load(_model_cache.cache_dir() / ".." / "elsewhere.joblib")
+
+
+def scaled_spec(flops: float = 1, mem_bw: float = 1, link_bw: float = 1) -> GpuSpec:
+    home = load_gpu_specs()["a100_sxm"]
+    d = home.data
+    data = {**d, "bf16_dense_tflops": d["bf16_dense_tflops"] * flops, "mem_bw_gbs": d["mem_bw_gbs"] * mem_bw,
+            "interconnect": {**d["interconnect"], "bw_gbs": d["interconnect"]["bw_gbs"] * link_bw}}
+    return GpuSpec("scaled", data, home.path)
+
+
+def test_rf_scaled_is_verbatim_on_the_home_spec_and_scales_by_roofline_elsewhere(fitted):
+    verbatim, home_gpu = fitted, load_gpu_specs()["a100_sxm"]
+    scaled = VidurRandomForestScaled()
+    vars(scaled).update(vars(fitted))  # the same fitted state: only predict differs
+    np.testing.assert_array_equal(scaled.predict(CELLS, home_gpu), verbatim.predict(CELLS, home_gpu))
+    # Twice the compute and memory peaks halve every op's roofline time; 3x the link a third.
+    ops = verbatim.op_ms(CELLS, Steps.from_cells(CELLS))
+    expected = (sum(ops[op] for op in (*GEMMS, "attn_prefill", "attn_decode")) / 2
+                + ops["allreduce"] / 3 + ops["allreduce_launch"])
+    np.testing.assert_allclose(scaled.predict(CELLS, scaled_spec(2, 2, 3)), expected, rtol=1e-12)
+    assert ops["allreduce_launch"][3] > 0
+
+
+def test_roofline_ratio_follows_the_bound_of_each_op():
+    cells = make_cells([(SMALL, [4096], [0]), (SMALL, [1] * 4, [1000] * 4)])
+    home = peaks(load_gpu_specs()["a100_sxm"])
+    faster_memory = {**home, "mem_bw": home["mem_bw"] * 2}
+    r = roofline_ratios(Steps.from_cells(cells), home, faster_memory)
+    # A 4096-token GEMM is compute-bound on both; a 4-token GEMM and decode attention are
+    # memory-bound, so they take exactly half the time.
+    assert r["gemm_qkv"][0] == 1.0 and r["gemm_qkv"][1] == pytest.approx(0.5)
+    assert r["attn_decode"][1] == pytest.approx(0.5) and r["attn_decode"][0] == 1.0  # no decodes
+
+
+def mape(pred: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred / truth - 1)) * 100)
+
+
+def test_real_home_heldout_fidelity(store_home, tmp_path):
+    """On a100_vidur's held-out cells the GEMM forests reproduce the measured GEMM time per op
+    within single digits (Vidur's claim for its token ops); Vidur's composition quirks (one
+    decode kernel at the mean context, decode batches beyond the measured 64) cost tens of
+    percent overall, and most of it goes when decode is evaluated per context group."""
+    result = run(RunSpec("rf_verbatim", "a100_vidur", {}, runs_dir=tmp_path))
+    metrics = result.metrics
+    assert metrics["valid"] and metrics["split"] == "home_heldout" and metrics["profiled_rows"] > 0
+    assert metrics["phases"]["all"]["mape"] < 35 and metrics["phases"]["decode"]["bias"] < 0
+    with StoreCatalog(None, None) as catalog:  # the run's split, rebuilt to look at single ops
+        train, heldout = split(catalog.cells("a100_vidur"), "workload_id", 0, 0.3)
+        home = homes.build_home(catalog, catalog.datasets()["a100_vidur"], train,
+                                load_gpu_specs()["a100_sxm"], load_models())
+        lineage = catalog.lineage("a100_vidur").filter(pl.col("cell_id").is_in(heldout["cell_id"].to_list()))
+    predictor = VidurRandomForest().fit(home)
+    assert predictor.cache_hits_ == len(predictor.forests_)  # the run fitted and stored them
+    assert result.predictions["cell_id"].to_list() == heldout["cell_id"].to_list()
+    np.testing.assert_array_equal(predictor.predict(heldout, home.gpu), result.predictions["pred_ms"])
+    grouped = with_params(predictor, decode_attention="per_context_group").predict(heldout, home.gpu)
+    assert mape(grouped, heldout["gt_ms"].to_numpy()) < metrics["phases"]["all"]["mape"] - 5
+    per_op = predictor.op_ms(heldout, Steps.from_cells(heldout))
+    measured = lineage.group_by("cell_id", "op").agg(ms=(pl.col("latency_ms") * pl.col("count")).sum())
+    for op in GEMMS:
+        truth = heldout.select("cell_id").join(measured.filter(op=op), on="cell_id", how="left",
+                                               maintain_order="left")["ms"].to_numpy()
+        assert mape(per_op[op], truth) < 8, op
