@@ -17,10 +17,7 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import homes
-from leaderboard.catalog import StoreCatalog
-from leaderboard.specs import load_gpu_specs, load_models
-from leaderboard.split import split
+from leaderboard.evaluate import RunSpec, load_inputs
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS
 from predictors.ours import Ours, ops
@@ -32,21 +29,15 @@ FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_m
 
 
 def _load(predictor: str, dataset: str):
-    with StoreCatalog() as catalog:
-        rows = catalog.datasets()
-        row = homes.require_dataset(rows, dataset)
-        home_row = rows[homes.home_of(dataset, None, rows)]
-        gpus = load_gpu_specs()
-        train, _ = split(catalog.cells(home_row["name"]), "workload_id", 0, 0.3)
-        home = homes.build_home(catalog, home_row, train, gpus[home_row["sku"]], load_models())
-        cells = catalog.cells(dataset)
-    model = registry.build(predictor).fit(home)
+    inputs = load_inputs(RunSpec(predictor, dataset, {}))
+    model = registry.build(predictor).fit(inputs.home)
     if not isinstance(model, Ours):
         raise SystemExit(f"explain breaks down 'ours' and its ladder rungs, not '{predictor}'")
+    cells = inputs.target
     mask = model.deploy_rows(cells.drop(GROUND_TRUTH_COLUMNS))
     if mask is not None:
-        model.calibrate(cells.filter(pl.Series(mask)), gpus[row["sku"]])
-    return model, cells, gpus[row["sku"]], mask
+        model.calibrate(cells.filter(pl.Series(mask)), inputs.gpu)
+    return model, cells, inputs.gpu, mask
 
 
 def op_rows(model: Ours, cell: pl.DataFrame, gpu) -> list[dict]:

@@ -30,11 +30,18 @@ def code_version() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
+# Modules that present or move results but never change a run's numbers: editing them must not
+# make every stored run stale.
+PRESENTATION = {"report.py", "atlas.py", "ranking.py", "results.py", "rerun.py", "explain.py",
+                "hub_export.py", "data.py", "cli.py", "__main__.py"}
+
+
 @cache
 def code_hash() -> str:
     """A hash of the code and configs that decide a run's numbers (Python and YAML under
-    leaderboard/, predictors/ and conf/). Runs with another hash are stale, as in asv; edits to
-    docs or tests leave it unchanged."""
+    leaderboard/, predictors/ and conf/, less the presentation modules). Runs with another hash
+    are stale, as in asv; edits to docs, tests or the report leave it unchanged."""
     files = sorted(p for d in ("leaderboard", "predictors", "conf") for p in (paths.REPO_ROOT / d)
-                   .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)
+                   .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
+                   and not (p.parent.name == "leaderboard" and p.name in PRESENTATION))
     return content_hash([(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files])
