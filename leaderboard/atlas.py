@@ -49,15 +49,22 @@ def op_family(op: str) -> str:
 
 
 def dominant_op_families(datasets: list[str]) -> pl.DataFrame:
+    """(dataset, cell_id, op_family) for the store's cells of ``datasets``."""
+    with store.connect() as con:
+        lineage = con.sql("SELECT dataset, cell_id, op, latency_ms, count FROM cell_lineage "
+                          "WHERE list_contains($datasets, dataset)",
+                          params={"datasets": datasets}).pl()
+    return dominant_of(lineage)
+
+
+def dominant_of(lineage: pl.DataFrame) -> pl.DataFrame:
     """(dataset, cell_id, op_family): the family with the largest share of each cell's measured
     time."""
-    with store.connect() as con:
-        shares = con.sql("SELECT dataset, cell_id, op, sum(latency_ms * count) AS ms "
-                         "FROM cell_lineage WHERE list_contains($datasets, dataset) GROUP BY ALL",
-                         params={"datasets": datasets}).pl()
+    shares = lineage.group_by("dataset", "cell_id", "op").agg(
+        ms=(pl.col("latency_ms") * pl.col("count")).sum())
     return (shares.with_columns(op_family=pl.col("op").map_elements(op_family, pl.String))
             .group_by("dataset", "cell_id", "op_family").agg(pl.col("ms").sum())
-            .sort("ms", descending=True).unique(["dataset", "cell_id"], keep="first")
+            .sort("ms", "op_family", descending=True).unique(["dataset", "cell_id"], keep="first")
             .select("dataset", "cell_id", "op_family"))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import guard, homes, metrics
+from leaderboard import atlas, guard, homes, metrics
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
@@ -114,6 +114,7 @@ class RunInputs:
     target_row: dict
     home_row: dict
     op_level: bool
+    target_lineage: pl.DataFrame  # the measured points behind each target cell (empty for ops)
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
@@ -141,7 +142,8 @@ def load_inputs(spec: RunSpec) -> RunInputs:
                                    spec.test_fraction)
             home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
             target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
-    return RunInputs(home, target, gpu, target_row, home_row, op_level)
+        lineage = pl.DataFrame() if op_level else catalog.lineage(spec.dataset)
+    return RunInputs(home, target, gpu, target_row, home_row, op_level, lineage)
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -178,11 +180,11 @@ def run(spec: RunSpec) -> RunResult:
         "phases": metrics.by_phase(predictions, phases) if pred is not None else {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    folder = _write(spec, result, predictions)
+    folder = _write(spec, result, predictions, inputs.target_lineage)
     return RunResult(folder, result, predictions)
 
 
-def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame) -> Path:
+def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame, lineage: pl.DataFrame) -> Path:
     run_id = (f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{spec.predictor}-{spec.dataset}-"
               f"{uuid.uuid4().hex[:6]}")
     result["run_id"] = run_id
@@ -192,6 +194,9 @@ def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame) -> Path:
     try:
         (partial / "metrics.json").write_text(json.dumps(result, indent=1) + "\n")
         predictions.with_columns(run_id=pl.lit(run_id)).write_parquet(partial / "predictions.parquet")
+        if len(lineage) and result["phases"]:  # step-level runs with predictions get their atlas
+            atlas.write_run(predictions, atlas.dominant_of(lineage), spec.dataset,
+                            partial / "atlas.png")
         os.replace(partial, final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
