@@ -28,7 +28,7 @@ from predictors.steps import Steps
 FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_mem")
 
 
-def _load(predictor: str, dataset: str):
+def load(predictor: str, dataset: str):
     inputs = load_inputs(RunSpec(predictor, dataset, {}))
     model = registry.build(predictor).fit(inputs.home)
     if not isinstance(model, Ours):
@@ -113,7 +113,7 @@ def render(model: Ours, cell: pl.DataFrame, gpu, console: Console) -> None:
 
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv)
-    model, cells, gpu, mask = _load(args.get("predictor", "ours"), args["dataset"])
+    model, cells, gpu, mask = load(args.get("predictor", "ours"), args["dataset"])
     if mask is not None:
         cells = cells.filter(~pl.Series(mask))
     wanted = args.get("cell") or cells["cell_id"][0]

@@ -18,15 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 
-from leaderboard import atlas, paths, ranking, rerun, results
+from leaderboard import atlas, ours_report, paths, ranking, rerun, results
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
+from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
 
@@ -47,44 +47,6 @@ def leaderboard_runs(current: pl.DataFrame) -> pl.DataFrame:
     return current.filter(pl.Series(keep, dtype=pl.Boolean))
 
 
-def _fmt(value, digits: int = 1) -> str:
-    return "—" if value is None else f"{value:,.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]], align: str = "l" + "r" * 20) -> list[str]:
-    rule = ["---:" if a == "r" else "---" for a in align[:len(header)]]
-    return ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |",
-            *("| " + " | ".join(r) + " |" for r in rows), ""]
-
-
-def _datasets_of(runs: pl.DataFrame, fam: str) -> tuple[list[str], list[str]]:
-    """(home datasets, unseen datasets) of a family, in a stable order."""
-    mine = runs.filter(pl.col("dataset").map_elements(family, pl.String) == fam)
-    home = sorted(set(mine.filter(pl.col("split") == "home_heldout")["dataset"]))
-    return home, sorted(set(mine["dataset"]) - set(home))
-
-
-class PhaseMapes:
-    """MAPE lookups over the leaderboard runs of one dataset family."""
-
-    def __init__(self, runs: pl.DataFrame, unseen: list[str]):
-        self.by = {(r["predictor"], r["dataset"]): r for r in runs.iter_rows(named=True)}
-        self.unseen = unseen
-
-    def mape(self, predictor: str, dataset: str, phase: str) -> float | None:
-        run = self.by.get((predictor, dataset))
-        return (json.loads(run["phases"]).get(phase) or {}).get("mape") if run else None
-
-    def unseen_mean(self, predictor: str, phase: str) -> float | None:
-        """Mean over the unseen GPUs; None unless every one of them has a number."""
-        values = [self.mape(predictor, d, phase) for d in self.unseen]
-        return None if not values or None in values else statistics.fmean(values)
-
-    def cell(self, predictor: str, dataset: str, phase: str) -> str:
-        run = self.by.get((predictor, dataset))
-        return "INVALID" if run and not run["valid"] else _fmt(self.mape(predictor, dataset, phase))
-
-
 def main_leaderboard(runs: pl.DataFrame) -> list[str]:
     lines = ["## Leaderboard: MAPE % per phase", "",
              "Home: the A100 dataset of the family, scored on its seeded held-out workloads "
@@ -92,7 +54,7 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "with a non-finite or non-positive prediction (reasons below); `—`: no run. Rows "
              "are sorted by the mean unseen MAPE over all phases.", ""]
     for fam in rerun.LEADERBOARD_FAMILIES:
-        homes, unseen = _datasets_of(runs, fam)
+        homes, unseen = datasets_of(runs, fam)
         mapes = PhaseMapes(runs, unseen)
         predictors = sorted(set(runs["predictor"]), key=lambda p: (
             mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
@@ -100,9 +62,9 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
             if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
                 continue  # the family has no cells of this phase (splitwise: no mixed steps)
             rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
-                     _fmt(mapes.unseen_mean(p, phase))] for p in predictors]
+                     fmt(mapes.unseen_mean(p, phase))] for p in predictors]
             header = ["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean"]
-            lines += [f"### {fam}: {phase}", "", *_table(header, rows)]
+            lines += [f"### {fam}: {phase}", "", *table(header, rows)]
     invalid = runs.filter(~pl.col("valid"))
     if len(invalid):
         lines += ["INVALID runs:", ""]
@@ -114,7 +76,7 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
 
 def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     vidur = predictions.filter(pl.col("dataset").map_elements(family, pl.String) == "vidur")
-    table = ranking.ranking_table(ranking.sku_pairs(vidur))
+    ranks = ranking.ranking_table(ranking.sku_pairs(vidur))
     lines = ["## SKU ranking (tie-aware, `_vidur` GPUs)", "",
              f"Per workload, every pair of GPUs with a prediction is compared: measured order "
              f"against predicted order. Times within {ranking.TOLERANCE:.0%} of each other "
@@ -124,17 +86,17 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
              "Tie-aware accuracy = correct / (correct + wrong + ties).", ""]
     rows = [[r["predictor"], str(r["workloads"]), f"{r['pairs']:,}", f"{r['correct']:,}",
              f"{r['wrong']:,}", f"{r['ties']:,}", f"{r['home_pairs']:,}",
-             f"{r['measured_ties']:,}", _fmt(r["decisive_accuracy"], 3),
-             _fmt(r["tie_aware_accuracy"], 3), r["most_tied_pair"] or "—"]
-            for r in table.iter_rows(named=True)]
-    lines += _table(["predictor", "workloads", "pairs", "correct", "wrong", "ties", "home pairs",
+             f"{r['measured_ties']:,}", fmt(r["decisive_accuracy"], 3),
+             fmt(r["tie_aware_accuracy"], 3), r["most_tied_pair"] or "—"]
+            for r in ranks.iter_rows(named=True)]
+    lines += table(["predictor", "workloads", "pairs", "correct", "wrong", "ties", "home pairs",
                      "measured ties (left out)", "decisive acc.", "tie-aware acc.",
                      "most tied GPU pair"], rows, "lrrrrrrrrrl")
     # A predictor is placed only with a VALID run on every unseen `_vidur` GPU.
     unseen = runs.filter((pl.col("split") == "unseen")
                          & (pl.col("dataset").map_elements(family, pl.String) == "vidur"))
     complete = unseen.group_by("predictor").agg(pl.col("valid").all(), pl.len())
-    wanted = len(_datasets_of(runs, "vidur")[1])
+    wanted = len(datasets_of(runs, "vidur")[1])
     placed = set(complete.filter(pl.col("valid") & (pl.col("len") == wanted))["predictor"])
     places = ranking.bootstrap_places(vidur.filter((pl.col("split") == "unseen")
                                                    & pl.col("predictor").is_in(placed)))
@@ -144,9 +106,9 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
               f"({ranking.BOOTSTRAP_SAMPLES} resamples, seed 0, shared by all predictors). "
               "Place = 1 + the number of predictors whose CI lies entirely below; overlapping "
               "CIs share a place.", ""]
-    lines += _table(["place", "predictor", "unseen MAPE %", "95% CI", "cells"], [
-        [str(r["place"]), r["predictor"], _fmt(r["mape"], 2),
-         f"{_fmt(r['ci_low'], 2)} – {_fmt(r['ci_high'], 2)}", f"{r['cells']:,}"]
+    lines += table(["place", "predictor", "unseen MAPE %", "95% CI", "cells"], [
+        [str(r["place"]), r["predictor"], fmt(r["mape"], 2),
+         f"{fmt(r['ci_low'], 2)} – {fmt(r['ci_high'], 2)}", f"{r['cells']:,}"]
         for r in places.iter_rows(named=True)], "rlrrr")
     unplaced = sorted(set(runs["predictor"]) - placed)
     if unplaced:
@@ -176,12 +138,12 @@ def performance(runs: pl.DataFrame) -> list[str]:
         card = json.loads(mine["card"][0])
         fit = mine["fit_seconds"].drop_nulls()
         speed = mine["predict_cells_per_s"].drop_nulls()
-        rows.append([predictor, card["kind"], _fmt(fit.median() if len(fit) else None, 2),
-                     _fmt(speed.median() if len(speed) else None, 0),
+        rows.append([predictor, card["kind"], fmt(fit.median() if len(fit) else None, 2),
+                     fmt(speed.median() if len(speed) else None, 0),
                      f"{mine['profiled_rows'].max():,}", f"{mine['deploy_rows'].fill_null(0).max():,}"])
     return ["## Performance", "", "Medians over the predictor's leaderboard runs (fit on the "
             "home's training rows; predict throughput on the target's cells).", "",
-            *_table(["predictor", "kind", "fit s", "predict cells/s", "profiled rows",
+            *table(["predictor", "kind", "fit s", "predict cells/s", "profiled rows",
                      "deploy rows (max)"], rows, "llrrrr")]
 
 
@@ -202,7 +164,7 @@ def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path) -> li
                      f"{len(timing['outcomes'])} runs in {timing['seconds']:.0f} s with "
                      f"{timing['jobs']} worker processes on {os.cpu_count()} cores.")
     lines.append("")
-    return lines + _table(["dataset", "sku", "dataset version", "runs"], [
+    return lines + table(["dataset", "sku", "dataset version", "runs"], [
         [d, s, f"`{v}`", str(n)] for d, s, v, n in versions.iter_rows()], "lllr")
 
 
@@ -223,12 +185,15 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
             f"predictor on {', '.join(rerun.leaderboard_datasets())}, then writes this); "
             "without `--rerun` it tables the current stored runs.", ""]
     body += main_leaderboard(runs)
+    body += ours_report.ladder(runs) + ours_report.targets(runs) + ours_report.wall_clock(runs)
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(runs["dataset"]))), atlas_dir)
         body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
-    body += performance(runs) + provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0],
-                                           runs_dir)
+    if "ours" in set(runs["predictor"]):
+        body += ours_report.explain_example()
+    body += ours_report.throughput() + performance(runs)
+    body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
     return "\n".join([BEGIN, "", *body, END])
 
 

@@ -1,0 +1,48 @@
+"""Markdown building blocks of the report: number formatting, tables, MAPE lookups per family."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import polars as pl
+
+from leaderboard.homes import family
+
+
+def fmt(value, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def table(header: list[str], rows: list[list[str]], align: str = "l" + "r" * 20) -> list[str]:
+    rule = ["---:" if a == "r" else "---" for a in align[:len(header)]]
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |",
+            *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+def datasets_of(runs: pl.DataFrame, fam: str) -> tuple[list[str], list[str]]:
+    """(home datasets, unseen datasets) of a family, in a stable order."""
+    mine = runs.filter(pl.col("dataset").map_elements(family, pl.String) == fam)
+    home = sorted(set(mine.filter(pl.col("split") == "home_heldout")["dataset"]))
+    return home, sorted(set(mine["dataset"]) - set(home))
+
+
+class PhaseMapes:
+    """MAPE lookups over the leaderboard runs of one dataset family."""
+
+    def __init__(self, runs: pl.DataFrame, unseen: list[str]):
+        self.by = {(r["predictor"], r["dataset"]): r for r in runs.iter_rows(named=True)}
+        self.unseen = unseen
+
+    def mape(self, predictor: str, dataset: str, phase: str) -> float | None:
+        run = self.by.get((predictor, dataset))
+        return (json.loads(run["phases"]).get(phase) or {}).get("mape") if run else None
+
+    def unseen_mean(self, predictor: str, phase: str) -> float | None:
+        """Mean over the unseen GPUs; None unless every one of them has a number."""
+        values = [self.mape(predictor, d, phase) for d in self.unseen]
+        return None if not values or None in values else statistics.fmean(values)
+
+    def cell(self, predictor: str, dataset: str, phase: str) -> str:
+        run = self.by.get((predictor, dataset))
+        return "INVALID" if run and not run["valid"] else fmt(self.mape(predictor, dataset, phase))
