@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from leaderboard.cells.wallclock import render_card, source_lines
+from leaderboard.cells.common import render_card, source_lines
 
 SOURCE = "aiconfigurator"
 SUFFIX = "_ops"

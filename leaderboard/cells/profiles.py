@@ -12,8 +12,7 @@ from collections import Counter
 
 import duckdb
 
-from leaderboard.cells.schema import CellSet, workload_id
-from leaderboard.cells.wallclock import (
+from leaderboard.cells.common import (
     PHASES,
     cell_set,
     fetch,
@@ -21,6 +20,7 @@ from leaderboard.cells.wallclock import (
     render_card,
     source_lines,
 )
+from leaderboard.cells.schema import CellSet, workload_id
 from leaderboard.specs import load_models
 
 VIDUR_DATASETS = {"a100_80gb_pcie": "a100_vidurprof", "a40": "a40_vidurprof",

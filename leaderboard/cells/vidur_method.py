@@ -9,13 +9,13 @@ truth: aiconfigurator did not measure the light kernels.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import duckdb
 import polars as pl
 import yaml
 
 from leaderboard import paths
+from leaderboard.cells.common import render_card, source_lines
 from leaderboard.cells.grid import Grid, common_axes, load_grid, vidur_version
 from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive, is_decode, phase_of, workload_id
 from leaderboard.cells.snapping import binary_batches, fit, presnap
@@ -96,7 +96,7 @@ def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> lis
             prev = by_id.get(wid)
             by_id[wid] = (q, c, trace, scheduler, weight + (prev[4] if prev else 0))
         workloads += _sample(entry["model"], tp, by_id, cfg["cells_per_phase"], family, model)
-    return [_cell_set(grid, workloads, models, cfg, gpus[sku]["short_name"])
+    return [_cell_set(con, grid, workloads, models, cfg, gpus[sku]["short_name"])
             for sku, grid in sorted(grids.items())]
 
 
@@ -116,7 +116,7 @@ def _sample(name: str, tp: int, by_id: dict, per_phase: int, family, model) -> l
     return out
 
 
-def _cell_set(grid: Grid, workloads: list[dict], models: dict, cfg: dict, short_name: str):
+def _cell_set(con, grid: Grid, workloads: list[dict], models: dict, cfg: dict, short_name: str):
     cells, lineage, missing = [], [], 0
     for w in workloads:
         result = compose(grid, models[w["model"]], w["tp"], w["q_lens"], w["ctx_lens"])
@@ -134,19 +134,18 @@ def _cell_set(grid: Grid, workloads: list[dict], models: dict, cfg: dict, short_
     lineage_frame = pl.DataFrame(lineage, schema={k: v for k, v in LINEAGE_SCHEMA.items()
                                                   if k != "dataset"}).with_columns(
         dataset=pl.lit(name)).select(list(LINEAGE_SCHEMA))
-    card = _card(name, grid, frame, cfg, missing, grid.sku in cfg["family"])
+    card = _card(con, name, grid, frame, cfg, missing, grid.sku in cfg["family"])
     return CellSet(name, grid.sku, frame, lineage_frame, card)
 
 
-def _card(name, grid: Grid, cells: pl.DataFrame, cfg, missing: int, in_family: bool) -> str:
+def _card(con, name, grid: Grid, cells: pl.DataFrame, cfg, missing: int, in_family: bool) -> str:
     counts = dict(cells.group_by("phase").len().iter_rows())
-    template = Path(paths.DATASETS_DIR / "cards" / "vidur.md").read_text()
     configs = ", ".join(f"{c['model']} TP{c['tp']}" for c in cfg["configs"])
-    return template.format(
-        name=name, sku=grid.sku, version=grid.version, cells=len(cells),
+    return render_card(
+        "vidur", name=name, sku=grid.sku, version=grid.version, cells=len(cells),
         prefill=counts.get("prefill", 0), decode=counts.get("decode", 0),
         mixed=counts.get("mixed", 0), composed_share=f"{cells['composed'].mean() or 0:.1%}",
         configs=configs, missing=missing,
         family="yes" if in_family else "no (workloads of the family, filtered to this grid)",
-        files="\n".join(f"- `{f}` sha256 `{sha}`" for f, sha in sorted(grid.files)),
+        files=source_lines(con, grid.files),
     )

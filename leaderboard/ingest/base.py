@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from typing import Any
 
 import polars as pl
@@ -75,6 +76,4 @@ class Adapter:
     ingest: Any  # Callable[[list[SourceFile], IngestContext], list[tuple[str, pl.DataFrame]]]
 
     def matches(self, rel: str) -> bool:
-        from fnmatch import fnmatch
-
         return any(fnmatch(rel, p) for p in self.patterns)

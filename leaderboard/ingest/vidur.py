@@ -7,6 +7,8 @@ Vidur does not name the boards it profiled. Its ``a100`` compute folder is mappe
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
+
 import polars as pl
 
 from leaderboard.ingest.base import Adapter, IngestContext, provenance, read_table
@@ -141,8 +143,6 @@ PATTERNS = {
 
 
 def ingest(files: list[SourceFile], ctx: IngestContext) -> list[tuple[str, pl.DataFrame]]:
-    from fnmatch import fnmatch
-
     out = []
     for file in files:
         reader = next((r for p, r in PATTERNS.items() if fnmatch(file.rel, p)), None)
