@@ -54,12 +54,12 @@ def op_rows(model: Ours, cell: pl.DataFrame, gpu) -> list[dict]:
             np.array([q]), np.array([ctx]), sharded["heads"], sharded["kv_heads"], s.head_dim,
             dev, c, sw)))
     if sw.attention:
-        _, count, ctx = decode_groups(cell)
-        for cnt, kv in zip(count, ctx, strict=True):
-            for batch, kernels in ops.binary_parts(np.array([cnt]),
-                                                   int(c["attention"]["decode_batch_max"])):
-                if kernels[0]:
-                    rows.append((f"attn_decode batch={batch} kv={kv:.0f}", int(kernels[0]),
+        _, count, ctx = decode_groups(s)
+        batches, kernels = ops.binary_parts(count, int(c["attention"]["decode_batch_max"]))
+        for kv, per_batch in zip(ctx, kernels.T, strict=True):
+            for batch, k in zip(batches, per_batch, strict=True):
+                if k:
+                    rows.append((f"attn_decode batch={batch:.0f} kv={kv:.0f}", int(k),
                                  ops.decode_attention(float(batch), np.array([kv]),
                                                       sharded["heads"], sharded["kv_heads"],
                                                       s.head_dim, dev, c, sw)))

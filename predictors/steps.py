@@ -3,7 +3,9 @@
 Decode requests enter most formulas only through per-cell sums (their count and total context),
 so those come from the cell's derived columns. Prefill and chunked-prefill requests are few per
 step and are kept one row each (``pf_cell``, ``pf_q``, ``pf_ctx``), so a predictor can apply any
-per-request formula and sum it back with ``Steps.sum``.
+per-request formula and sum it back with ``Steps.sum``. A predictor that needs the decode requests
+one by one reads every request's context (``req_ctx``, the flat list values, no copy) with each
+cell's end in it (``req_end``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Steps:
     pf_cell: np.ndarray  # per prefill request: its cell
     pf_q: np.ndarray
     pf_ctx: np.ndarray
+    req_ctx: np.ndarray  # every request's context (int64), cell after cell
+    req_end: np.ndarray  # per cell: one past its last request in req_ctx
 
     @classmethod
     def from_cells(cls, cells: pl.DataFrame) -> Steps:
@@ -70,6 +74,7 @@ class Steps:
             num_decode=col(shaped, "num_decode"), decode_ctx=col(shaped, "decode_ctx_sum"),
             pf_cell=np.searchsorted(ends, prefill, side="right"),
             pf_q=q[prefill].astype(np.float64), pf_ctx=ctx[prefill].astype(np.float64),
+            req_ctx=ctx, req_end=ends,
         )
 
     def sum(self, per_prefill_request: np.ndarray) -> np.ndarray:

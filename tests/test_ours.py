@@ -13,7 +13,8 @@ from leaderboard.specs import GpuSpec, load_gpu_specs
 from predictors import registry
 from predictors.base import Home
 from predictors.ours import FACTORS, LADDER, config
-from predictors.ours.step import decode_groups
+from predictors.ours.step import blocks, decode_groups
+from predictors.steps import Steps
 
 
 def cells(rows: list[tuple], kind: str = "gpu_block") -> pl.DataFrame:
@@ -89,7 +90,7 @@ def test_faster_gpu_is_faster_and_h100_h200_compute_ties():
 
 
 def test_decode_groups_by_context_octave():
-    cell, count, ctx = decode_groups(MIX)
+    cell, count, ctx = decode_groups(Steps.from_cells(MIX))
     first = cell == 0
     assert sorted(count[first]) == [20, 20] and sorted(ctx[first]) == [511, 1023]
     assert list(count[cell == 1]) == [1, 1]  # the prefill request is not a decode group
@@ -120,6 +121,21 @@ def test_wall_clock_deploy_reading_recovers_the_host_floor():
     assert model.host_floor_ == pytest.approx((0.02, 0.0005), rel=1e-6)
     assert model.predict(target, gpu) == pytest.approx(truth)
     assert registry.build("ours").deploy_rows(MIX) is None  # no reading on gpu_block targets
+
+
+def test_blocks_change_no_prediction():
+    """``predict`` times a block of cells at a time; a cell's time must not depend on which
+    block it lands in, nor on the mixed wall-clock and gpu_block cells beside it."""
+    mixed = pl.concat([MIX, cells([("llama-2-70b", 8, [1] * 3, [600, 700, 900])],
+                                  kind="wall_clock")])
+    many = pl.concat([mixed] * 12_000)  # 600k requests: two blocks
+    assert len(blocks(many["num_requests"].to_numpy())) == 2
+    assert blocks(np.array([3, 0, 5]), 4) == [(0, 2), (2, 3)]
+    assert blocks(np.array([], dtype=np.int64)) == [(0, 0)]
+    model = registry.build("ours").fit(home())
+    gpu = load_gpu_specs()["h200_sxm"]
+    whole = np.tile(model.predict(mixed, gpu), 12_000)
+    assert np.array_equal(model.predict(many, gpu), whole)
 
 
 def test_predict_throughput():

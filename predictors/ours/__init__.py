@@ -23,12 +23,14 @@ from predictors.base import Home, Predictor, PredictorCard
 from predictors.ours import config, factors
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
-from predictors.ours.step import block_times, wall_clock_extras
+from predictors.ours.step import block_times, blocks, wall_clock_extras
 from predictors.registry import register
 from predictors.steps import Steps
 
 FACTORS = ("clock", "waves", "delivery", "l2_memory", "floors", "attention", "collectives",
            "wall_clock")
+# What wall_clock_extras adds, then S(N): in this order after the block terms.
+WALL_CLOCK_TERMS = ("light_kernels", "lm_head", "host_floor")
 LADDER = ("r0_roofline", "r1_clock", "r2_waves", "r3_delivery", "r4_l2_memory", "r5_floors",
           "r6_attention", "r7_collectives")
 
@@ -82,10 +84,18 @@ class Ours(Predictor):
 
     def components(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
         """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
-        s, dev = Steps.from_cells(cells), Device.of(gpu, self.constants_)
-        parts = block_times(cells, s, dev, self.constants_, self.switches)
+        dev = Device.of(gpu, self.constants_)
+        parts = [self._block_components(cells.slice(lo, hi - lo), dev)
+                 for lo, hi in blocks(cells["num_requests"].to_numpy())]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _block_components(self, cells: pl.DataFrame, dev: Device) -> dict[str, np.ndarray]:
+        s = Steps.from_cells(cells)
+        parts = block_times(s, dev, self.constants_, self.switches)
         if self.wall_clock:
             wall = (cells["gt_kind"] == "wall_clock").to_numpy()
+            if not wall.any():  # gpu_block cells: the wall-clock terms are zero
+                return {**parts, **{k: np.zeros(s.n) for k in WALL_CLOCK_TERMS}}
             extras = wall_clock_extras(s, dev, self.constants_, self.switches)
             parts.update(extras)
             # alpha scales every GPU term of a wall-clock step; S(N) is host time, unscaled.

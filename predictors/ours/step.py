@@ -11,7 +11,6 @@ truth has no time for them, so they are added for wall-clock targets only.
 from __future__ import annotations
 
 import numpy as np
-import polars as pl
 
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
 from predictors.ours import factors, ops
@@ -23,6 +22,9 @@ GEMMS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
 # Decode requests are grouped by context octave: the ground truth's contexts are snapped to
 # 2^k - 1, so an octave holds exactly one measured context; elsewhere it merges near contexts.
 OCTAVES = 24
+# Requests per block of ``blocks``: per-request temporaries under 4 MB (measured fastest on
+# h200_vidur x 405: larger blocks pay for fresh pages), per-cell arrays of thousands of cells.
+BLOCK_REQUESTS = 2**19
 
 
 def gemm_shapes(s: Steps) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -34,28 +36,56 @@ def gemm_shapes(s: Steps) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             "gemm_down": (h, s.ffn / tp)}
 
 
-def decode_groups(cells: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def blocks(num_requests: np.ndarray, size: int = BLOCK_REQUESTS) -> list[tuple[int, int]]:
+    """Cell ranges [lo, hi) of about ``size`` requests each, a cell never split. Every term is
+    per cell, so timing a block at a time gives the same numbers; it keeps the per-request
+    temporaries a few MB, which the allocator reuses, where whole-input arrays of tens of
+    millions of requests are fresh pages the kernel must fault in on every call."""
+    ends = np.cumsum(num_requests)
+    cuts = np.searchsorted(ends, np.arange(size, ends[-1], size), side="right") if len(ends) else []
+    bounds = np.unique(np.concatenate([[0], cuts, [len(num_requests)]]).astype(np.int64))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)) or [(0, 0)]
+
+
+def context_octave(ctx: np.ndarray) -> np.ndarray:
+    """min(floor(log2(ctx + 1)), OCTAVES - 1) from the float32 exponent bits: exact below 2^24,
+    and every larger context is in the last octave anyway. ctx <= 0 gives octave 0."""
+    exponent = np.add(ctx, 1, dtype=np.float32).view(np.int32)
+    exponent >>= 23
+    np.clip(exponent, 127, 126 + OCTAVES, out=exponent)
+    exponent -= 127
+    return exponent
+
+
+def decode_groups(s: Steps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cell index, request count, mean context) per group of a cell's decode requests that
-    share a context octave. One pass of bincounts over the flat request lists, no sort, so a
-    million steps of ~75 requests group in about a second."""
-    q = cells["q_lens"].explode().to_numpy()
-    ctx = cells["ctx_lens"].explode().to_numpy()
-    decode = (q == 1) & (ctx > 0)
-    # floor(log2(ctx + 1)) from the float32 exponent bits (exact below 2^24); octave 0 is the
-    # bin of every non-decode request, dropped below.
-    exponent = ((ctx + 1).astype(np.float32).view(np.int32) >> 23) - 127
-    octave = np.minimum(exponent, OCTAVES - 1) * decode
-    cell = np.repeat(np.arange(len(cells), dtype=np.int64), cells["num_requests"].to_numpy())
-    key = cell * OCTAVES + octave
-    count = np.bincount(key, minlength=len(cells) * OCTAVES)
-    total = np.bincount(key, weights=ctx, minlength=len(cells) * OCTAVES)
-    count.reshape(len(cells), OCTAVES)[:, 0] = 0
-    used = np.flatnonzero(count)
-    return used // OCTAVES, count[used].astype(np.float64), total[used] / count[used]
+    share a context octave, by cell then octave. A cell's requests of one context mostly come
+    in runs, so the requests are first cut into runs (within a cell) and the runs (a quarter
+    as many on the _vidur sets) binned by (cell, octave): no sort, and no pass over q. The few
+    non-decode requests (``Steps``' prefill rows) are then taken out of their bins, and
+    octave 0 (empty contexts) is dropped. Counts and context sums are integers, exact in
+    float64, so what is left is exactly the decode requests' sums."""
+    ctx, bins = s.req_ctx, s.n * OCTAVES
+    starts = s.req_end - np.diff(s.req_end, prepend=0)
+    new_run = np.empty(len(ctx), dtype=bool)
+    np.not_equal(ctx[1:], ctx[:-1], out=new_run[1:])
+    new_run[starts[starts < len(ctx)]] = True  # a cell starts a run, so none spans two cells
+    run = np.flatnonzero(new_run)
+    runs_per_cell = np.diff(np.searchsorted(run, starts), append=len(run))
+    value = ctx[run]
+    key = np.repeat(np.arange(0, bins, OCTAVES), runs_per_cell) + context_octave(value)
+    length = np.diff(run, append=len(ctx))
+    count = np.bincount(key, weights=length, minlength=bins)
+    total = np.bincount(key, weights=length * value, minlength=bins)
+    prefill = s.pf_cell * OCTAVES + context_octave(s.pf_ctx)
+    np.subtract.at(count, prefill, 1.0)
+    np.subtract.at(total, prefill, s.pf_ctx)
+    count.reshape(s.n, OCTAVES)[:, 0] = 0.0
+    used = np.flatnonzero(count != 0.0)
+    return used // OCTAVES, count[used], total[used] / count[used]
 
 
-def block_times(cells: pl.DataFrame, s: Steps, dev: Device, c: dict,
-                sw: Switches) -> dict[str, np.ndarray]:
+def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
     """Seconds per cell of each op family, summed over the layers."""
     out = {}
     for name, (n, k) in gemm_shapes(s).items():
@@ -65,14 +95,13 @@ def block_times(cells: pl.DataFrame, s: Steps, dev: Device, c: dict,
     pf = ops.prefill_attention(s.pf_q, s.pf_ctx, sharded["heads"][pc], sharded["kv_heads"][pc],
                                s.head_dim[pc], dev, c, sw)["seconds"]
     out["attn_prefill"] = s.sum(pf) * s.layers
-    out["attn_decode"] = decode_attention_seconds(cells, s, dev, c, sw) * s.layers
+    out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(s.tokens * s.hidden * BF16_BYTES, s.tp, dev, c, sw)["seconds"]
     out["allreduce"] = ALLREDUCES_PER_LAYER * ar * s.layers
     return out
 
 
-def decode_attention_seconds(cells: pl.DataFrame, s: Steps, dev: Device, c: dict,
-                             sw: Switches) -> np.ndarray:
+def decode_attention_seconds(s: Steps, dev: Device, c: dict, sw: Switches) -> np.ndarray:
     """Per cell and layer. With ``attention`` on, one kernel per power-of-two part of each
     same-context group, as the ground truth composes it; off, one kernel for the whole batch."""
     sharded = s.sharded()
@@ -82,13 +111,19 @@ def decode_attention_seconds(cells: pl.DataFrame, s: Steps, dev: Device, c: dict
         t = ops.decode_attention(s.num_decode, mean_ctx, sharded["heads"], sharded["kv_heads"],
                                  s.head_dim, dev, c, sw)["seconds"]
         return np.where(has, t, 0.0)
-    cell, count, ctx = decode_groups(cells)
-    heads, kv_heads, d = sharded["heads"][cell], sharded["kv_heads"][cell], s.head_dim[cell]
-    per_group = np.zeros_like(ctx)
-    for batch, kernels in ops.binary_parts(count, int(c["attention"]["decode_batch_max"])):
-        if kernels.any():
-            t = ops.decode_attention(float(batch), ctx, heads, kv_heads, d, dev, c, sw)["seconds"]
-            per_group += kernels * t
+    cell, count, ctx = decode_groups(s)
+    batches, kernels = ops.binary_parts(count, int(c["attention"]["decode_batch_max"]))
+    # Only the (batch, group) pairs with a kernel are timed: a group has a few of the ~12
+    # batch sizes.
+    pair = np.flatnonzero(kernels != 0)
+    part, group = np.divmod(pair, len(count))
+    on = cell[group]
+    t = ops.decode_attention(batches[part], ctx[group], sharded["heads"][on],
+                             sharded["kv_heads"][on], s.head_dim[on], dev, c, sw)["seconds"]
+    # The pairs run batch by batch, so bincount adds each group's kernels in batch order and
+    # then each cell's groups in group order: the additions, in the same order, of timing one
+    # batch size for every group at a time.
+    per_group = np.bincount(group, weights=kernels.ravel()[pair] * t, minlength=len(count))
     return np.bincount(cell, weights=per_group, minlength=s.n)
 
 
