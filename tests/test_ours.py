@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -136,12 +135,3 @@ def test_blocks_change_no_prediction():
     gpu = load_gpu_specs()["h200_sxm"]
     whole = np.tile(model.predict(mixed, gpu), 12_000)
     assert np.array_equal(model.predict(many, gpu), whole)
-
-
-def test_predict_throughput():
-    many = pl.concat([MIX] * 25_000)  # 100k cells
-    model = registry.build("ours").fit(home())
-    gpu = load_gpu_specs()["h200_sxm"]
-    started = time.perf_counter()
-    model.predict(many, gpu)
-    assert len(many) / (time.perf_counter() - started) > 50_000
