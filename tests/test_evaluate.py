@@ -117,7 +117,7 @@ def test_home_is_scored_on_held_out_cells_only_and_fit_sees_none(probes, tmp_pat
         SEEN["cells"]["gt_ms"]
     with duckdb.connect(str(paths.store_path()), read_only=True) as con:
         lineage = con.sql("SELECT cell_id, key FROM cell_lineage WHERE dataset = 'a100_vidur'").pl()
-    train_keys = set(lineage.filter(pl.col("cell_id").is_in(home.cells["cell_id"]))["key"])
+    train_keys = set(lineage.filter(pl.col("cell_id").is_in(home.cells["cell_id"].implode()))["key"])
     heldout_only = set(lineage["key"]) - train_keys
     assert heldout_only, "the split should leave some measured points to held-out cells only"
     seen_points = sum(len(f) for f in home.ops.values())
@@ -158,8 +158,8 @@ def test_run_folder_and_output_json(probes, tmp_path):
     out = tmp_path / "copy" / "m.json"
     result = _run(tmp_path, "spy", "l40s_vidur", output_json=str(out))
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [result.folder.name]
-    assert sorted(p.name for p in result.folder.iterdir()) == ["metrics.json",
-                                                                "predictions.parquet"]
+    assert sorted(p.name for p in result.folder.iterdir()) == [
+        "atlas.png", "metrics.json", "predictions.parquet"]
     metrics = json.loads(out.read_text())
     assert metrics == json.loads((result.folder / "metrics.json").read_text())
     for key in ("dataset_version", "home_dataset_version", "code_version", "code_hash"):
