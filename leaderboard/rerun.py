@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.progress import Progress
 
 from leaderboard import paths, store
 from leaderboard.evaluate import RunSpec, run
@@ -74,8 +76,15 @@ def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
     started = time.perf_counter()
     specs = run_specs(runs_dir)
     # spawn, not fork: forking a process that already started Polars' thread pool can deadlock.
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        outcomes = list(pool.map(_run_one, specs))
+    outcomes = []
+    with (ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool,
+          Progress(console=Console(stderr=True), transient=True) as progress):
+        task = progress.add_task(f"{len(specs)} runs, {jobs} processes", total=len(specs))
+        for future in as_completed([pool.submit(_run_one, spec) for spec in specs]):
+            outcomes.append(future.result())
+            progress.advance(task)
+    order = {(s.predictor, s.dataset): i for i, s in enumerate(specs)}
+    outcomes.sort(key=lambda o: order[(o.predictor, o.dataset)])
     seconds = time.perf_counter() - started
     runs_dir.mkdir(parents=True, exist_ok=True)
     (runs_dir / TIMING_FILE).write_text(json.dumps({
