@@ -113,4 +113,4 @@ def bootstrap_places(predictions: pl.DataFrame, samples: int = BOOTSTRAP_SAMPLES
     table = pl.DataFrame(rows)
     highs = table["ci_high"].to_numpy()
     place = [1 + int((highs < low).sum()) for low in table["ci_low"]]
-    return table.with_columns(place=pl.Series(place)).sort("place", "mape")
+    return table.with_columns(place=pl.Series(place)).sort("place", "mape", "predictor")
