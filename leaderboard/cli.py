@@ -12,14 +12,16 @@ from __future__ import annotations
 import sys
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from leaderboard import paths
+from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.hub import conf_home
+from leaderboard.homes import conf_home
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError
@@ -30,16 +32,35 @@ stderr = Console(stderr=True)
 
 
 def check_choices(argv: list[str]) -> None:
-    """Answer a typo in ``predictor=`` or ``dataset=`` with the valid names and the closest one."""
-    valid = {"predictor": registry.names(), "dataset": dataset_names()}
+    """Answer a typo in ``predictor=`` or ``dataset=`` with the valid names and the closest one.
+
+    A dataset the store holds without a ``conf/dataset`` file (a GPU added through a sources
+    directory, e.g. ``<short_name>_vidur`` of a new aiconfigurator SKU) gets a node here, with the
+    default home of its family.
+    """
+    configured = dataset_names()
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key in valid and value:
-            for choice in value.split(","):
-                if choice not in valid[key]:
-                    stderr.print(f"[bold red]error:[/] unknown {key} '{choice}'; "
-                                 f"{registry.suggestion(choice, valid[key])}", highlight=False)
-                    sys.exit(2)
+        if key not in ("predictor", "dataset") or not value:
+            continue
+        for choice in value.split(","):
+            if key == "dataset" and choice not in configured:
+                valid = sorted(set(configured) | set(stored_dataset_names()))
+                if choice in valid:
+                    ConfigStore.instance().store(group="dataset", name=choice,
+                                                 node={"name": choice, "home": None})
+                    continue
+            else:
+                valid = registry.names() if key == "predictor" else configured
+            if choice not in valid:
+                stderr.print(f"[bold red]error:[/] unknown {key} '{choice}'; "
+                             f"{registry.suggestion(choice, valid)}", highlight=False)
+                sys.exit(2)
+
+
+def stored_dataset_names() -> list[str]:
+    with StoreCatalog() as catalog:
+        return sorted(catalog.datasets())
 
 
 def print_metrics(metrics: dict, folder) -> None:

@@ -9,13 +9,22 @@ sum of points the predictor was fitted on unless a training cell shares that poi
 from __future__ import annotations
 
 import polars as pl
+import yaml
 
+from leaderboard import paths
 from predictors.base import Home
 from predictors.registry import suggestion
 
 
 def family(name: str) -> str:
     return name.rsplit("_", 1)[-1]
+
+
+def conf_home(name: str) -> str | None:
+    """The home ``conf/dataset/<name>.yaml`` names (the llmservingsim family names the A6000), or
+    None: then the home is the A100 dataset of the same family (``home_of``)."""
+    conf = paths.CONF_DIR / "dataset" / f"{name}.yaml"
+    return yaml.safe_load(conf.read_text()).get("home") if conf.is_file() else None
 
 
 def require_dataset(rows: dict[str, dict], name: str) -> dict:

@@ -30,7 +30,6 @@ import urllib.request
 from pathlib import Path
 
 import polars as pl
-import yaml
 from rich.console import Console
 
 from leaderboard import guard, paths
@@ -56,13 +55,6 @@ class HubError(ValueError):
 
 def lineage_config(name: str) -> str:
     return f"{name}_lineage"
-
-
-def conf_home(name: str) -> str | None:
-    """The home ``conf/dataset/<name>.yaml`` names (the llmservingsim family names the A6000), or
-    None: then the home is the A100 dataset of the same family (``leaderboard.homes.home_of``)."""
-    conf = paths.CONF_DIR / "dataset" / f"{name}.yaml"
-    return yaml.safe_load(conf.read_text()).get("home") if conf.is_file() else None
 
 
 def cache_dir() -> Path:

@@ -18,7 +18,8 @@ from rich.progress import Progress
 
 from leaderboard import homes, paths, store
 from leaderboard.catalog import StoreCatalog
-from leaderboard.hub import CATALOG_SCHEMA, conf_home, lineage_config, stderr
+from leaderboard.homes import conf_home
+from leaderboard.hub import CATALOG_SCHEMA, lineage_config, stderr
 
 TITLE = "LLM step-latency ground truth"
 TAGS = ["llm", "inference", "latency", "gpu", "benchmark"]

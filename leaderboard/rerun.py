@@ -20,8 +20,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from leaderboard import paths, store
+from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.homes import family
+from leaderboard.homes import conf_home, family
 from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
@@ -40,8 +41,10 @@ class Outcome:
 
 
 def leaderboard_datasets() -> list[str]:
-    return sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml")
-                  if family(p.stem) in LEADERBOARD_FAMILIES)
+    """The store's datasets of the leaderboard families, including any GPU added through a
+    sources directory (which has no ``conf/dataset`` file)."""
+    with StoreCatalog() as catalog:
+        return sorted(n for n in catalog.datasets() if family(n) in LEADERBOARD_FAMILIES)
 
 
 def default_split() -> dict:
@@ -52,8 +55,7 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
     split = default_split()
     specs = []
     for dataset in leaderboard_datasets():
-        conf = yaml.safe_load((paths.CONF_DIR / "dataset" / f"{dataset}.yaml").read_text())
-        specs += [RunSpec(predictor=name, dataset=dataset, params={}, home=conf.get("home"),
+        specs += [RunSpec(predictor=name, dataset=dataset, params={}, home=conf_home(dataset),
                           seed=split["seed"], test_fraction=split["test_fraction"],
                           runs_dir=runs_dir) for name in registry.names()]
     return specs

@@ -54,3 +54,16 @@ def test_a_typo_on_the_command_line_names_the_closest_choice(tmp_path):
                           cwd=paths.REPO_ROOT)
     assert done.returncode == 2
     assert "Did you mean 'rf_verbatim'?" in " ".join(done.stderr.split())
+
+
+def test_a_stored_dataset_without_a_config_file_gets_a_node(store_home, monkeypatch):
+    """A GPU added through a sources directory has a dataset in the store but no conf file."""
+    from leaderboard import cli
+
+    monkeypatch.setattr(cli, "dataset_names", lambda: [n for n in dataset_names()
+                                                       if n != "gb200_vidur"])
+    cli.check_choices(["predictor=genz", "dataset=gb200_vidur"])
+    cfg = load_config(["dataset=gb200_vidur"])
+    assert cfg.dataset.name == "gb200_vidur" and cfg.dataset.home is None
+    with pytest.raises(SystemExit):
+        cli.check_choices(["dataset=gb200_vidr"])
