@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from leaderboard.cells.schema import CELL_SCHEMA
 from leaderboard.split import split
 from predictors.base import Home, NotSupported
 
@@ -45,6 +46,6 @@ def home_and_target(catalog, home_row: dict, target_name: str, gpu, models, seed
     train, heldout = split(home_points, "cell_id", seed, test_fraction)
     ops = {phase: train.filter(pl.col("phase") == phase) for phase in OP_PHASES[1:]}
     home = Home(sku=home_row["sku"], gpu=gpu, dataset=home_row["name"],
-                cells=pl.DataFrame(), ops=ops, models=models)
+                cells=pl.DataFrame(schema=CELL_SCHEMA), ops=ops, models=models)
     target = heldout if target_name == home_row["name"] else with_ids(catalog.op_points(target_name))
     return home, target.rename({"latency_ms": "gt_ms"})

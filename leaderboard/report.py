@@ -26,6 +26,7 @@ import polars as pl
 from leaderboard import atlas, ours_report, paths, ranking, rerun, results
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
+from leaderboard.op_level import OP_PHASES
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
@@ -57,15 +58,17 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
     for fam in rerun.LEADERBOARD_FAMILIES:
         homes, unseen = datasets_of(runs, fam)
         mapes = PhaseMapes(runs, unseen)
-        predictors = sorted(set(runs["predictor"]), key=lambda p: (
+        mine = runs.filter(pl.col("dataset").is_in(homes + unseen))
+        predictors = sorted(set(mine["predictor"]), key=lambda p: (
             mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
-        for phase in PHASES:
+        for phase in OP_PHASES if fam == "ops" else PHASES:
             if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
                 continue  # the family has no cells of this phase (splitwise: no mixed steps)
             rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
                      fmt(mapes.unseen_mean(p, phase))] for p in predictors]
             header = ["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean"]
-            lines += [f"### {fam}: {phase}", "", *table(header, rows)]
+            title = "op level (`<sku>_ops`, one measured kernel per row)" if fam == "ops" else fam
+            lines += [f"### {title}: {phase}", "", *table(header, rows)]
     invalid = runs.filter(~pl.col("valid"))
     if len(invalid):
         lines += ["INVALID runs:", ""]
@@ -181,7 +184,9 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     every = results.load_runs(runs_dir)
     fresh = results.up_to_date(every, versions)
     runs = leaderboard_runs(results.current(fresh, versions).pl())
-    predictions = results.load_predictions(runs)
+    # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
+    predictions = results.load_predictions(runs.filter(
+        pl.col("dataset").map_elements(family, pl.String).is_in(rerun.STEP_FAMILIES)))
     body = [f"Regenerate: `python -m leaderboard.report --rerun` (reruns every registered "
             f"predictor on {', '.join(rerun.leaderboard_datasets())}, then writes this); "
             "without `--rerun` it tables the current stored runs.", ""]
@@ -189,7 +194,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += ours_report.ladder(runs) + ours_report.targets(runs) + ours_report.wall_clock(runs)
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
-            sorted(set(runs["dataset"]))), atlas_dir)
+            sorted(set(predictions["dataset"]))), atlas_dir)
         body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
     if "ours" in set(runs["predictor"]):
         body += ours_report.explain_example()

@@ -1,9 +1,10 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
-The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home) and
-the splitwise pair. Each run is what ``python -m leaderboard predictor=P dataset=D`` does with
-the default config (default parameters, the ``heldout`` split, the dataset's configured home),
-run in a pool of worker processes because a run is single-threaded, Python-bound work.
+The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home), the
+splitwise pair, and the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``). Each
+run is what ``python -m leaderboard predictor=P dataset=D`` does with the default config
+(default parameters, the ``heldout`` split, the dataset's configured home), run in a pool of
+worker processes because a run is single-threaded, Python-bound work.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
 
-LEADERBOARD_FAMILIES = ("vidur", "splitwise")
+LEADERBOARD_FAMILIES = ("vidur", "splitwise", "ops")
+STEP_FAMILIES = ("vidur", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
 
@@ -55,9 +57,12 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
     split = default_split()
     specs = []
     for dataset in leaderboard_datasets():
+        # Op-level datasets are scored by the predictors that predict single kernels.
+        names = [n for n in registry.names()
+                 if family(dataset) != "ops" or callable(getattr(registry.get(n), "predict_ops", None))]
         specs += [RunSpec(predictor=name, dataset=dataset, params={}, home=conf_home(dataset),
                           seed=split["seed"], test_fraction=split["test_fraction"],
-                          runs_dir=runs_dir) for name in registry.names()]
+                          runs_dir=runs_dir) for name in names]
     return specs
 
 

@@ -90,3 +90,27 @@ def test_contract(name, real_home):
     reordered = estimator.predict(sample.reverse(), real_home.gpu)
     np.testing.assert_allclose(reordered[::-1], pred, rtol=1e-12)
     assert isinstance(sample, pl.DataFrame)
+
+
+OP_PREDICTORS = [n for n in registry.names() if callable(getattr(registry.get(n), "predict_ops", None))]
+
+
+@pytest.mark.parametrize("name", OP_PREDICTORS)
+def test_op_level_contract(name, real_store, real_home):
+    """Predictors that time single kernels give one finite positive ms per op point."""
+    import duckdb
+
+    from leaderboard.cells.ops import op_points
+    from leaderboard.op_level import MEASURED, with_ids
+
+    with duckdb.connect(str(real_store.path), read_only=True) as con:
+        points = with_ids(op_points(con, "h200_sxm_ops")).rename({"latency_ms": "gt_ms"})
+    sample = pl.concat([points.filter(pl.col("phase") == p).sample(100, seed=0)
+                        for p in ("gemm", "attn_prefill", "attn_decode")]).drop(MEASURED)
+    estimator = registry.build(name).fit(real_home.home)
+    pred = estimator.predict_ops(sample, real_home.gpu)
+    assert pred.shape == (300,) and np.isfinite(pred).all() and (pred > 0).all()
+    big = sample.filter(pl.col("phase") == "gemm").sort("m")
+    timed = estimator.predict_ops(big, real_home.gpu)
+    work = (big["m"] * big["n"] * big["k"]).to_numpy()
+    assert timed[np.argmax(work)] > timed[np.argmin(work)], "more GEMM work must take longer"

@@ -20,7 +20,7 @@ import polars as pl
 
 from leaderboard.specs import GpuSpec
 from predictors.base import Home, Predictor, PredictorCard
-from predictors.ours import config, factors
+from predictors.ours import config, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 from predictors.ours.step import block_times, blocks, wall_clock_extras
@@ -107,6 +107,22 @@ class Ours(Predictor):
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         return sum(self.components(cells, gpu).values()) * 1e3
+
+    def predict_ops(self, points: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
+        """One measured kernel per point (``<sku>_ops``): a GEMM, or an attention kernel over
+        ``batch`` equal requests, timed by the same op functions a step sums."""
+        dev, c, sw = Device.of(gpu, self.constants_), self.constants_, self.switches
+        col = lambda name: points[name].fill_null(1).to_numpy().astype(np.float64)  # noqa: E731
+        gemm = (points["op_family"] == "gemm").to_numpy()
+        prefill = (points["phase"] == "prefill").to_numpy() & ~gemm
+        b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
+        seconds = np.where(gemm, ops.gemm(col("m"), col("n"), col("k"), dev, c, sw)["seconds"], 0.0)
+        # A prefill point of ``batch`` equal requests is one kernel: b times the heads' work.
+        seconds += np.where(prefill, ops.prefill_attention(
+            col("q_len"), 0.0 * b, heads * b, kv_heads * b, d, dev, c, sw)["seconds"], 0.0)
+        seconds += np.where(~gemm & ~prefill, ops.decode_attention(
+            b, col("kv_len"), heads, kv_heads, d, dev, c, sw)["seconds"], 0.0)
+        return seconds * 1e3
 
     def deploy_rows(self, cells: pl.DataFrame) -> np.ndarray | None:
         """Wall-clock targets only: one short decode batch-size sweep. The (model, TP) first in
