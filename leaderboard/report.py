@@ -53,7 +53,8 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
     lines = ["## Leaderboard: MAPE % per phase", "",
              "Home: the A100 dataset of the family, scored on its seeded held-out workloads "
              "only. Unseen: every other GPU, predicted from its datasheet. `INVALID` marks a run "
-             "with a non-finite or non-positive prediction (reasons below); `—`: no run. Rows "
+             "with a non-finite or non-positive prediction, or whose predictor failed or cannot "
+             "score the dataset (reasons below); `—`: no run. Rows "
              "are sorted by the mean unseen MAPE over all phases.", ""]
     for fam in rerun.LEADERBOARD_FAMILIES:
         homes, unseen = datasets_of(runs, fam)
