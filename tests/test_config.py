@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from hydra.core.config_store import ConfigStore
 
 from leaderboard import paths
 from leaderboard.catalog import StoreCatalog
@@ -60,10 +61,13 @@ def test_a_stored_dataset_without_a_config_file_gets_a_node(store_home, monkeypa
     """A GPU added through a sources directory has a dataset in the store but no conf file."""
     from leaderboard import cli
 
-    monkeypatch.setattr(cli, "dataset_names", lambda: [n for n in dataset_names()
-                                                       if n != "gb200_vidur"])
-    cli.check_choices(["predictor=genz", "dataset=gb200_vidur"])
-    cfg = load_config(["dataset=gb200_vidur"])
-    assert cfg.dataset.name == "gb200_vidur" and cfg.dataset.home is None
-    with pytest.raises(SystemExit):
-        cli.check_choices(["dataset=gb200_vidr"])
+    assert "h200_vidur" in cli.stored_dataset_names()
+    monkeypatch.setattr(cli, "stored_dataset_names", lambda: ["h200_vidur", "newgpu_vidur"])
+    try:
+        cli.check_choices(["predictor=genz", "dataset=newgpu_vidur"])
+        cfg = load_config(["dataset=newgpu_vidur"])
+        assert cfg.dataset.name == "newgpu_vidur" and cfg.dataset.home is None
+        with pytest.raises(SystemExit):
+            cli.check_choices(["dataset=newgpu_vidr"])
+    finally:
+        ConfigStore.instance().repo.get("dataset", {}).pop("newgpu_vidur.yaml", None)
