@@ -19,7 +19,7 @@ from rich.table import Table
 
 from leaderboard import paths
 from leaderboard.catalog import StoreCatalog
-from leaderboard.config import dataset_names
+from leaderboard.config import dataset_names, load_config
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.homes import conf_home
 from leaderboard.ingest import BuildError
@@ -53,9 +53,28 @@ def check_choices(argv: list[str]) -> None:
             else:
                 valid = registry.names() if key == "predictor" else configured
             if choice not in valid:
-                stderr.print(f"[bold red]error:[/] unknown {key} '{choice}'; "
-                             f"{registry.suggestion(choice, valid)}", highlight=False)
-                sys.exit(2)
+                _fail(f"unknown {key} '{choice}'; {registry.suggestion(choice, valid)}")
+    check_parameters(argv)
+
+
+def check_parameters(argv: list[str]) -> None:
+    """Answer a misspelt ``predictor.<field>=`` with the predictor's fields and the closest."""
+    fields = [a.partition("=")[0].removeprefix("predictor.") for a in argv
+              if a.startswith("predictor.")]
+    if not fields:
+        return
+    chosen = next((a.partition("=")[2] for a in argv if a.startswith("predictor=")), None)
+    for name in (chosen or load_config().predictor.name).split(","):
+        valid = registry.get(name).param_names()
+        for field in fields:
+            if field not in valid:
+                _fail(f"predictor '{name}' has no parameter '{field}'; "
+                      f"{registry.suggestion(field, valid) if valid else 'it takes none.'}")
+
+
+def _fail(message: str) -> None:
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(2)
 
 
 def stored_dataset_names() -> list[str]:
@@ -81,6 +100,10 @@ def print_metrics(metrics: dict, folder) -> None:
 
 
 def run_task(cfg: DictConfig) -> None:
+    missing = [f"dataset.{k}" for k in ("name", "repo") if OmegaConf.is_missing(cfg.dataset, k)]
+    if missing:
+        _fail(f"dataset=hf needs {' and '.join(missing)}: "
+              "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
     home = cfg.dataset.home or (conf_home(cfg.dataset.name) if hub_repo else None)
@@ -92,8 +115,7 @@ def run_task(cfg: DictConfig) -> None:
     try:
         result = run(spec)
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:
-        stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(exc))
     print_metrics(result.metrics, result.folder)
 
 

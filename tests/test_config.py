@@ -71,3 +71,20 @@ def test_a_stored_dataset_without_a_config_file_gets_a_node(store_home, monkeypa
             cli.check_choices(["dataset=newgpu_vidr"])
     finally:
         ConfigStore.instance().repo.get("dataset", {}).pop("newgpu_vidur.yaml", None)
+
+
+def test_a_misspelt_parameter_names_the_predictors_fields(capsys):
+    from leaderboard import cli
+
+    with pytest.raises(SystemExit):
+        cli.check_choices(["predictor=genz", "predictor.efficency=0.5"])
+    assert "Did you mean 'memory_efficiency'?" in " ".join(capsys.readouterr().err.split())
+    cli.check_choices(["predictor=genz", "predictor.memory_efficiency=0.5"])  # a real field passes
+
+
+def test_hf_without_repo_and_name_says_what_to_pass(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=genz", "dataset=hf",
+                           f"runs_dir={tmp_path}"], capture_output=True, text=True, timeout=120,
+                          cwd=paths.REPO_ROOT)
+    assert done.returncode == 2
+    assert "dataset=hf needs dataset.name and dataset.repo" in " ".join(done.stderr.split())
