@@ -111,3 +111,13 @@ def resolve_model(models: dict[str, dict[str, Any]], spelling: str, context: str
             f"'{spelling}' under aliases."
         )
     return index[key]
+
+
+def tp_shapes(model: dict, tp: int) -> dict[str, tuple[int, int] | int]:
+    """Per-GPU GEMM (n, k) and attention heads under Megatron TP sharding."""
+    h, d = model["hidden_size"], model["head_dim"]
+    nq, nkv, f = model["num_heads"], model["num_kv_heads"], model["intermediate_size"]
+    up = 2 * f if model["gated_mlp"] else f
+    return {"qkv": ((nq + 2 * nkv) * d // tp, h), "o": (h, nq * d // tp),
+            "gate_up": (up // tp, h), "down": (h, f // tp),
+            "heads": nq // tp, "kv_heads": nkv // tp, "hidden": h}

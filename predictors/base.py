@@ -54,10 +54,6 @@ class Home:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     published: pl.DataFrame = field(default_factory=pl.DataFrame)
 
-    @property
-    def profiled_rows(self) -> int:
-        return len(self.cells) + sum(len(f) for f in self.ops.values())
-
 
 class NotSupported(ValueError):
     """The predictor cannot score this input (say which, and what it does support)."""

@@ -32,7 +32,9 @@ import polars as pl
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import GridSearchCV
 
+from leaderboard.specs import tp_shapes
 from predictors import _model_cache
+from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES, link_gbs_per_direction, peak_flops
 from predictors.base import Home, NotSupported, Predictor, PredictorCard
 from predictors.registry import register
 from predictors.steps import Steps
@@ -47,7 +49,6 @@ GEMMS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
 TOKEN_ROUNDING, KV_GRANULARITY = 8, 64
 GQA_BATCHING_FACTOR = 0.1
 NCCL_LAUNCH_MS = 0.02
-ALLREDUCES_PER_LAYER = 2
 DECODE_MODES = ("mean_context", "per_context_group")
 # Where each forest is tabulated once at fit, like Vidur's lookup grid (§2.4) widened to this
 # data's range (8192 tokens, 192 decode requests, contexts to 8191); values outside it are
@@ -113,11 +114,10 @@ def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int) -> Ra
 
 def training_rows(home: Home, model: dict, tp: int) -> dict[str, pl.DataFrame]:
     """Per op, the home's measured points of this (model, TP): features x, target y, row id."""
-    h, d = model["hidden_size"], model["head_dim"]
-    heads, kv_heads, ffn = model["num_heads"] // tp, model["num_kv_heads"] // tp, model["intermediate_size"]
-    gemm_nk = {"gemm_qkv": ((heads + 2 * kv_heads) * d, h), "gemm_o": (h, heads * d),
-               "gemm_gate_up": ((2 if model["gated_mlp"] else 1) * ffn // tp, h),
-               "gemm_down": (h, ffn // tp)}
+    # The shapes the ground truth's lineage is keyed by, so the filters below find its points.
+    shapes = tp_shapes(model, tp)
+    h, d, heads, kv_heads = shapes["hidden"], model["head_dim"], shapes["heads"], shapes["kv_heads"]
+    gemm_nk = {f"gemm_{op}": shapes[op] for op in ("qkv", "o", "gate_up", "down")}
     ops = {k: v.with_row_index("row") for k, v in home.ops.items()}
     same_heads = ((pl.col("num_heads") == heads) & (pl.col("num_kv_heads") == kv_heads)
                   & (pl.col("head_dim") == d))
@@ -135,8 +135,8 @@ def training_rows(home: Home, model: dict, tp: int) -> dict[str, pl.DataFrame]:
 
 
 def peaks(gpu) -> dict[str, float]:
-    return {"flops": float(gpu["bf16_dense_tflops"]) * 1e12, "mem_bw": float(gpu["mem_bw_gbs"]) * 1e9,
-            "link_bw": float(gpu["interconnect"]["bw_gbs"]) * 1e9}
+    return {"flops": peak_flops(gpu), "mem_bw": gpu.mem_bw_bytes_per_s,
+            "link_bw": link_gbs_per_direction(gpu) * 1e9}
 
 
 @register("rf_verbatim")
@@ -273,7 +273,7 @@ def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, floa
                     ) -> dict[str, np.ndarray]:
     """Per op and cell, max(FLOP/F, BYTE/B) on the target over the same on the home (§2.6 (b)),
     at the step's real (unrounded, TP-sharded) shapes; 1 where the op does no work."""
-    e = 2.0  # bf16 bytes
+    e = BF16_BYTES
     s = steps.sharded()
     heads, kv_heads, d, h, t = s["heads"], s["kv_heads"], steps.head_dim, steps.hidden, steps.tokens
 

@@ -20,25 +20,15 @@ from leaderboard.cells.grid import Grid, common_axes, load_grid, vidur_version
 from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive, is_decode, phase_of, workload_id
 from leaderboard.cells.snapping import binary_batches, fit, presnap
 from leaderboard.cells.traces import has_traces, replayed_steps
-from leaderboard.specs import GpuSpec, load_models
+from leaderboard.specs import GpuSpec, load_models, tp_shapes
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2
 
 
-def shapes(model: dict, tp: int) -> dict[str, tuple[int, int] | int]:
-    """Per-GPU GEMM (n, k) and attention heads under Megatron TP sharding."""
-    h, d = model["hidden_size"], model["head_dim"]
-    nq, nkv, f = model["num_heads"], model["num_kv_heads"], model["intermediate_size"]
-    up = 2 * f if model["gated_mlp"] else f
-    return {"qkv": ((nq + 2 * nkv) * d // tp, h), "o": (h, nq * d // tp),
-            "gate_up": (up // tp, h), "down": (h, f // tp),
-            "heads": nq // tp, "kv_heads": nkv // tp, "hidden": h}
-
-
 def compose(grid: Grid, model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]):
     """Ground truth of one snapped step on one GPU: (ms, composed flag, lineage rows) or None."""
-    s = shapes(model, tp)
+    s = tp_shapes(model, tp)
     tokens, layers = sum(q_lens), model["num_layers"]
     points, lookups = [], Counter()
     for op in ("qkv", "o", "gate_up", "down"):

@@ -4,7 +4,7 @@
 a100_vidur training split, seed 0, 30 % held out), fits each family's few constants by least
 squares on log time over the home's measured op points (GEMMs, prefill and decode attention,
 all-reduce), and rewrites the ``fitted on home`` leaves of conf/ours/constants.yaml. No cell
-step time and no other GPU is read. ``fit_constants`` is the pure part, used by the tests.
+step time and no other GPU is read. ``fit_constants`` is the pure part (no file written).
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def fit_gemm(frames: list[pl.DataFrame], c: dict, home: Home) -> None:
 
 def fit_prefill(p: pl.DataFrame, c: dict, home: Home) -> None:
     dev = Device.of(home.gpu, c)
-    b, q, h, kvh = (p[x].to_numpy().astype(np.float64)
-                    for x in ("batch", "q_len", "num_heads", "num_kv_heads"))
+    b, q, h, kvh, hd = (p[x].to_numpy().astype(np.float64)
+                        for x in ("batch", "q_len", "num_heads", "num_kv_heads", "head_dim"))
     ms = p["latency_ms"].to_numpy()
 
     def residual(x):
         c["attention"]["prefill_eta"], c["attention"]["prefill_floor_s"] = x
         # A measured point of ``batch`` equal requests is one kernel: b times the work.
-        one = ops.prefill_attention(q, 0.0 * q, h * b, kvh * b, 128.0, dev, c, FULL)
+        one = ops.prefill_attention(q, 0.0 * q, h * b, kvh * b, hd, dev, c, FULL)
         return _log_err(one["seconds"], ms)
 
     _fit(residual, [0.5, 1e-5], [0.05, 0.0], [1.0, 5e-5])
@@ -68,14 +68,14 @@ def fit_prefill(p: pl.DataFrame, c: dict, home: Home) -> None:
 
 def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
     dev = Device.of(home.gpu, c)
-    b, kv, h, kvh = (d[x].to_numpy().astype(np.float64)
-                     for x in ("batch", "kv_len", "num_heads", "num_kv_heads"))
+    b, kv, h, kvh, hd = (d[x].to_numpy().astype(np.float64)
+                         for x in ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"))
     ms = d["latency_ms"].to_numpy()
 
     def residual(x):
         a = c["attention"]
         a["decode_eta"], a["decode_knee"], a["decode_floor_s"] = x
-        return _log_err(ops.decode_attention(b, kv, h, kvh, 128.0, dev, c, FULL)["seconds"], ms)
+        return _log_err(ops.decode_attention(b, kv, h, kvh, hd, dev, c, FULL)["seconds"], ms)
 
     _fit(residual, [0.7, 0.2, 1e-5], [0.05, 1e-3, 0.0], [2.0, 20.0, 5e-5])
 
@@ -142,16 +142,10 @@ def write(fitted: dict, command: str) -> None:
 
 
 def main() -> None:
-    from leaderboard import homes
-    from leaderboard.catalog import StoreCatalog
-    from leaderboard.specs import load_gpu_specs, load_models
-    from leaderboard.split import split
+    from leaderboard.evaluate import RunSpec, load_inputs  # the harness: only when run as a script
 
     base = config.load_constants()
-    with StoreCatalog() as catalog:
-        row = catalog.datasets()[base["home"]["dataset"]]
-        train, _ = split(catalog.cells(row["name"]), "workload_id", 0, 0.3)
-        home = homes.build_home(catalog, row, train, load_gpu_specs()[row["sku"]], load_models())
+    home = load_inputs(RunSpec("ours", base["home"]["dataset"], {})).home
     fitted = fit_constants(home, base)
     write(fitted, "python -m predictors.ours.calibrate")
     json.dump({f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}, sys.stdout, indent=1)

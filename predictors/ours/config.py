@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -37,8 +36,8 @@ def _values(node: Any, where: str) -> Any:
 
 
 @lru_cache(maxsize=4)
-def load_constants(path: Path = CONSTANTS_PATH) -> dict:
-    raw = yaml.safe_load(Path(path).read_text())
+def load_constants() -> dict:
+    raw = yaml.safe_load(CONSTANTS_PATH.read_text())
     return _values(raw, "")
 
 
@@ -53,7 +52,6 @@ def arch_entry(gpu: GpuSpec, constants: dict) -> dict:
 class Device:
     """One GPU as the factors see it: datasheet peaks plus its architecture's constants."""
 
-    sku: str
     peak_flops: float
     mem_bw: float
     l2_bytes: float
@@ -62,14 +60,13 @@ class Device:
     f_clk: float
     eta_act: float
     link_bytes_per_s: float
-    arch: dict
 
     @classmethod
     def of(cls, gpu: GpuSpec, constants: dict) -> Device:
         arch = arch_entry(gpu, constants)
-        return cls(sku=gpu.sku, peak_flops=peak_flops(gpu), mem_bw=gpu.mem_bw_bytes_per_s,
+        return cls(peak_flops=peak_flops(gpu), mem_bw=gpu.mem_bw_bytes_per_s,
                    l2_bytes=float(gpu["l2_mb"]) * 2**20, sms=int(gpu["sm_count"]),
                    cta_cap=factors.cta_cap(gpu, arch),
                    f_clk=factors.clock_factor(arch, constants["clock"]["home_f_clk"]),
                    eta_act=float(arch["eta_act"]),
-                   link_bytes_per_s=link_gbs_per_direction(gpu) * 1e9, arch=arch)
+                   link_bytes_per_s=link_gbs_per_direction(gpu) * 1e9)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from leaderboard.specs import GpuSpec
+from predictors._roofline import ring_allreduce_s
 
 
 def clock_factor(arch: dict, home_f_clk: float) -> float:
@@ -72,12 +73,6 @@ def l2_memory_efficiency(working_set_bytes: np.ndarray, l2_bytes: float, law: di
     return law["dram"] + (law["l2"] - law["dram"]) / (1.0 + x ** law["p"])
 
 
-def roofline_seconds(flops: np.ndarray, bytes_moved: np.ndarray, flops_per_s: np.ndarray,
-                     bytes_per_s: np.ndarray) -> np.ndarray:
-    """The slower of the compute-bound and the memory-bound time."""
-    return np.maximum(flops / flops_per_s, bytes_moved / bytes_per_s)
-
-
 def decode_parallelism(ctas: np.ndarray, sms: int, knee: float) -> np.ndarray:
     """Fraction of the memory system a decode-attention kernel can keep busy: with fewer
     (request x KV head) CTAs than ``knee`` per SM, bandwidth grows with the CTA count."""
@@ -90,7 +85,7 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     at efficiency ``eta``. vLLM's custom all-reduce serves messages up to ``custom_max_bytes``;
     larger ones fall back to NCCL with its own floor and efficiency (both regimes fitted on the
     home GPU)."""
-    volume = 2.0 * (tp - 1.0) / np.maximum(tp, 1.0) * message_bytes / link_bytes_per_s
+    volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0)
     custom = coll["custom_floor_s"] + volume / coll["custom_eta"]
     nccl = coll["nccl_floor_s"] + volume / coll["nccl_eta"]
     seconds = np.where(message_bytes <= coll["custom_max_bytes"], custom, nccl)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictors._roofline import BF16_BYTES
+from predictors._roofline import BF16_BYTES, ring_allreduce_s
 from predictors.ours import factors
 from predictors.ours.config import Device
 
@@ -112,9 +112,7 @@ def allreduce(message_bytes, tp, dev: Device, c: dict, sw: Switches) -> dict[str
         seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s,
                                             c["collectives"])
     else:
-        bare = {"custom_floor_s": 0.0, "custom_eta": 1.0, "nccl_floor_s": 0.0, "nccl_eta": 1.0,
-                "custom_max_bytes": np.inf}
-        seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s, bare)
+        seconds = ring_allreduce_s(message_bytes, tp, dev.link_bytes_per_s, 0.0, 0.0)
     return {"seconds": seconds, "bytes": message_bytes}
 
 

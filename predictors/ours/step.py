@@ -18,7 +18,6 @@ from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 from predictors.steps import Steps
 
-GEMMS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
 # Decode requests are grouped by context octave: the ground truth's contexts are snapped to
 # 2^k - 1, so an octave holds exactly one measured context; elsewhere it merges near contexts.
 OCTAVES = 24
