@@ -76,11 +76,8 @@ def measure(name: str, home, cells: pl.DataFrame, gpu, n_cells: int, repeats: in
             return estimator.fit(home)
 
     row["fit_s"], _ = best_of(repeats, fit)
+    cells, _ = evaluate.take_deploy_reading(estimator, cells, gpu)
     blind = cells.drop(GROUND_TRUTH_COLUMNS)
-    with guard.sealed("deploy reading"):
-        mask = estimator.deploy_rows(blind)
-        if mask is not None and np.asarray(mask).any():
-            estimator.calibrate(cells.filter(pl.Series(np.asarray(mask, dtype=bool))), gpu)
 
     def predict(frame):
         with guard.sealed("predict"):

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from leaderboard import store  # noqa: E402
+from leaderboard.catalog import StoreCatalog  # noqa: E402
 from leaderboard.homes import family  # noqa: E402
 
 PHASE_PANELS = ("prefill", "decode", "mixed")
@@ -50,11 +50,11 @@ def op_family(op: str) -> str:
 
 def dominant_op_families(datasets: list[str]) -> pl.DataFrame:
     """(dataset, cell_id, op_family) for the store's cells of ``datasets``."""
-    with store.connect() as con:
-        lineage = con.sql("SELECT dataset, cell_id, op, latency_ms, count FROM cell_lineage "
-                          "WHERE list_contains($datasets, dataset)",
-                          params={"datasets": datasets}).pl()
-    return dominant_of(lineage)
+    if not datasets:
+        return pl.DataFrame(schema={"dataset": pl.String, "cell_id": pl.String,
+                                    "op_family": pl.String})
+    with StoreCatalog() as catalog:
+        return dominant_of(pl.concat([catalog.lineage(d) for d in datasets]))
 
 
 def dominant_of(lineage: pl.DataFrame) -> pl.DataFrame:

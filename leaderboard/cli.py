@@ -21,7 +21,6 @@ from leaderboard import paths
 from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.homes import conf_home
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError
@@ -39,19 +38,23 @@ def check_choices(argv: list[str]) -> None:
     default home of its family.
     """
     configured = dataset_names()
+    stored: list[str] = []  # read from the store only when a name is not configured
     for arg in argv:
         key, _, value = arg.partition("=")
         if key not in ("predictor", "dataset") or not value:
             continue
         for choice in value.split(","):
-            if key == "dataset" and choice not in configured:
-                valid = sorted(set(configured) | set(stored_dataset_names()))
+            if key == "predictor":
+                valid = registry.names()
+            elif choice in configured:
+                continue
+            else:
+                stored = stored or stored_dataset_names()
+                valid = sorted(set(configured) | set(stored))
                 if choice in valid:
                     ConfigStore.instance().store(group="dataset", name=choice,
                                                  node={"name": choice, "home": None})
                     continue
-            else:
-                valid = registry.names() if key == "predictor" else configured
             if choice not in valid:
                 _fail(f"unknown {key} '{choice}'; {registry.suggestion(choice, valid)}")
     check_parameters(argv)
@@ -65,11 +68,10 @@ def check_parameters(argv: list[str]) -> None:
         return
     chosen = next((a.partition("=")[2] for a in argv if a.startswith("predictor=")), None)
     for name in (chosen or load_config().predictor.name).split(","):
-        valid = registry.get(name).param_names()
-        for field in fields:
-            if field not in valid:
-                _fail(f"predictor '{name}' has no parameter '{field}'; "
-                      f"{registry.suggestion(field, valid) if valid else 'it takes none.'}")
+        try:
+            registry.check_params(name, fields)
+        except ValueError as exc:
+            _fail(str(exc))
 
 
 def _fail(message: str) -> None:
@@ -106,9 +108,8 @@ def run_task(cfg: DictConfig) -> None:
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
-    home = cfg.dataset.home or (conf_home(cfg.dataset.name) if hub_repo else None)
     spec = RunSpec(predictor=cfg.predictor.name, dataset=cfg.dataset.name, params=params,
-                   home=home, hub_repo=hub_repo, hub_revision=cfg.dataset.get("revision"),
+                   home=cfg.dataset.home, hub_repo=hub_repo, hub_revision=cfg.dataset.get("revision"),
                    seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
                    runs_dir=cfg.runs_dir, output_json=cfg.output.json, sources_root=cfg.sources.root,
                    gpu_specs=cfg.gpu_specs)

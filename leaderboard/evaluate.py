@@ -12,7 +12,7 @@ import shutil
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
 from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu
-from leaderboard.split import split
+from leaderboard.split import default_split, split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS, Home
@@ -39,8 +39,8 @@ class RunSpec:
     dataset: str
     params: dict
     home: str | None = None
-    seed: int = 0
-    test_fraction: float = 0.3
+    seed: int = field(default_factory=lambda: default_split()["seed"])
+    test_fraction: float = field(default_factory=lambda: default_split()["test_fraction"])
     runs_dir: Path = Path("results/runs")
     output_json: str | None = None
     sources_root: str | None = None
@@ -54,6 +54,18 @@ class RunResult:
     folder: Path
     metrics: dict
     predictions: pl.DataFrame
+
+
+def take_deploy_reading(estimator, target: pl.DataFrame, gpu) -> tuple[pl.DataFrame, list[str]]:
+    """Hand the predictor the target rows it asks for as its one deploy reading (ground truth
+    included) and return the rest, the rows to score, with the ids of those taken."""
+    with guard.sealed("deploy reading"):
+        mask = estimator.deploy_rows(target.drop(GROUND_TRUTH_COLUMNS))
+        if mask is None or not np.asarray(mask).any():
+            return target, []
+        mask = pl.Series(np.asarray(mask, dtype=bool))
+        estimator.calibrate(target.filter(mask), gpu)
+    return target.filter(~mask), target.filter(mask)["cell_id"].to_list()
 
 
 def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu, op_level: bool = False
@@ -73,13 +85,8 @@ def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu, op_level: bool 
         if fitted is not estimator:
             facts["invalid_reasons"].append("fit did not return self")
         hidden = op_level_api.MEASURED if op_level else GROUND_TRUTH_COLUMNS
-        with guard.sealed("deploy reading"):
-            mask = None if op_level else estimator.deploy_rows(target.drop(hidden))
-            if mask is not None and np.asarray(mask).any():
-                mask = pl.Series(np.asarray(mask, dtype=bool))
-                estimator.calibrate(target.filter(mask), gpu)
-                facts["deploy_row_ids"] = target.filter(mask)["cell_id"].to_list()
-                target = target.filter(~mask)
+        if not op_level:
+            target, facts["deploy_row_ids"] = take_deploy_reading(estimator, target, gpu)
         blind = target.drop(hidden)
         predict = estimator.predict_ops if op_level else estimator.predict
         with guard.sealed("predict"):
@@ -159,7 +166,7 @@ def run(spec: RunSpec) -> RunResult:
     predictions = target.select(columns).with_columns(
         pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
     predictions = predictions.with_columns(
-        signed_pct=(pl.col("pred_ms") - pl.col("gt_ms")) / pl.col("gt_ms") * 100.0)
+        signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
     phases = op_level_api.OP_PHASES if op_level else metrics.PHASES
     result = {
         "predictor": spec.predictor, "params": estimator.get_params(),

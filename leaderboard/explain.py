@@ -17,7 +17,8 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard.evaluate import RunSpec, load_inputs
+from leaderboard import metrics
+from leaderboard.evaluate import RunSpec, load_inputs, take_deploy_reading
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS
 from predictors.ours import Ours, ops
@@ -33,11 +34,8 @@ def load(predictor: str, dataset: str):
     model = registry.build(predictor).fit(inputs.home)
     if not isinstance(model, Ours):
         raise SystemExit(f"explain breaks down 'ours' and its ladder rungs, not '{predictor}'")
-    cells = inputs.target
-    mask = model.deploy_rows(cells.drop(GROUND_TRUTH_COLUMNS))
-    if mask is not None:
-        model.calibrate(cells.filter(pl.Series(mask)), inputs.gpu)
-    return model, cells, inputs.gpu, mask
+    cells, _ = take_deploy_reading(model, inputs.target, inputs.gpu)  # as a run: those not scored
+    return model, cells, inputs.gpu
 
 
 def op_rows(model: Ours, cell: pl.DataFrame, gpu) -> list[dict]:
@@ -104,7 +102,7 @@ def render(model: Ours, cell: pl.DataFrame, gpu, console: Console) -> None:
     predicted = sum(v[0] for v in parts.values()) * 1e3
     terms.add_row("[bold]predicted[/]", f"{predicted:.4f}")
     terms.add_row("[bold]measured[/]", f"{c0['gt_ms']:.4f}")
-    terms.add_row("error %", f"{(predicted / c0['gt_ms'] - 1) * 100:+.2f}")
+    terms.add_row("error %", f"{metrics.errors(predicted, c0['gt_ms']):+.2f}")
     console.print(terms)
     if c0["gt_kind"] == "wall_clock":
         console.print(f"alpha {model.alpha_:.3f} (home fit); S(N) = {model.host_floor_[0] * 1e3:.3f}"
@@ -113,9 +111,7 @@ def render(model: Ours, cell: pl.DataFrame, gpu, console: Console) -> None:
 
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv)
-    model, cells, gpu, mask = load(args.get("predictor", "ours"), args["dataset"])
-    if mask is not None:
-        cells = cells.filter(~pl.Series(mask))
+    model, cells, gpu = load(args.get("predictor", "ours"), args["dataset"])
     wanted = args.get("cell") or cells["cell_id"][0]
     cell = cells.filter(pl.col("cell_id") == wanted)
     if cell.is_empty():

@@ -34,6 +34,9 @@ def require_dataset(rows: dict[str, dict], name: str) -> dict:
 
 
 def home_of(name: str, named_home: str | None, rows: dict[str, dict]) -> str:
+    """``named_home`` (a ``dataset.home=`` override), else the home the dataset's conf file
+    names, else the A100 dataset of its family."""
+    named_home = named_home or conf_home(name)
     if named_home:
         return require_dataset(rows, named_home)["name"]
     a100 = sorted(n for n in rows if family(n) == family(name) and n.startswith("a100"))

@@ -18,7 +18,6 @@ from rich.progress import Progress
 
 from leaderboard import homes, paths, store
 from leaderboard.catalog import StoreCatalog
-from leaderboard.homes import conf_home
 from leaderboard.hub import CATALOG_SCHEMA, lineage_config, stderr
 
 TITLE = "LLM step-latency ground truth"
@@ -32,7 +31,7 @@ def selected(rows: dict[str, dict], only: list[str] | None) -> list[str]:
     names = set()
     for name in only:
         homes.require_dataset(rows, name)
-        names |= {name, homes.home_of(name, conf_home(name), rows)}
+        names |= {name, homes.home_of(name, None, rows)}
     return sorted(names)
 
 

@@ -8,8 +8,9 @@ import polars as pl
 PHASES = ("all", "prefill", "decode", "mixed")
 
 
-def errors(pred_ms: np.ndarray, gt_ms: np.ndarray) -> np.ndarray:
-    """Signed percentage error of each prediction against its ground truth."""
+def errors(pred_ms, gt_ms):
+    """Signed percentage error of each prediction against its ground truth (arrays or polars
+    expressions)."""
     return (pred_ms - gt_ms) / gt_ms * 100.0
 
 

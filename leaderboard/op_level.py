@@ -34,8 +34,13 @@ def with_ids(points: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def predicts_ops(predictor) -> bool:
+    """Whether a predictor (class or instance) times single kernels."""
+    return callable(getattr(predictor, "predict_ops", None))
+
+
 def require_op_predictor(estimator) -> None:
-    if not callable(getattr(estimator, "predict_ops", None)):
+    if not predicts_ops(estimator):
         raise NotSupported(f"predictor '{estimator.name}' predicts steps only; op-level datasets "
                            "need a predict_ops(points, gpu) method")
 

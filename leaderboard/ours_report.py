@@ -89,9 +89,7 @@ def explain_example() -> list[str]:
     from leaderboard import explain  # reads the store and fits ours: only when a report is made
 
     predictor, dataset = EXPLAINED
-    model, cells, gpu, mask = explain.load(predictor, dataset)
-    if mask is not None:
-        cells = cells.filter(~pl.Series(mask))
+    model, cells, gpu = explain.load(predictor, dataset)
     console = Console(record=True, width=170, file=io.StringIO())
     explain.render(model, cells.head(1), gpu, console)
     return ["## ours: one cell explained", "",

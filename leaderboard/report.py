@@ -28,6 +28,7 @@ from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.op_level import OP_PHASES
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard.split import default_split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
 
@@ -37,13 +38,13 @@ END = "<!-- END leaderboard report -->"
 ATLAS_DIR = paths.REPO_ROOT / "results" / "atlas"
 
 
-def leaderboard_runs(current: pl.DataFrame) -> pl.DataFrame:
+def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
     """The current runs that make the leaderboard: registered predictors, default parameters,
-    default split, leaderboard datasets."""
-    split = rerun.default_split()
+    default split, the leaderboard ``datasets``."""
+    split = default_split()
     defaults = {name: registry.get(name).default_params() for name in registry.names()}
     keep = [name in defaults and json.loads(params) == defaults[name] and seed == split["seed"]
-            and fraction == split["test_fraction"] and dataset in rerun.leaderboard_datasets()
+            and fraction == split["test_fraction"] and dataset in datasets
             for name, params, seed, fraction, dataset in current.select(
                 "predictor", "params", "split_seed", "test_fraction", "dataset").iter_rows()]
     return current.filter(pl.Series(keep, dtype=pl.Boolean))
@@ -184,12 +185,13 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     versions = results.store_versions() if versions is None else versions
     every = results.load_runs(runs_dir)
     fresh = results.up_to_date(every, versions)
-    runs = leaderboard_runs(results.current(fresh, versions).pl())
+    datasets = rerun.leaderboard_datasets()
+    runs = leaderboard_runs(results.current(fresh, versions).pl(), datasets)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
     predictions = results.load_predictions(runs.filter(
         pl.col("dataset").map_elements(family, pl.String).is_in(rerun.STEP_FAMILIES)))
     body = [f"Regenerate: `python -m leaderboard.report --rerun` (reruns every registered "
-            f"predictor on {', '.join(rerun.leaderboard_datasets())}, then writes this); "
+            f"predictor on {', '.join(datasets)}, then writes this); "
             "without `--rerun` it tables the current stored runs.", ""]
     body += main_leaderboard(runs)
     body += ours_report.ladder(runs) + ours_report.targets(runs) + ours_report.wall_clock(runs)

@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import paths, store
+from leaderboard import store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.homes import conf_home, family
+from leaderboard.homes import family
+from leaderboard.op_level import predicts_ops
 from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
@@ -49,20 +49,14 @@ def leaderboard_datasets() -> list[str]:
         return sorted(n for n in catalog.datasets() if family(n) in LEADERBOARD_FAMILIES)
 
 
-def default_split() -> dict:
-    return yaml.safe_load((paths.CONF_DIR / "split" / "heldout.yaml").read_text())
-
-
 def run_specs(runs_dir: Path) -> list[RunSpec]:
-    split = default_split()
     specs = []
     for dataset in leaderboard_datasets():
         # Op-level datasets are scored by the predictors that predict single kernels.
         names = [n for n in registry.names()
-                 if family(dataset) != "ops" or callable(getattr(registry.get(n), "predict_ops", None))]
-        specs += [RunSpec(predictor=name, dataset=dataset, params={}, home=conf_home(dataset),
-                          seed=split["seed"], test_fraction=split["test_fraction"],
-                          runs_dir=runs_dir) for name in names]
+                 if family(dataset) != "ops" or predicts_ops(registry.get(n))]
+        specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir)
+                  for name in names]
     return specs
 
 

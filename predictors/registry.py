@@ -52,10 +52,13 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def suggestion(name: str, valid: list[str]) -> str:
+def _closest(name: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    return f"valid names: {', '.join(valid)}.{hint}"
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def suggestion(name: str, valid: list[str]) -> str:
+    return f"valid names: {', '.join(valid)}.{_closest(name, valid)}"
 
 
 def get(name: str) -> type[Predictor]:
@@ -65,11 +68,16 @@ def get(name: str) -> type[Predictor]:
     return _REGISTRY[name]
 
 
-def build(name: str, params: dict[str, Any] | None = None) -> Predictor:
-    cls = get(name)
-    params = dict(params or {})
-    unknown = sorted(set(params) - set(cls.param_names()))
+def check_params(name: str, fields) -> None:
+    """Raise, naming the predictor's parameters and the closest, if a field is not one."""
+    valid = get(name).param_names()
+    unknown = sorted(set(fields) - set(valid))
     if unknown:
         raise ValueError(f"predictor '{name}' has no parameter(s) {', '.join(unknown)}; "
-                         f"its parameters: {', '.join(cls.param_names()) or 'none'}")
-    return cls(**params)
+                         f"its parameters: {', '.join(valid) or 'none'}.{_closest(unknown[0], valid)}")
+
+
+def build(name: str, params: dict[str, Any] | None = None) -> Predictor:
+    params = dict(params or {})
+    check_params(name, params)
+    return get(name)(**params)

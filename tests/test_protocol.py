@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from leaderboard.op_level import predicts_ops
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS, Predictor, PredictorCard
 
@@ -92,7 +93,7 @@ def test_contract(name, real_home):
     assert isinstance(sample, pl.DataFrame)
 
 
-OP_PREDICTORS = [n for n in registry.names() if callable(getattr(registry.get(n), "predict_ops", None))]
+OP_PREDICTORS = [n for n in registry.names() if predicts_ops(registry.get(n))]
 
 
 @pytest.mark.parametrize("name", OP_PREDICTORS)
