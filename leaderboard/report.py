@@ -179,13 +179,13 @@ def _relative(path: Path, out: Path) -> str:
 
 
 def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
-           versions: dict[str, str] | None = None) -> str:
-    """The report block for the runs in ``runs_dir`` (dataset versions: the store's, unless
-    given); writes the atlas images and tables into ``atlas_dir``."""
+           versions: dict[str, str] | None = None, datasets: list[str] | None = None) -> str:
+    """The report block for the runs in ``runs_dir`` (dataset versions and leaderboard datasets:
+    the store's, unless given); writes the atlas images and tables into ``atlas_dir``."""
     versions = results.store_versions() if versions is None else versions
     every = results.load_runs(runs_dir)
     fresh = results.up_to_date(every, versions)
-    datasets = rerun.leaderboard_datasets()
+    datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     runs = leaderboard_runs(results.current(fresh, versions).pl(), datasets)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
     predictions = results.load_predictions(runs.filter(
