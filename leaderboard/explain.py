@@ -21,7 +21,7 @@ from leaderboard import metrics
 from leaderboard.evaluate import RunSpec, load_inputs, take_deploy_reading
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS
-from predictors.ours import Ours, ops
+from predictors.ours import Ours, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.step import decode_groups, gemm_shapes
 from predictors.steps import Steps
@@ -67,8 +67,12 @@ def op_rows(model: Ours, cell: pl.DataFrame, gpu) -> list[dict]:
                                           sharded["heads"], sharded["kv_heads"], s.head_dim,
                                           dev, c, sw)))
     if s.tp[0] > 1:
-        rows.append((f"allreduce tp={s.tp[0]:.0f}", 2,
-                     ops.allreduce(s.tokens * s.hidden * 2.0, s.tp, dev, c, sw)))
+        size = s.tokens * s.hidden * 2.0
+        custom, _ = factors.allreduce_path(size, s.tp, dev.topology,
+                                           c["collectives"]["custom_max_bytes"])
+        regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0] else "NCCL")
+        rows.append((f"allreduce tp={s.tp[0]:.0f} {dev.topology} {regime}", 2,
+                     ops.allreduce(size, s.tp, dev, c, sw)))
     return [{"op": label, "count": count, **{k: float(v[0]) for k, v in r.items()}}
             for label, count, r in rows]
 
@@ -81,7 +85,10 @@ def render(model: Ours, cell: pl.DataFrame, gpu, console: Console) -> None:
                   f"{c0['total_tokens']} tokens, ground truth {c0['gt_kind']}")
     console.print(f"device: peak {dev.peak_flops / 1e12:.0f} TFLOP/s, DRAM {dev.mem_bw / 1e9:.0f}"
                   f" GB/s, L2 {dev.l2_bytes / 2**20:.0f} MiB, {dev.sms} SMs, CTA cap "
-                  f"{dev.cta_cap}, f_clk {dev.f_clk:.3f}, eta_act {dev.eta_act:.2f}")
+                  f"{dev.cta_cap}, f_clk {dev.f_clk:.3f}, eta_act {dev.eta_act:.2f}, floor scale "
+                  f"{dev.floor_scale:.3f} (home clock / this clock), split-KV decode floor "
+                  f"{'on' if dev.split_kv else 'off'}, interconnect {dev.topology} at "
+                  f"{dev.link_bytes_per_s / 1e9:.0f} GB/s a direction")
     table = Table(title="one layer, per op (x count)")
     for col in ("op", "count", "GFLOP", "MB", "bound", *FACTOR_COLUMNS, "floor us", "us"):
         table.add_column(col, justify="left" if col in ("op", "bound") else "right")

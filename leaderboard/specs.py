@@ -20,6 +20,12 @@ GPU_REQUIRED = (
     "sku", "short_name", "vendor", "arch", "sm_count", "boost_clock_mhz", "bf16_dense_tflops",
     "mem_bw_gbs", "l2_mb", "mem_gb", "interconnect", "sources",
 )
+# ``interconnect`` keys: kind (nvlink | pcie), bw_gbs (bidirectional per GPU), scope (node, rack,
+# pair), and topology, how a TP group's GPUs reach each other (optional; ours derives it from
+# kind and scope when absent): through an NVLink switch, an NVLink bridge pair, a PCIe switch,
+# or only the host's root complex.
+INTERCONNECT_FIELDS = ("kind", "bw_gbs", "scope", "topology")
+TOPOLOGIES = ("nvswitch", "nvlink_bridge", "pcie_switch", "pcie_host")
 MODEL_REQUIRED = (
     "name", "hf_id", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "gated_mlp", "vocab_size",

@@ -135,3 +135,33 @@ def test_blocks_change_no_prediction():
     gpu = load_gpu_specs()["h200_sxm"]
     whole = np.tile(model.predict(mixed, gpu), 12_000)
     assert np.array_equal(model.predict(many, gpu), whole)
+
+
+def test_device_reads_architecture_and_topology_from_the_datasheet():
+    gpus, c = load_gpu_specs(), config.load_constants()
+    droop = c["clock"]["home_f_clk"]
+    l40s, h100 = config.Device.of(gpus["l40s"], c), config.Device.of(gpus["h100_sxm"], c)
+    assert l40s.f_clk == droop  # the home's droop, not another board's reading
+    assert l40s.split_kv and not h100.split_kv  # sm89 takes the split-KV path, sm90 does not
+    assert (l40s.topology, h100.topology) == ("pcie_host", "nvswitch")
+    assert l40s.floor_scale == pytest.approx(1410 / 2520)
+    assert h100.floor_scale == pytest.approx(1410 / 1980) and h100.cta_cap == 132
+    assert config.Device.of(gpus["a100_sxm"], c).floor_scale == 1.0
+    assert config.Device.of(gpus["a40"], c).topology == "nvlink_bridge"
+    bad = GpuSpec("x", {**gpus["l40s"].data, "interconnect": {"kind": "pcie", "bw_gbs": 64,
+                                                               "topology": "pcie_hots"}},
+                  Path("x.yaml"))
+    with pytest.raises(ValueError, match="pcie_hots"):
+        config.Device.of(bad, c)
+
+
+def test_predict_ops_times_a_prefill_point_as_prefill():
+    """The harness names op phases ``attn_prefill``; a prefill point must be timed as causal
+    attention: q=8192, 32 heads of 128 is 4 x 8192 x 4096 x 32 x 128 FLOPs, at least 1.76 ms
+    at the A100's 312 TFLOP/s peak."""
+    point = pl.DataFrame({"op_family": ["attention"], "phase": ["attn_prefill"], "m": [None],
+                          "n": [None], "k": [None], "batch": [1], "q_len": [8192], "kv_len": [0],
+                          "num_heads": [32], "num_kv_heads": [8], "head_dim": [128]})
+    model = registry.build("ours").fit(home())
+    flops = 4 * 8192 * 4096 * 32 * 128
+    assert model.predict_ops(point, load_gpu_specs()["a100_sxm"])[0] >= flops / 312e12 * 1e3

@@ -10,8 +10,7 @@ import pytest
 from leaderboard.specs import GpuSpec
 from predictors.ours import factors
 
-HOPPER = {"f_clk": None, "clusters": True, "default_gpc_count": 8, "lost_gpcs": 1,
-          "cluster_sms_per_gpc": 16}
+HOPPER = {"f_clk": None, "clusters": True, "cluster_size": 2}
 AMPERE = {"f_clk": None, "clusters": False}
 
 
@@ -47,13 +46,13 @@ def test_split_k_fills_idle_sms_only_when_k_is_long():
     assert long[0] > 5 * short[0]
 
 
-def test_cluster_cap_is_seven_gpcs_of_sixteen_on_h100():
+def test_two_cta_clusters_fill_every_sm_of_h100():
     h100 = spec(sm_count=132, gpc_count=8, compute_capability="9.0")
-    assert factors.cta_cap(h100, HOPPER) == 112
-    # At full waves the cap alone leaves 20 of 132 SMs idle.
-    many = factors.wave_efficiency(np.array([128.0 * 112]), np.array([128.0]), np.array([64.0]),
-                                   132, 112, 128, 128, 64)
-    assert many[0] == pytest.approx(112 / 132)
+    assert factors.cta_cap(h100, HOPPER) == 132  # 66 TPCs x 2 SMs, one 2-CTA cluster each
+    assert factors.cta_cap(spec(sm_count=133, compute_capability="9.0"), HOPPER) == 132
+    full = factors.wave_efficiency(np.array([128.0 * 132]), np.array([128.0]), np.array([64.0]),
+                                   132, 132, 128, 128, 64)
+    assert full[0] == pytest.approx(1.0)
 
 
 def test_gpu_without_clusters_uses_every_sm():
@@ -63,11 +62,6 @@ def test_gpu_without_clusters_uses_every_sm():
     sm120 = spec(sm_count=170, gpc_count=None, compute_capability="12.0")
     assert not factors.uses_clusters(sm120, HOPPER)
     assert factors.cta_cap(sm120, HOPPER) == 170
-
-
-def test_missing_gpc_count_takes_the_architecture_default():
-    assert factors.cta_cap(spec(sm_count=132, compute_capability="9.0"), HOPPER) == 112
-    assert factors.cta_cap(spec(sm_count=60, compute_capability="9.0"), HOPPER) == 60  # capped
 
 
 def test_duty_cycle_amortizes_over_k():
@@ -98,15 +92,52 @@ def test_decode_parallelism_saturates():
     assert p == pytest.approx([0.1, 1.0, 1.0])
 
 
+COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_floor_s": 5e-5, "nccl_eta": 0.7,
+        "custom_max_bytes": 8 * 2**20}
+
+
 def test_allreduce_regimes_and_single_gpu():
-    coll = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_floor_s": 5e-5, "nccl_eta": 0.7,
-            "custom_max_bytes": 8 * 2**20}
     size = np.array([1e3, 8 * 2**20, 8 * 2**20 + 1, 1e6])
     tp = np.array([2.0, 2.0, 2.0, 1.0])
-    t = factors.allreduce_seconds(size, tp, 300e9, coll)
+    t = factors.allreduce_seconds(size, tp, 300e9, "nvswitch", COLL)
     assert t[0] == pytest.approx(5e-6, rel=1e-2)
     assert t[2] > t[1] + 2.5e-5  # NCCL's floor past vLLM's custom all-reduce limit
     assert t[3] == 0.0
+
+
+def test_allreduce_path_by_topology_and_tp():
+    size, tp = np.full(3, 1e6), np.array([2.0, 4.0, 8.0])
+    custom, divisor = factors.allreduce_path(size, tp, "nvswitch", COLL["custom_max_bytes"])
+    assert custom.tolist() == [True, True, True] and divisor.tolist() == [1.0, 1.0, 1.0]
+    custom, divisor = factors.allreduce_path(size, tp, "pcie_host", COLL["custom_max_bytes"])
+    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 2.0, 2.0]
+    custom, divisor = factors.allreduce_path(size, tp, "pcie_switch", COLL["custom_max_bytes"])
+    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 1.0, 1.0]
+    custom, divisor = factors.allreduce_path(size, tp, "nvlink_bridge", COLL["custom_max_bytes"])
+    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 2.0, 2.0]
+
+
+def test_pcie_host_allreduce_by_hand():
+    # TP4, 1 MB through host memory over PCIe Gen4 (32 GB/s a direction): the ring moves
+    # 2 x 3/4 x 1 MB, twice across PCIe, at NCCL's efficiency, after NCCL's floor.
+    t = factors.allreduce_seconds(np.array([1e6]), np.array([4.0]), 32e9, "pcie_host", COLL)
+    assert t[0] == pytest.approx(5e-5 + 2 * (1.5e6 / 32e9) / 0.7)
+    # TP2 on PCIe keeps vLLM's custom all-reduce, at the link's full rate.
+    t2 = factors.allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL)
+    assert t2[0] == pytest.approx(5e-6 + (1e6 / 32e9) / 0.5)
+
+
+def test_floor_scales_with_the_sustained_clock():
+    # A100 home 1,410 MHz against H100 1,980 MHz and L40S 2,520 MHz, at one droop.
+    assert factors.floor_clock_scale(1410 * 0.94, 1980 * 0.94) == pytest.approx(0.712121, rel=1e-5)
+    assert factors.floor_clock_scale(1410 * 0.94, 2520 * 0.94) == pytest.approx(0.559524, rel=1e-5)
+    assert factors.floor_clock_scale(1410.0, 1410.0) == 1.0
+
+
+def test_split_kv_floor_only_from_batch_two_on_sm8x():
+    batch = np.array([1.0, 2.0, 64.0])
+    assert factors.split_kv_floor(batch, True, 6e-6).tolist() == [0.0, 6e-6, 6e-6]
+    assert factors.split_kv_floor(batch, False, 6e-6).tolist() == [0.0, 0.0, 0.0]
 
 
 def test_host_floor_is_linear_in_requests():

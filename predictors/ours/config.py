@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from leaderboard import paths
-from leaderboard.specs import GpuSpec
+from leaderboard.specs import TOPOLOGIES, GpuSpec, SpecError
 from predictors._roofline import link_gbs_per_direction, peak_flops
 from predictors.ours import factors
 
@@ -60,13 +60,36 @@ class Device:
     f_clk: float
     eta_act: float
     link_bytes_per_s: float
+    topology: str
+    floor_scale: float
+    split_kv: bool
 
     @classmethod
     def of(cls, gpu: GpuSpec, constants: dict) -> Device:
         arch = arch_entry(gpu, constants)
+        f_clk = factors.clock_factor(arch, constants["clock"]["home_f_clk"])
+        home_clock = constants["clock"]["home_boost_mhz"] * constants["clock"]["home_f_clk"]
         return cls(peak_flops=peak_flops(gpu), mem_bw=gpu.mem_bw_bytes_per_s,
                    l2_bytes=float(gpu["l2_mb"]) * 2**20, sms=int(gpu["sm_count"]),
                    cta_cap=factors.cta_cap(gpu, arch),
-                   f_clk=factors.clock_factor(arch, constants["clock"]["home_f_clk"]),
-                   eta_act=float(arch["eta_act"]),
-                   link_bytes_per_s=link_gbs_per_direction(gpu) * 1e9)
+                   f_clk=f_clk, eta_act=float(arch["eta_act"]),
+                   link_bytes_per_s=link_gbs_per_direction(gpu) * 1e9,
+                   topology=topology(gpu),
+                   floor_scale=factors.floor_clock_scale(
+                       home_clock, float(gpu["boost_clock_mhz"]) * f_clk),
+                   split_kv=factors.compute_major(gpu) == 8)
+
+
+def topology(gpu: GpuSpec) -> str:
+    """How the GPUs of a TP group reach each other (``interconnect.topology`` in conf/gpu); a
+    spec without it: NVLink of node or rack scope is a switch, of pair scope a bridge, and a
+    PCIe part goes through the host (no PCIe switch assumed)."""
+    link = gpu["interconnect"]
+    if link.get("topology"):
+        if link["topology"] not in TOPOLOGIES:
+            raise SpecError(f"{gpu.path}: interconnect.topology '{link['topology']}' is not one "
+                            f"of {', '.join(TOPOLOGIES)}; fix it or drop the key")
+        return str(link["topology"])
+    if link.get("kind") == "nvlink":
+        return "nvlink_bridge" if link.get("scope") == "pair" else "nvswitch"
+    return "pcie_host"

@@ -24,21 +24,25 @@ def clock_factor(arch: dict, home_f_clk: float) -> float:
 def uses_clusters(gpu: GpuSpec, arch: dict) -> bool:
     """Hopper and datacenter Blackwell (sm90, sm100) schedule GEMMs as thread-block clusters;
     Ampere, Ada and consumer Blackwell (sm120) do not (seed report E1.12)."""
-    major = int(str(gpu.data.get("compute_capability", "0")).split(".")[0])
-    return bool(arch["clusters"]) and major < 12
+    return bool(arch["clusters"]) and compute_major(gpu) < 12
+
+
+def compute_major(gpu: GpuSpec) -> int:
+    return int(str(gpu.data.get("compute_capability", "0")).split(".")[0])
 
 
 def cta_cap(gpu: GpuSpec, arch: dict) -> int:
-    """How many CTAs run at once. Without clusters: every SM. With clusters: the SMs of the GPCs
-    that can hold whole clusters, ``(gpc_count - lost_gpcs) * sms_per_gpc_for_clusters``; on H100
-    that is 7 x 16 = 112 of 132 SMs (seed report E1.11, ncu on 35/36 shapes). A GPU whose spec
-    lacks ``gpc_count`` takes its architecture's documented default."""
+    """How many CTAs run at once. Without clusters: every SM. With clusters of ``cluster_size``
+    CTAs, only whole clusters are placed, and a cluster never spans a GPC. The bf16 GEMMs that
+    cuBLAS/CUTLASS pick on sm90 and sm100 use clusters of 2 (CUTLASS's default 2x1x1 cluster
+    shape), and a TPC is 2 SMs, so every SM holds a cluster slot: the cap is the SM count less
+    the remainder of a cluster. The seed's 7 x 16 = 112 cap on H100 (E1.11, an ncu reading on
+    its own board) is not derivable from this documentation and is not applied."""
     sms = int(gpu["sm_count"])
     if not uses_clusters(gpu, arch):
         return sms
-    gpcs = gpu.data.get("gpc_count") or arch["default_gpc_count"]
-    cap = (int(gpcs) - int(arch["lost_gpcs"])) * int(arch["cluster_sms_per_gpc"])
-    return int(min(max(cap, 1), sms))
+    size = int(arch["cluster_size"])
+    return max(sms - sms % size, size)
 
 
 def wave_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, sms: int, cap: int,
@@ -79,16 +83,44 @@ def decode_parallelism(ctas: np.ndarray, sms: int, knee: float) -> np.ndarray:
     return np.minimum(1.0, ctas / (knee * sms))
 
 
+def floor_clock_scale(home_clock_mhz: float, clock_mhz: float) -> float:
+    """A kernel floor is a fixed count of serial SM cycles (prologue, index math, the few
+    dependent loads before the first useful work), so it shrinks with the sustained clock:
+    home floor x home clock / target clock. Both clocks are datasheet boost x f_clk."""
+    return float(home_clock_mhz) / float(clock_mhz)
+
+
+def split_kv_floor(batch: np.ndarray, split_kv: bool, extra_s: float) -> np.ndarray:
+    """The extra floor of sm8x decode attention from a batch of 2 on: the FlashAttention-2 /
+    FlashInfer path of Ampere and Ada switches to a split-KV kernel plus a merge kernel (the
+    home A100 jumps from ~12 to ~18 us there); sm90/sm100 run one persistent kernel."""
+    return np.where(split_kv & (batch >= 2), extra_s, 0.0)
+
+
+def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str,
+                   custom_max_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(uses vLLM's custom all-reduce, bandwidth divisor) per message, by topology (one of
+    leaderboard.specs.TOPOLOGIES) and TP degree. vLLM's custom all-reduce needs peer access
+    between all the GPUs: an NVLink switch, or at most 2 GPUs (a bridge pair, or two GPUs on
+    PCIe; vLLM disables it beyond 2 PCIe-only GPUs); larger messages and other groups go to
+    NCCL. Where NCCL's group meets only at the CPU root complex (no PCIe switch, or past a
+    bridge pair) it stages each ring step through host memory (its SHM transport): each byte
+    crosses the link twice, half the bandwidth."""
+    peer = np.ones_like(tp, dtype=bool) if topology == "nvswitch" else tp <= 2
+    custom = peer & (message_bytes <= custom_max_bytes)
+    staged = (topology == "pcie_host") | ((topology == "nvlink_bridge") & (tp > 2))
+    return custom, np.where(~custom & staged, 2.0, 1.0)
+
+
 def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_s: float,
-                      coll: dict) -> np.ndarray:
+                      topology: str, coll: dict) -> np.ndarray:
     """TP all-reduce: a latency floor plus the ring's ``2(P-1)/P`` bytes over one link direction
-    at efficiency ``eta``. vLLM's custom all-reduce serves messages up to ``custom_max_bytes``;
-    larger ones fall back to NCCL with its own floor and efficiency (both regimes fitted on the
-    home GPU)."""
-    volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0)
-    custom = coll["custom_floor_s"] + volume / coll["custom_eta"]
-    nccl = coll["nccl_floor_s"] + volume / coll["nccl_eta"]
-    seconds = np.where(message_bytes <= coll["custom_max_bytes"], custom, nccl)
+    at efficiency ``eta``, in the regime ``allreduce_path`` picks for the topology (both
+    regimes' floors and efficiencies fitted on the home GPU, an NVLink-switch node)."""
+    custom, divisor = allreduce_path(message_bytes, tp, topology, coll["custom_max_bytes"])
+    volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0) * divisor
+    seconds = np.where(custom, coll["custom_floor_s"] + volume / coll["custom_eta"],
+                       coll["nccl_floor_s"] + volume / coll["nccl_eta"])
     return np.where(tp > 1, seconds, 0.0)
 
 

@@ -22,9 +22,9 @@ class Switches:
     waves: bool = True  # eta_cl: tile padding, waves, cluster cap
     delivery: bool = True  # eta_act * eta_duty
     l2_memory: bool = True  # eta_mem(x), the L2-reuse law
-    floors: bool = True  # per-kernel launch floors
+    floors: bool = True  # per-kernel floors, clock-scaled from the home
     attention: bool = True  # attention's own efficiencies, GT-style kernel split
-    collectives: bool = True  # all-reduce floors, link efficiency, custom/NCCL regimes
+    collectives: bool = True  # all-reduce floors, link efficiency, regimes by topology
 
 
 def gemm(m, n, k, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
@@ -44,7 +44,7 @@ def gemm(m, n, k, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
     eta_c = f_clk * eta_cl * eta_act * eta_duty
     compute_s = flops / (dev.peak_flops * eta_c)
     memory_s = moved / (dev.mem_bw * eta_mem)
-    floor_s = g["floor_s"] * one if sw.floors else 0.0 * one
+    floor_s = g["floor_s"] * dev.floor_scale * one if sw.floors else 0.0 * one
     return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
             "memory_s": memory_s, "floor_s": floor_s, "f_clk": f_clk, "eta_cl": eta_cl,
             "eta_act": eta_act, "eta_duty": eta_duty, "eta_mem": eta_mem, "flops": flops,
@@ -75,7 +75,7 @@ def prefill_attention(q, ctx, heads, kv_heads, head_dim, dev: Device, c: dict,
     compute_s = flops / (dev.peak_flops * eta_c)
     memory_s = moved / (dev.mem_bw * eta_mem)
     floor = a["prefill_floor_s"] if sw.attention else c["gemm"]["floor_s"]
-    floor_s = floor * one if sw.floors else 0.0 * one
+    floor_s = floor * dev.floor_scale * one if sw.floors else 0.0 * one
     return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
             "memory_s": memory_s, "floor_s": floor_s, "f_clk": f_clk, "eta_cl": eta_cl,
             "eta_kernel": eta_kernel, "eta_mem": eta_mem, "flops": flops, "bytes": moved}
@@ -99,8 +99,12 @@ def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,
         eta_kernel = one
     memory_s = moved / (dev.mem_bw * eta_mem * eta_kernel)
     compute_s = flops / dev.peak_flops
-    floor = a["decode_floor_s"] if sw.attention else c["gemm"]["floor_s"]
-    floor_s = floor * one if sw.floors else 0.0 * one
+    if sw.attention:
+        floor = a["decode_floor_s"] + factors.split_kv_floor(batch, dev.split_kv,
+                                                             a["decode_split_floor_s"])
+    else:
+        floor = c["gemm"]["floor_s"]
+    floor_s = floor * dev.floor_scale * one if sw.floors else 0.0 * one
     return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
             "memory_s": memory_s, "floor_s": floor_s, "eta_kernel": eta_kernel,
             "eta_mem": eta_mem, "flops": flops, "bytes": moved}
@@ -110,7 +114,7 @@ def allreduce(message_bytes, tp, dev: Device, c: dict, sw: Switches) -> dict[str
     """One TP all-reduce of the step's activations. Off: the bare ring over the link."""
     if sw.collectives:
         seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s,
-                                            c["collectives"])
+                                            dev.topology, c["collectives"])
     else:
         seconds = ring_allreduce_s(message_bytes, tp, dev.link_bytes_per_s, 0.0, 0.0)
     return {"seconds": seconds, "bytes": message_bytes}

@@ -136,7 +136,7 @@ def wall_clock_extras(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str,
     moved = BF16_BYTES * elements
     eta_mem = (factors.l2_memory_efficiency(moved / lk["kernels_per_layer"], dev.l2_bytes,
                                                 c["memory_law"]) if sw.l2_memory else 1.0)
-    floor = lk["kernels_per_layer"] * c["gemm"]["floor_s"] if sw.floors else 0.0
+    floor = lk["kernels_per_layer"] * c["gemm"]["floor_s"] * dev.floor_scale if sw.floors else 0.0
     light = (moved / (dev.mem_bw * eta_mem) + floor) * s.layers
     lm_head = ops.gemm(s.num_requests, s.vocab / s.tp, s.hidden, dev, c, sw)["seconds"]
     return {"light_kernels": light, "lm_head": lm_head}
