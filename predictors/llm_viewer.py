@@ -93,7 +93,7 @@ def point_ops(points: pl.DataFrame) -> OpCounts:
     shape (prefill: s = q_len new tokens, no cache; decode: s = kv_len cached tokens)."""
     col = lambda c: points[c].fill_null(0).to_numpy().astype(np.float64)  # noqa: E731
     gemm = (points["op_family"] == "gemm").to_numpy()
-    prefill = (points["phase"] == "prefill").to_numpy() & ~gemm
+    prefill = (points["phase"] == "attn_prefill").to_numpy() & ~gemm
     m, n, k = col("m"), col("n"), col("k")
     b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
     s = np.where(prefill, col("q_len"), col("kv_len"))

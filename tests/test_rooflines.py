@@ -196,3 +196,18 @@ def test_liminal_prefill_is_a_flag_not_a_silent_default():
         strict.predict(mixed, H100)
     without_prefill = cells(("llama-3-8b", 4, [1], [900]))
     assert fitted_liminal().predict(mixed, H100)[0] > fitted_liminal().predict(without_prefill, H100)[0]
+
+
+def test_llm_viewer_times_an_op_level_prefill_point_as_prefill():
+    """The op-level sets name the phase ``attn_prefill``: one request of 1024 new tokens must
+    get the s^2 score count of prefill (QK and SV: 2*s^2*d*heads each), not decode's s."""
+    gpu = load_gpu_specs()["a100_sxm"]
+    s, heads, kv_heads, d = 1024, 32, 8, 128
+    point = pl.DataFrame({"op_family": ["attention"], "phase": ["attn_prefill"], "m": [None],
+                          "n": [None], "k": [None], "batch": [1], "num_heads": [heads],
+                          "num_kv_heads": [kv_heads], "head_dim": [d], "q_len": [s],
+                          "kv_len": [0]})
+    flops = float(gpu["bf16_dense_tflops"]) * 1e12
+    qk_s = 2 * s * s * d * heads / flops  # compute-bound at this size on any datasheet
+    got_s = registry.build("llm_viewer", {}).predict_ops(point, gpu)[0] / 1e3
+    assert got_s >= 2 * qk_s  # QK plus SV at least; the decode reading is ~1000x smaller
