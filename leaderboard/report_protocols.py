@@ -36,7 +36,10 @@ def two_home_runs(current: pl.DataFrame, one_home: pl.DataFrame) -> pl.DataFrame
     """The current runs of the two-home protocol with the same predictors and parameters as
     the one-home leaderboard."""
     keys = one_home.select("predictor", "params").unique()
-    two = current.filter(pl.col("home_datasets").list.sort() == pl.lit(sorted(TWO_HOMES))
+    if one_home.is_empty():
+        return one_home
+    wanted = pl.lit(sorted(TWO_HOMES), dtype=pl.List(pl.String))
+    two = current.filter((pl.col("home_datasets").list.sort() == wanted)
                          & (pl.col("split_seed") == one_home["split_seed"].first())
                          & (pl.col("test_fraction") == one_home["test_fraction"].first())
                          & (pl.col("home_points") == one_home["home_points"].first()))

@@ -8,6 +8,8 @@ attn_post_proj, mlp_up_proj, mlp_down_proj) on ``[num_tokens]``; prefill attenti
 on ``[batch_size, kv_cache_size]``; all-reduce on ``[num_tokens = bytes / (hidden·2)]``.
 Vidur's norms, rope, activation, residual add and KV-cache save are left out: aiconfigurator
 did not measure them, so the ground truth has no rows to train them on (and no time for them).
+On Vidur's own profiles (the ``_vidurprof`` family) the forests are Vidur's token-level ops
+instead (``predictors.rf_tokens``).
 
 A step is composed as Vidur does (§2.4), quirks kept: token ops at T rounded up to a multiple
 of 8; decode attention once at (decode count, mean context floored then rounded up to 64), although
@@ -37,7 +39,7 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import GridSearchCV
 
 from leaderboard.specs import tp_shapes
-from predictors import _model_cache
+from predictors import _model_cache, rf_tokens
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES, link_gbs_per_direction, peak_flops
 from predictors.base import Home, NotSupported, Predictor, PredictorCard
 from predictors.registry import register
@@ -213,15 +215,19 @@ class VidurRandomForest(Predictor):
                              f"{DECODE_MODES} and prefill_batches one of {PREFILL_BATCHES}; got "
                              f"{self.grid!r}, {self.decode_attention!r}, {self.prefill_batches!r}")
         configs = sorted(set(home.cells.select("model", "tp").iter_rows()))
+        self.token_level_ = rf_tokens.is_token_profile(home)
         needed = {*GEMMS, "attn_prefill", "attn_decode"} | ({"allreduce"} if any(tp > 1 for _, tp in configs)
                                                            else set())
         missing = sorted(needed - set(home.ops))
-        if missing:
-            raise NotSupported(f"rf needs the home's measured op points {sorted(needed)}; dataset "
-                               f"{home.dataset} has none for {missing} (only the _vidur family has them)")
+        if missing and not self.token_level_:
+            raise NotSupported(f"rf needs the home's measured op points {sorted(needed)}, or Vidur's "
+                               f"token-level profiles; dataset {home.dataset} has none for {missing} "
+                               "(the _vidur and _vidurprof families have them)")
         self.forests_, self.cache_hits_, used = {}, 0, {}
         for name, tp in configs:
-            for op, rows in training_rows(home, home.models[name], tp, self.prefill_batches).items():
+            rows_of = (rf_tokens.token_rows(home, name, tp) if self.token_level_
+                       else training_rows(home, home.models[name], tp, self.prefill_batches))
+            for op, rows in rows_of.items():
                 if rows.is_empty():
                     raise NotSupported(f"home {home.dataset} has no {op} points for {name} TP{tp}")
                 x, y = np.array(rows["x"].to_list(), dtype=np.float64), rows["y"].to_numpy()
@@ -248,6 +254,8 @@ class VidurRandomForest(Predictor):
 
     def op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
         """Per op, each cell's predicted home time over all layers (ms)."""
+        if self.token_level_:
+            return self._token_op_ms(cells, steps)
         out = {op: np.zeros(steps.n) for op in (*GEMMS, "attn_prefill", "attn_decode", "allreduce",
                                                  "allreduce_launch")}
         sum_q2, kv_sum = steps.sum(steps.pf_q**2), steps.sum(round_up(steps.pf_ctx, KV_GRANULARITY))
@@ -273,6 +281,21 @@ class VidurRandomForest(Predictor):
             if tp > 1:
                 out["allreduce"][i] = f["allreduce"](t8) * ALLREDUCES_PER_LAYER * layers
                 out["allreduce_launch"][i] = NCCL_LAUNCH_MS * ALLREDUCES_PER_LAYER * layers
+        return out
+
+    def _token_op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
+        """Vidur's token-level ops, each at T rounded up to 8, times the layers."""
+        out = {op: np.zeros(steps.n) for op in {op for *_, op in self.forests_}}
+        t8 = round_up(steps.tokens, TOKEN_ROUNDING)[:, None]
+        configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
+        for name, tp, rows in configs.iter_rows():
+            mine = {op: f for (n, t, op), f in self.forests_.items() if (n, t) == (name, tp)}
+            if not mine:
+                raise NotSupported(f"rf was fitted on {sorted({k[:2] for k in self.forests_})}, "
+                                   f"not on {name} TP{tp}")
+            i = np.asarray(rows)
+            for op, forest in mine.items():
+                out[op][i] = forest(t8[i]) * steps.layers[i]
         return out
 
     @staticmethod
@@ -319,6 +342,8 @@ class VidurRandomForestScaled(VidurRandomForest):
         home_ms = self.op_ms(cells, steps)
         target = peaks(gpu)
         ratios = roofline_ratios(steps, self.home_peaks_, target)
+        if self.token_level_:
+            ratios = rf_tokens.scaled_ratios(ratios, self.home_peaks_, target)
         ratios["allreduce"] = self.home_peaks_["link_bw"] / target["link_bw"]
         ratios["allreduce_launch"] = 1.0  # Vidur's CPU-side NCCL launch constant
         return sum(ms * ratios[op] for op, ms in home_ms.items())

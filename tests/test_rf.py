@@ -133,7 +133,11 @@ def test_per_context_group_flag_sums_one_decode_kernel_per_context(fitted):
 
 def test_fit_counts_distinct_rows_and_rejects_bad_input(fitted):
     home = synthetic_home()
-    assert fitted.profiled_rows_ == sum(len(f) for f in home.ops.values())
+    batched = len(home.ops["attn_prefill"].filter(pl.col("batch") > 1))
+    assert batched > 0  # Vidur's profiler measures one prefill request at a time
+    assert fitted.profiled_rows_ == sum(len(f) for f in home.ops.values()) - batched
+    assert (VidurRandomForest(prefill_batches="all").fit(home).profiled_rows_
+            == sum(len(f) for f in home.ops.values()))
     with pytest.raises(NotSupported, match="attn_decode"):
         VidurRandomForest().fit(replace(home, ops={k: v for k, v in home.ops.items() if k != "attn_decode"}))
     with pytest.raises(NotSupported, match="llama-3-8b TP4"):
@@ -220,7 +224,7 @@ def test_real_home_heldout_fidelity(store_home, tmp_path):
     with StoreCatalog(None, None) as catalog:  # the run's split, rebuilt to look at single ops
         train, heldout = split(catalog.cells("a100_vidur"), "workload_id", 0, 0.3)
         home = homes.build_home(catalog, catalog.datasets()["a100_vidur"], train,
-                                load_gpu_specs()["a100_sxm"], load_models())
+                                load_gpu_specs()["a100_sxm"], load_models(), "full_grid")
         lineage = catalog.lineage("a100_vidur").filter(pl.col("cell_id").is_in(heldout["cell_id"].to_list()))
     predictor = VidurRandomForest().fit(home)
     assert predictor.cache_hits_ == len(predictor.forests_)  # the run fitted and stored them
