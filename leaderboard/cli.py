@@ -86,8 +86,9 @@ def stored_dataset_names() -> list[str]:
 
 def print_metrics(metrics: dict, folder) -> None:
     status = "VALID" if metrics["valid"] else "INVALID"
+    homes = "+".join(metrics["home_datasets"])
     table = Table(title=f"{metrics['predictor']} on {metrics['dataset']} ({metrics['split']}, "
-                        f"home {'+'.join(metrics['home_datasets'])}, {metrics['home_points_used']}): {status}")
+                        f"home {homes}, {metrics['home_points_used']}): {status}")
     for col in ("phase", "n", "MAPE %", "median APE %", "P90 APE %", "bias %"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
