@@ -136,3 +136,13 @@ def test_distserve_scaled_recovers_first_home_coefficients_from_two_homes():
                 "large_a": da, "large_b": db, "large_c": dc}
     for key, value in expected.items():
         assert row[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_a_family_without_an_op_grid_fits_on_the_points_behind_its_cells(store_home):
+    """Splitwise's A100 is an a100_sxm, but its steps were not built from the aiconfigurator
+    grid's version: no full grid there, and the run says so."""
+    assert load_inputs(RunSpec("genz", "h100_splitwise", {})).home_points == "behind_cells"
+    assert load_inputs(RunSpec("genz", "h100_vidurprof", {})).home_points == "behind_cells"
+    assert load_inputs(RunSpec("genz", "h200_vidur", {})).home_points == "full_grid"
+    with pytest.raises(ValueError, match="home_points must be one of"):
+        load_inputs(RunSpec("genz", "h200_vidur", {}, home_points="everything"))
