@@ -1,8 +1,9 @@
 """Where a run reads cells from: the local store, or a Hugging Face export (``leaderboard.hub``).
 
-Both give the same five things: the dataset list (name, kind, sku, version), a dataset's cells,
-its lineage (the measured points behind each cell), an op dataset's points, and the published
-coefficient table that some baselines ship with. A run scores the same way whichever catalog it
+Both give the same six things: the dataset list (name, kind, sku, version), a dataset's cells,
+its lineage (the measured points behind each cell), an op dataset's points, a GPU's measured
+all-reduce points (the rest of a home's full grid), and the published coefficient table that
+some baselines ship with. A run scores the same way whichever catalog it
 reads.
 """
 
@@ -14,7 +15,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
-from leaderboard.cells.ops import op_points
+from leaderboard.cells.ops import collective_points, op_points
 
 
 class StoreCatalog:
@@ -46,6 +47,9 @@ class StoreCatalog:
 
     def op_points(self, name: str) -> pl.DataFrame:
         return op_points(self._con, name)
+
+    def collective_points(self, sku: str, version: str) -> pl.DataFrame:
+        return collective_points(self._con, sku, version)
 
     def coefficients(self) -> pl.DataFrame:
         return self._con.sql("SELECT * FROM coefficients ORDER BY ALL").pl()

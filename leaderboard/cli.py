@@ -86,8 +86,9 @@ def stored_dataset_names() -> list[str]:
 
 def print_metrics(metrics: dict, folder) -> None:
     status = "VALID" if metrics["valid"] else "INVALID"
+    homes = "+".join(metrics["home_datasets"])
     table = Table(title=f"{metrics['predictor']} on {metrics['dataset']} ({metrics['split']}, "
-                        f"home {metrics['home_dataset']}): {status}")
+                        f"home {homes}, {metrics['home_points_used']}): {status}")
     for col in ("phase", "n", "MAPE %", "median APE %", "P90 APE %", "bias %"):
         table.add_column(col, justify="left" if col == "phase" else "right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
@@ -108,9 +109,12 @@ def run_task(cfg: DictConfig) -> None:
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
+    home = cfg.dataset.home  # one name, or a list of homes: dataset.home=[a100_vidur,h100_vidur]
     spec = RunSpec(predictor=cfg.predictor.name, dataset=cfg.dataset.name, params=params,
-                   home=cfg.dataset.home, hub_repo=hub_repo, hub_revision=cfg.dataset.get("revision"),
+                   home=list(home) if OmegaConf.is_list(home) else home, hub_repo=hub_repo,
+                   hub_revision=cfg.dataset.get("revision"),
                    seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
+                   home_points=cfg.split.home_points,
                    runs_dir=cfg.runs_dir, output_json=cfg.output.json, sources_root=cfg.sources.root,
                    gpu_specs=cfg.gpu_specs)
     try:

@@ -38,9 +38,11 @@ class RunSpec:
     predictor: str
     dataset: str
     params: dict
-    home: str | None = None
+    home: str | list[str] | None = None  # a list: several homes, every one fitted on
     seed: int = field(default_factory=lambda: default_split()["seed"])
     test_fraction: float = field(default_factory=lambda: default_split()["test_fraction"])
+    # What op points fit sees: the home GPU's whole measured grid, or those behind its cells.
+    home_points: str = field(default_factory=lambda: default_split()["home_points"])
     runs_dir: Path = Path("results/runs")
     output_json: str | None = None
     sources_root: str | None = None
@@ -119,9 +121,11 @@ class RunInputs:
     target: pl.DataFrame  # ground truth included; the harness hides it from predict
     gpu: GpuSpec
     target_row: dict
-    home_row: dict
+    home_row: dict  # the first home
     op_level: bool
     target_lineage: pl.DataFrame  # the measured points behind each target cell (empty for ops)
+    home_rows: list[dict] = field(default_factory=list)  # every home, the first one included
+    home_points: str = "behind_cells"  # what the home's op points are (``homes.points_of``)
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
@@ -132,25 +136,42 @@ def load_inputs(spec: RunSpec) -> RunInputs:
         rows = catalog.datasets()
         target_row = homes.require_dataset(rows, spec.dataset)
         op_level = target_row["kind"] == "ops"
-        home_name = homes.home_of(spec.dataset, spec.home, rows)
-        home_row = rows[home_name]
-        if (home_row["kind"] == "ops") != op_level:
-            raise ValueError(f"home '{home_name}' is a {home_row['kind']} dataset but "
-                             f"'{spec.dataset}' is a {target_row['kind']} dataset")
+        home_rows = [rows[n] for n in homes.homes_of(spec.dataset, spec.home, rows)]
+        for home_row in home_rows:
+            if (home_row["kind"] == "ops") != op_level:
+                raise ValueError(f"home '{home_row['name']}' is a {home_row['kind']} dataset but "
+                                 f"'{spec.dataset}' is a {target_row['kind']} dataset")
         gpus = load_gpu_specs(spec.gpu_specs)
         gpu = require_gpu(gpus, target_row["sku"], f"dataset {spec.dataset}")
-        home_gpu = require_gpu(gpus, home_row["sku"], f"home dataset {home_name}")
+        home_gpus = [require_gpu(gpus, r["sku"], f"home dataset {r['name']}") for r in home_rows]
         if op_level:
+            if len(home_rows) > 1:
+                raise ValueError(f"op-level dataset '{spec.dataset}' takes one home; got "
+                                 f"{[r['name'] for r in home_rows]}")
             home, target = op_level_api.home_and_target(
-                catalog, home_row, spec.dataset, home_gpu, load_models(), spec.seed,
+                catalog, home_rows[0], spec.dataset, home_gpus[0], load_models(), spec.seed,
                 spec.test_fraction)
         else:
-            train, heldout = split(catalog.cells(home_name), "workload_id", spec.seed,
-                                   spec.test_fraction)
-            home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
-            target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
+            home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, rows)
         lineage = pl.DataFrame() if op_level else catalog.lineage(spec.dataset)
-    return RunInputs(home, target, gpu, target_row, home_row, op_level, lineage)
+    return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
+                     "split_by_point" if op_level else homes.points_of(spec.home_points, home_rows,
+                                                                        rows))
+
+
+def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
+                          rows: dict[str, dict]) -> tuple[Home, pl.DataFrame]:
+    """Each home's training split (and op points), merged; the target is a home's held-out
+    cells when it is one of the homes (a home is never scored as unseen), else all its cells."""
+    parts, target = [], None
+    for row, home_gpu in zip(home_rows, home_gpus, strict=True):
+        train, heldout = split(catalog.cells(row["name"]), "workload_id", spec.seed,
+                               spec.test_fraction)
+        parts.append(homes.build_home(catalog, row, train, home_gpu, load_models(),
+                                      homes.points_of(spec.home_points, [row], rows)))
+        if row["name"] == spec.dataset:
+            target = heldout
+    return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -159,6 +180,7 @@ def run(spec: RunSpec) -> RunResult:
     if inputs.op_level:
         op_level_api.require_op_predictor(estimator)
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
+    home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
     pred, target, facts = _fit_and_predict(estimator, inputs.home, inputs.target, inputs.gpu,
                                            op_level)
@@ -174,7 +196,10 @@ def run(spec: RunSpec) -> RunResult:
                  "trained_on": home_row["sku"], "needs_profiled_rows": estimator.card.needs_profiled_rows},
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
-        "home_sku": home_row["sku"], "split": "home_heldout" if spec.dataset == home_name else "unseen",
+        "home_sku": home_row["sku"],
+        "split": "home_heldout" if spec.dataset in home_names else "unseen",
+        "home_datasets": home_names, "home_points": spec.home_points,
+        "home_points_used": inputs.home_points,
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
         "code_version": code_version(), "code_hash": code_hash(), "valid": not facts["invalid_reasons"],

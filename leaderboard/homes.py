@@ -1,9 +1,15 @@
-"""What fit may read: the home dataset's training cells and the measured points behind them.
+"""What fit may read: the home dataset's training cells and the home GPU's measured points.
 
 The home of a dataset is named in ``conf/dataset/<name>.yaml`` or, when that says null, is the
-A100 dataset of the same family (``h200_vidur`` -> ``a100_vidur``). The home's op points are the
-points its *training* cells were composed from (their lineage), so a held-out cell is never a
-sum of points the predictor was fitted on unless a training cell shares that point.
+A100 dataset of the same family (``h200_vidur`` -> ``a100_vidur``); ``dataset.home=[a,b]``
+names several. The home's op points are, with ``split.home_points=full_grid`` (the default),
+every measured point of the home GPU its models use (``leaderboard.home_grid``), as a profiler
+collects them; with ``behind_cells``, only the points its *training* cells were composed from
+(their lineage), so a held-out cell is never a sum of points the predictor was fitted on unless
+a training cell shares that point.
+
+Several homes make one ``Home``: cells and op points concatenated (each row keeps its ``sku``),
+``gpus`` holding every home's datasheet; ``sku``, ``gpu`` and ``dataset`` are the first home's.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import polars as pl
 import yaml
 
-from leaderboard import paths
+from leaderboard import home_grid, paths
 from predictors.base import Home
 from predictors.registry import suggestion
 
@@ -46,6 +52,18 @@ def home_of(name: str, named_home: str | None, rows: dict[str, dict]) -> str:
     return a100[0]
 
 
+def homes_of(name: str, named: str | list[str] | None, rows: dict[str, dict]) -> list[str]:
+    """The home datasets of a run: ``named`` (one name or a list, from ``dataset.home=``), else
+    the one ``home_of`` picks."""
+    if isinstance(named, str) or not named:
+        return [home_of(name, named, rows)]
+    names = [require_dataset(rows, n)["name"] for n in named]
+    if len(set(names)) != len(names) or len({rows[n]["sku"] for n in names}) != len(names):
+        raise ValueError(f"dataset.home={names} names a dataset or a GPU twice; list each home "
+                         "GPU once")
+    return names
+
+
 def op_points(lineage: pl.DataFrame, cell_ids: list[str]) -> dict[str, pl.DataFrame]:
     """Per lineage op (``gemm_qkv``, ``attn_decode``, ``allreduce``...): one row per distinct
     measured point of the given cells, its key fields as columns plus ``latency_ms``."""
@@ -58,7 +76,40 @@ def op_points(lineage: pl.DataFrame, cell_ids: list[str]) -> dict[str, pl.DataFr
     return dict(sorted(out.items()))
 
 
-def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models) -> Home:
-    return Home(sku=row["sku"], gpu=gpu, dataset=row["name"], cells=train,
-                ops=op_points(catalog.lineage(row["name"]), train["cell_id"].to_list()),
+def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) -> str:
+    """The op points the homes give: ``full_grid`` only where every home GPU has a measured op
+    grid in the store (``<sku>_ops``) from the backend version its cells were built from; a
+    family without one (vidurprof, splitwise, llmservingsim) has only the points behind its
+    cells, and the run records ``behind_cells``."""
+    home_grid.require_choice(home_points)
+
+    def has_grid(row: dict) -> bool:
+        grid = rows.get(f"{row['sku']}{home_grid.OPS_SUFFIX}")
+        return grid is not None and grid["backend_versions"] == row["backend_versions"]
+
+    return home_points if all(has_grid(r) for r in home_rows) else "behind_cells"
+
+
+def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
+               home_points: str = "behind_cells") -> Home:
+    home_grid.require_choice(home_points)
+    if home_points == "full_grid" and not train.is_empty():
+        configs = sorted(set(train.select("model", "tp").iter_rows()))
+        ops = home_grid.full_grid(catalog, row, configs, models)
+    else:
+        ops = op_points(catalog.lineage(row["name"]), train["cell_id"].to_list())
+    return Home(sku=row["sku"], gpu=gpu, dataset=row["name"], cells=train, ops=ops,
                 models=models, published=catalog.coefficients())
+
+
+def merge(parts: list[Home]) -> Home:
+    """One home of several: rows concatenated, every home GPU's datasheet in ``gpus``."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    ops = {op: pl.concat([p.ops[op] for p in parts if op in p.ops], how="diagonal_relaxed")
+           for op in sorted({op for p in parts for op in p.ops})}
+    return Home(sku=first.sku, gpu=first.gpu, dataset="+".join(p.dataset for p in parts),
+                cells=pl.concat([p.cells for p in parts], how="diagonal_relaxed"), ops=ops,
+                models=first.models, published=first.published,
+                gpus={p.sku: p.gpu for p in parts})

@@ -8,6 +8,7 @@ dataset of the store (``--only``: those named, plus each one's home) as a datase
     PATH/<name>/cells.parquet              config ``<name>``, split ``cells``
     PATH/<name>/lineage.parquet            config ``<name>_lineage``, split ``lineage``
     PATH/<sku>_ops/points.parquet          config ``<sku>_ops``, split ``points``
+    PATH/<sku>_ops/collectives.parquet     config ``<sku>_collectives``: its all-reduce points
     PATH/coefficients/coefficients.parquet config ``coefficients``
     PATH/<name>/card.md                    the store's card of each dataset
 
@@ -33,6 +34,7 @@ import polars as pl
 from rich.console import Console
 
 from leaderboard import guard, paths
+from leaderboard.cells.ops import COLLECTIVE_SCHEMA
 from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
 from leaderboard.tables import TABLES
@@ -55,6 +57,10 @@ class HubError(ValueError):
 
 def lineage_config(name: str) -> str:
     return f"{name}_lineage"
+
+
+def collectives_config(sku: str) -> str:
+    return f"{sku}_collectives"
 
 
 def cache_dir() -> Path:
@@ -162,6 +168,13 @@ class HubCatalog:
         if self._kind(name) != "ops":
             raise HubError(f"'{name}' is not an op dataset of {self.repo}")
         return self._load(name, "points", OP_SCHEMA)
+
+    def collective_points(self, sku: str, version: str) -> pl.DataFrame:
+        if self._kind(f"{sku}_ops") != "ops":
+            raise HubError(f"{self.repo} holds no {sku}_ops, so no {sku} all-reduce points for a "
+                           "full-grid home; export it, or pass split.home_points=behind_cells")
+        points = self._load(collectives_config(sku), "collectives", COLLECTIVE_SCHEMA)
+        return points.filter(version=version)
 
     def coefficients(self) -> pl.DataFrame:
         return self._load("coefficients", "coefficients", COEFFICIENT_SCHEMA)

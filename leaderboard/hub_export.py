@@ -18,7 +18,7 @@ from rich.progress import Progress
 
 from leaderboard import homes, paths, store
 from leaderboard.catalog import StoreCatalog
-from leaderboard.hub import CATALOG_SCHEMA, lineage_config, stderr
+from leaderboard.hub import CATALOG_SCHEMA, collectives_config, lineage_config, stderr
 
 TITLE = "LLM step-latency ground truth"
 TAGS = ["llm", "inference", "latency", "gpu", "benchmark"]
@@ -31,7 +31,10 @@ def selected(rows: dict[str, dict], only: list[str] | None) -> list[str]:
     names = set()
     for name in only:
         homes.require_dataset(rows, name)
-        names |= {name, homes.home_of(name, None, rows)}
+        home = homes.home_of(name, None, rows)
+        # the home GPU's op points and all-reduces: its full grid (leaderboard.home_grid)
+        grid = {f"{rows[home]['sku']}_ops"} & set(rows)
+        names |= {name, home, *grid}
     return sorted(names)
 
 
@@ -107,7 +110,10 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
             sources = source_rows(con, name, cards[name])
             parts = ([(name, "cells", catalog.cells(name)),
                       (lineage_config(name), "lineage", catalog.lineage(name))]
-                     if row["kind"] == "cells" else [(name, "points", catalog.op_points(name))])
+                     if row["kind"] == "cells" else
+                     [(name, "points", catalog.op_points(name)),
+                      (collectives_config(row["sku"]), "collectives",
+                       catalog.collective_points(row["sku"], row["backend_versions"][0]))])
             for config, split, frame in parts:
                 configs.append({"config": config, "split": split, "rows": len(frame),
                                 "path": _write_split(root, name, split, frame),

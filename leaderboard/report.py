@@ -23,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import atlas, ours_report, paths, ranking, rerun, results
+from leaderboard import atlas, ours_report, paths, ranking, report_protocols, rerun, results
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.op_level import OP_PHASES
@@ -40,20 +40,26 @@ ATLAS_DIR = paths.REPO_ROOT / "results" / "atlas"
 
 def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
     """The current runs that make the leaderboard: registered predictors, default parameters,
-    default split, the leaderboard ``datasets``."""
+    default split and home points, one home, the leaderboard ``datasets``."""
     split = default_split()
     defaults = {name: registry.get(name).default_params() for name in registry.names()}
     keep = [name in defaults and json.loads(params) == defaults[name] and seed == split["seed"]
             and fraction == split["test_fraction"] and dataset in datasets
-            for name, params, seed, fraction, dataset in current.select(
-                "predictor", "params", "split_seed", "test_fraction", "dataset").iter_rows()]
+            and points == split["home_points"] and len(homes or []) == 1
+            for name, params, seed, fraction, dataset, points, homes in current.select(
+                "predictor", "params", "split_seed", "test_fraction", "dataset", "home_points",
+                "home_datasets").iter_rows()]
     return current.filter(pl.Series(keep, dtype=pl.Boolean))
 
 
 def main_leaderboard(runs: pl.DataFrame) -> list[str]:
     lines = ["## Leaderboard: MAPE % per phase", "",
              "Home: the A100 dataset of the family, scored on its seeded held-out workloads "
-             "only. Unseen: every other GPU, predicted from its datasheet. `INVALID` marks a run "
+             f"only. Home points: `{default_split()['home_points']}`; with `full_grid` the "
+             "predictors that fit op points saw the home GPU's whole measured grid, so the "
+             "held-out home cells are in-sample for them (as for Vidur); families without an "
+             "op grid (vidurprof, splitwise) fit on the points behind their training cells. "
+             "Unseen: every other GPU, predicted from its datasheet. `INVALID` marks a run "
              "with a non-finite or non-positive prediction, or whose predictor failed or cannot "
              "score the dataset (reasons below); `—`: no run. Rows "
              "are sorted by the mean unseen MAPE over all phases.", ""]
@@ -186,7 +192,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     every = results.load_runs(runs_dir)
     fresh = results.up_to_date(every, versions)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
-    runs = leaderboard_runs(results.current(fresh, versions).pl(), datasets)
+    current = results.current(fresh, versions).pl()
+    runs = leaderboard_runs(current, datasets)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
     predictions = results.load_predictions(runs.filter(
         pl.col("dataset").map_elements(family, pl.String).is_in(rerun.STEP_FAMILIES)))
@@ -194,6 +201,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
             f"predictor on {', '.join(datasets)}, then writes this); "
             "without `--rerun` it tables the current stored runs.", ""]
     body += main_leaderboard(runs)
+    body += report_protocols.two_home_leaderboard(report_protocols.two_home_runs(current, runs))
+    body += report_protocols.baseline_strength(runs)
     body += ours_report.ladder(runs) + ours_report.targets(runs) + ours_report.wall_clock(runs)
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(

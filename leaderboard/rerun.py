@@ -1,10 +1,11 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
-The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home), the
-splitwise pair, and the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``). Each
-run is what ``python -m leaderboard predictor=P dataset=D`` does with the default config
-(default parameters, the ``heldout`` split, the dataset's configured home), run in a pool of
-worker processes because a run is single-threaded, Python-bound work.
+The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home; and
+again with the A100 and H100 as two homes), Vidur's own profiles (``_vidurprof``: A100 home,
+H100 and A40 unseen), the splitwise pair, and the op-level ``<sku>_ops`` sets (for predictors
+with ``predict_ops``). Each run is what ``python -m leaderboard predictor=P dataset=D`` does
+with the default config (default parameters, the ``heldout`` split, the dataset's configured
+home), run in a pool of worker processes because a run is single-threaded, Python-bound work.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.homes import family
 from leaderboard.op_level import predicts_ops
+from leaderboard.report_protocols import TWO_HOMES
 from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
 
-LEADERBOARD_FAMILIES = ("vidur", "splitwise", "ops")
-STEP_FAMILIES = ("vidur", "splitwise")
+LEADERBOARD_FAMILIES = ("vidur", "vidurprof", "splitwise", "ops")
+STEP_FAMILIES = ("vidur", "vidurprof", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
 
@@ -57,6 +59,9 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
                  if family(dataset) != "ops" or predicts_ops(registry.get(n))]
         specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir)
                   for name in names]
+        if family(dataset) == "vidur":  # the two-home protocol, beside the one-home one
+            specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
+                              home=list(TWO_HOMES)) for name in names]
     return specs
 
 

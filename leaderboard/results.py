@@ -7,7 +7,8 @@ ever create folders, so no two processes ever open one DuckDB file for writing.
 
 As in asv, a result is keyed by what produced it. ``current`` keeps the runs whose code hash is
 today's and whose target and home dataset versions are the store's, and of those the latest per
-(predictor, dataset, params, split); everything else is stale and drops out of the leaderboard.
+(predictor, dataset, params, split, homes, home points); everything else is stale and drops out
+of the leaderboard.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ RUN_COLUMNS = {
     "code_hash": "VARCHAR", "valid": "BOOLEAN", "invalid_reasons": "VARCHAR[]",
     "fit_seconds": "DOUBLE", "profiled_rows": "BIGINT", "deploy_rows": "BIGINT",
     "predict_cells_per_s": "DOUBLE", "phases": "JSON", "created_at": "VARCHAR",
+    "home_datasets": "VARCHAR[]", "home_points": "VARCHAR", "home_points_used": "VARCHAR",
 }
 RUN_FILES = ("metrics.json", "predictions.parquet")
 
@@ -88,10 +90,11 @@ def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None
 def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
             code: str | None = None) -> duckdb.DuckDBPyRelation:
     """The runs that still count: up to date, and of those the latest per (predictor, dataset,
-    params, split)."""
+    params, split, homes, home points)."""
     return up_to_date(runs, versions, code).query("fresh", """
         SELECT * FROM fresh
-        QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction
+        QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction,
+                                                home_datasets, home_points
                                    ORDER BY created_at DESC, run_id DESC) = 1
         ORDER BY predictor, dataset""")
 

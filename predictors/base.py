@@ -44,6 +44,11 @@ class Home:
     ``allreduce``...), the measured points the training cells were composed from. ``published``
     is the store's table of coefficients that upstream tools released (DistServe's fits): an
     artifact of those tools, not any GPU's ground truth here.
+
+    A home of several GPUs (``dataset.home=[a,b]``) has every row tagged with its ``sku`` (a
+    column of the cells and of each op frame) and each GPU's datasheet in ``gpus``; ``sku``,
+    ``gpu`` and ``dataset`` name the first. A predictor normalises what it fits from each row by
+    that row's GPU (``gpu_of``).
     """
 
     sku: str
@@ -53,6 +58,19 @@ class Home:
     ops: dict[str, pl.DataFrame] = field(default_factory=dict)
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     published: pl.DataFrame = field(default_factory=pl.DataFrame)
+    gpus: dict[str, GpuSpec] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.gpus:
+            object.__setattr__(self, "gpus", {self.sku: self.gpu})
+
+    def by_gpu(self, frame: pl.DataFrame):
+        """(GPU spec, its rows) per home GPU of ``frame``, in ``gpus`` order. With several homes
+        the rows are told apart by their ``sku`` column; one home takes them all."""
+        if len(self.gpus) == 1:
+            return [(self.gpu, frame)]
+        return [(gpu, rows) for sku, gpu in self.gpus.items()
+                if not (rows := frame.filter(pl.col("sku") == sku)).is_empty()]
 
 
 class NotSupported(ValueError):

@@ -65,9 +65,12 @@ def batch_sums(cells: pl.DataFrame) -> dict[str, np.ndarray]:
             "num_prefill": steps.num_prefill}
 
 
-def fit_model_tp(cells: pl.DataFrame, small_fit_includes_threshold: bool
+def fit_model_tp(cells: pl.DataFrame, small_fit_includes_threshold: bool,
+                 compute: np.ndarray | float = 1.0, bandwidth: np.ndarray | float = 1.0
                  ) -> tuple[dict[str, float] | None, int, list[str]]:
-    """(coefficients or None, rows used, notes) for one (model, TP) group of home cells."""
+    """(coefficients or None, rows used, notes) for one (model, TP) group of home cells.
+    ``compute`` and ``bandwidth``: per row, the multipliers ``predict`` applies from the
+    coefficients' GPU to the row's GPU (several homes), so one fit serves every home."""
     sums = batch_sums(cells)
     measured = cells["gt_ms"].to_numpy().astype(np.float64)
     ones = np.ones(len(cells))
@@ -77,8 +80,9 @@ def fit_model_tp(cells: pl.DataFrame, small_fit_includes_threshold: bool
     batch = sums["num_decode"]
     small = pure_decode & ((batch <= LARGE_BATCH_THRESHOLD) if small_fit_includes_threshold
                            else (batch < LARGE_BATCH_THRESHOLD))
-    prefill_x = np.column_stack([ones, sums["prefill_tokens"], sums["prefill_tokens_sq"]])
-    decode_x = np.column_stack([ones, sums["decode_tokens"], batch])
+    prefill_x = np.column_stack([bandwidth * ones, compute * sums["prefill_tokens"],
+                                 compute * sums["prefill_tokens_sq"]])
+    decode_x = np.column_stack([bandwidth * ones, bandwidth * sums["decode_tokens"], batch])
     fits = {"pf": relative_lstsq(prefill_x[pure_prefill], measured[pure_prefill]),
             "small": relative_lstsq(decode_x[small], measured[small]),
             "large": relative_lstsq(decode_x[pure_decode & ~small], measured[pure_decode & ~small])}
@@ -155,7 +159,8 @@ class DistServe(Predictor):
             to_refit = home.cells.join(published.select("model", "tp"), on=["model", "tp"],
                                        how="anti")
             for (model, tp), group in to_refit.group_by(["model", "tp"], maintain_order=True):
-                coefficients, rows, notes = fit_model_tp(group, self.verbatim_threshold)
+                coefficients, rows, notes = fit_model_tp(group, self.verbatim_threshold,
+                                                         *self._row_ratios(home, group))
                 if notes:
                     self.fit_notes_[f"{model} TP{tp}"] = notes
                 if coefficients is not None:
@@ -170,6 +175,13 @@ class DistServe(Predictor):
     def spec_ratios(self, gpu: GpuSpec) -> tuple[float, float]:
         """(compute, bandwidth) multipliers from the home coefficients to the target GPU."""
         return 1.0, 1.0
+
+    def _row_ratios(self, home: Home, cells: pl.DataFrame) -> tuple[np.ndarray | float, ...]:
+        """Per home cell, ``spec_ratios`` of its GPU: the coefficients are the first home's."""
+        if len(home.gpus) == 1:
+            return 1.0, 1.0
+        by_sku = {sku: self.spec_ratios(gpu) for sku, gpu in home.gpus.items()}
+        return tuple(np.array([by_sku[s][i] for s in cells["sku"]]) for i in (0, 1))
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         per_cell = cells.select("model", "tp").join(self.coefficients_, on=["model", "tp"],

@@ -152,14 +152,16 @@ class GenZCalibrated(GenZ):
         measured = home.cells.filter(pl.col("gt_ms").is_not_null() & (pl.col("gt_ms") > 0))
         if measured.is_empty():
             raise ValueError(f"home {home.dataset} has no cells with ground truth to calibrate on")
-        table = operator_table(Steps.from_cells(measured), home.gpu, self.binary_bw,
-                               self.link_latency_us)
-        truth = measured["gt_ms"].to_numpy()
+        # Each home GPU's cells against its own datasheet; the efficiencies are shared.
+        tables = [(operator_table(Steps.from_cells(rows), gpu, self.binary_bw,
+                                  self.link_latency_us), rows["gt_ms"].to_numpy())
+                  for gpu, rows in home.by_gpu(measured)]
         count = int(round((self.efficiency_max - self.efficiency_min) / self.efficiency_step)) + 1
         grid = np.round(self.efficiency_min + self.efficiency_step * np.arange(count), 6)
         candidates = ([(e, e) for e in grid] if self.shared_efficiency
                       else list(itertools.product(grid, grid)))
-        mape = [float(np.mean(np.abs(table.step_ms(c, m) / truth - 1.0))) * 100.0
+        mape = [float(np.mean(np.concatenate([np.abs(table.step_ms(c, m) / truth - 1.0)
+                                              for table, truth in tables]))) * 100.0
                 for c, m in candidates]
         best = int(np.argmin(mape))
         self.compute_efficiency_, self.memory_efficiency_ = (float(e) for e in candidates[best])

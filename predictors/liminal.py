@@ -67,11 +67,15 @@ class Liminal(Predictor):
         points = home.ops.get("allreduce", pl.DataFrame())
         self.tau_sync_s_ = self.default_tau_sync_us * 1e-6
         if not points.is_empty():
-            transfer_s = ring_allreduce_s(points["message_bytes"].to_numpy().astype(np.float64),
-                                          points["num_gpus"].to_numpy().astype(np.float64),
-                                          link_gbs_per_direction(home.gpu) * 1e9, 0.0, 0.0)
+            # each home GPU's points over its own link (several homes share one tau)
+            parts = home.by_gpu(points)
+            transfer_s = np.concatenate([ring_allreduce_s(
+                rows["message_bytes"].to_numpy().astype(np.float64),
+                rows["num_gpus"].to_numpy().astype(np.float64),
+                link_gbs_per_direction(gpu) * 1e9, 0.0, 0.0) for gpu, rows in parts])
+            measured_s = np.concatenate([rows["latency_ms"].to_numpy() for _, rows in parts]) * 1e-3
             if np.unique(transfer_s).size >= 2:
-                _, intercept = np.polyfit(transfer_s, points["latency_ms"].to_numpy() * 1e-3, 1)
+                _, intercept = np.polyfit(transfer_s, measured_s, 1)
                 self.tau_sync_s_ = max(float(intercept), 0.0)
                 self.profiled_rows_ = len(points)
         return self

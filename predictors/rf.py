@@ -8,6 +8,8 @@ attn_post_proj, mlp_up_proj, mlp_down_proj) on ``[num_tokens]``; prefill attenti
 on ``[batch_size, kv_cache_size]``; all-reduce on ``[num_tokens = bytes / (hidden·2)]``.
 Vidur's norms, rope, activation, residual add and KV-cache save are left out: aiconfigurator
 did not measure them, so the ground truth has no rows to train them on (and no time for them).
+On Vidur's own profiles (the ``_vidurprof`` family) the forests are Vidur's token-level ops
+instead (``predictors.rf_tokens``).
 
 A step is composed as Vidur does (§2.4), quirks kept: token ops at T rounded up to a multiple
 of 8; decode attention once at (decode count, mean context floored then rounded up to 64), although
@@ -16,7 +18,11 @@ evaluates the forest per group instead; off by default); all prefills as one req
 Q = round(sqrt(Σq²)) and K = Σ ceil(c/64)·64; ×1.1 for GQA models when more than one request
 shares a kernel; the all-reduce twice per layer plus 0.02 ms NCCL launch each; × layers.
 
-``rf_verbatim`` returns the home predictions for any target GPU (§2.5). ``rf_scaled`` (§2.6 (b))
+With several homes each home GPU's points are first scaled to the first home's datasheet by
+their roofline-time ratio (``in_first_home_units``), then pooled: the forests learn first-home
+times from every home.
+
+``rf_verbatim`` returns the (first) home's predictions for any target GPU (§2.5). ``rf_scaled`` (§2.6 (b))
 multiplies each op by its roofline-time ratio, target over home, at the step's real shapes,
 using the datasheet peaks of ``Home.gpu`` (the A100 SXM the home points were measured on) and
 of the target; the all-reduce forest by the interconnect bandwidth ratio (PCIe for the L40S,
@@ -33,7 +39,7 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import GridSearchCV
 
 from leaderboard.specs import tp_shapes
-from predictors import _model_cache
+from predictors import _model_cache, rf_tokens
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES, link_gbs_per_direction, peak_flops
 from predictors.base import Home, NotSupported, Predictor, PredictorCard
 from predictors.registry import register
@@ -50,6 +56,7 @@ TOKEN_ROUNDING, KV_GRANULARITY = 8, 64
 GQA_BATCHING_FACTOR = 0.1
 NCCL_LAUNCH_MS = 0.02
 DECODE_MODES = ("mean_context", "per_context_group")
+PREFILL_BATCHES = ("one", "all")
 # Where each forest is tabulated once at fit, like Vidur's lookup grid (§2.4) widened to this
 # data's range (8192 tokens, 192 decode requests, contexts to 8191); values outside it are
 # computed from the forest on demand, so a table changes speed, never a prediction.
@@ -112,18 +119,25 @@ def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int) -> Ra
     return search.fit(x, y).best_estimator_
 
 
-def training_rows(home: Home, model: dict, tp: int) -> dict[str, pl.DataFrame]:
-    """Per op, the home's measured points of this (model, TP): features x, target y, row id."""
+def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
+                  ) -> dict[str, pl.DataFrame]:
+    """Per op, the home's measured points of this (model, TP): features x, target y, row id.
+    ``prefill_batches="one"`` keeps the prefill points of one request, the only ones Vidur's
+    profiler measures (baselines.md §0.3); "all" also feeds batched points as one equivalent
+    request, which puts kernels of very different speed on the same feature value."""
     # The shapes the ground truth's lineage is keyed by, so the filters below find its points.
     shapes = tp_shapes(model, tp)
     h, d, heads, kv_heads = shapes["hidden"], model["head_dim"], shapes["heads"], shapes["kv_heads"]
     gemm_nk = {f"gemm_{op}": shapes[op] for op in ("qkv", "o", "gate_up", "down")}
-    ops = {k: v.with_row_index("row") for k, v in home.ops.items()}
+    ops = {k: v.with_row_index("row") for k, v in in_first_home_units(home).items()}
     same_heads = ((pl.col("num_heads") == heads) & (pl.col("num_kv_heads") == kv_heads)
                   & (pl.col("head_dim") == d))
     rows = {op: ops[op].filter(n=n, k=k).select("row", x=pl.concat_list("m"), y="latency_ms")
             for op, (n, k) in gemm_nk.items()}
-    rows["attn_prefill"] = ops["attn_prefill"].filter(same_heads).select(
+    prefill = ops["attn_prefill"].filter(same_heads)
+    if prefill_batches == "one":
+        prefill = prefill.filter(batch=1)
+    rows["attn_prefill"] = prefill.select(
         "row", x=pl.concat_list(pl.col("batch") * pl.col("kv_len"),
                                 pl.col("batch") * pl.col("q_len") ** 2), y="latency_ms")
     rows["attn_decode"] = ops["attn_decode"].filter(same_heads).select(
@@ -132,6 +146,46 @@ def training_rows(home: Home, model: dict, tp: int) -> dict[str, pl.DataFrame]:
         rows["allreduce"] = ops["allreduce"].filter(num_gpus=tp).select(
             "row", x=pl.concat_list(pl.col("message_bytes") / (h * 2)), y="latency_ms")
     return rows
+
+
+def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.ndarray:
+    """Roofline time of each measured op point on a GPU of these peaks: max(FLOP/F, BYTE/B),
+    or the message over the link for the all-reduce; the point-level form of
+    ``roofline_ratios``."""
+    col = lambda c: points[c].to_numpy().astype(np.float64)  # noqa: E731
+    e = BF16_BYTES
+    if op == "allreduce":
+        return col("message_bytes") / peak["link_bw"]
+    if op in GEMMS:
+        m, n, k = col("m"), col("n"), col("k")
+        flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
+    else:
+        b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
+        kv = col("kv_len")  # cached context, as in the cells' lookups
+        if op == "attn_prefill":
+            q = col("q_len")
+            flop = 4 * b * q * (kv + q / 2) * heads * d
+            byte = e * b * (2 * q * heads * d + 2 * (kv + q) * kv_heads * d)
+        else:
+            flop = 4 * b * kv * heads * d
+            byte = e * b * (2 * kv * kv_heads * d + 2 * heads * d)
+    return np.maximum(flop / peak["flops"], byte / peak["mem_bw"])
+
+
+def in_first_home_units(home: Home) -> dict[str, pl.DataFrame]:
+    """The home's op points, each home GPU's latencies scaled to the first home's datasheet by
+    the point's roofline-time ratio, so one forest per op learns one GPU's times (several homes);
+    one home's points as they are."""
+    if len(home.gpus) == 1:
+        return home.ops
+    first = peaks(home.gpu)
+    out = {}
+    for op, frame in home.ops.items():
+        parts = [rows.with_columns(latency_ms=rows["latency_ms"].to_numpy()
+                                   * point_seconds(op, rows, first) / point_seconds(op, rows, peaks(gpu)))
+                 for gpu, rows in home.by_gpu(frame)]
+        out[op] = pl.concat(parts)
+    return out
 
 
 def peaks(gpu) -> dict[str, float]:
@@ -148,25 +202,32 @@ class VidurRandomForest(Predictor):
         needs_profiled_rows=True)
 
     def __init__(self, grid: str = "reduced", random_state: int = 0,
-                 decode_attention: str = "mean_context"):
+                 decode_attention: str = "mean_context", prefill_batches: str = "one"):
         self.grid = grid
         self.random_state = random_state
         self.decode_attention = decode_attention
+        self.prefill_batches = prefill_batches
 
     def fit(self, home: Home) -> VidurRandomForest:
-        if self.grid not in GRIDS or self.decode_attention not in DECODE_MODES:
-            raise ValueError(f"grid must be one of {sorted(GRIDS)} and decode_attention one of "
-                             f"{DECODE_MODES}; got {self.grid!r}, {self.decode_attention!r}")
+        if (self.grid not in GRIDS or self.decode_attention not in DECODE_MODES
+                or self.prefill_batches not in PREFILL_BATCHES):
+            raise ValueError(f"grid must be one of {sorted(GRIDS)}, decode_attention one of "
+                             f"{DECODE_MODES} and prefill_batches one of {PREFILL_BATCHES}; got "
+                             f"{self.grid!r}, {self.decode_attention!r}, {self.prefill_batches!r}")
         configs = sorted(set(home.cells.select("model", "tp").iter_rows()))
+        self.token_level_ = rf_tokens.is_token_profile(home)
         needed = {*GEMMS, "attn_prefill", "attn_decode"} | ({"allreduce"} if any(tp > 1 for _, tp in configs)
                                                            else set())
         missing = sorted(needed - set(home.ops))
-        if missing:
-            raise NotSupported(f"rf needs the home's measured op points {sorted(needed)}; dataset "
-                               f"{home.dataset} has none for {missing} (only the _vidur family has them)")
+        if missing and not self.token_level_:
+            raise NotSupported(f"rf needs the home's measured op points {sorted(needed)}, or Vidur's "
+                               f"token-level profiles; dataset {home.dataset} has none for {missing} "
+                               "(the _vidur and _vidurprof families have them)")
         self.forests_, self.cache_hits_, used = {}, 0, {}
         for name, tp in configs:
-            for op, rows in training_rows(home, home.models[name], tp).items():
+            rows_of = (rf_tokens.token_rows(home, name, tp) if self.token_level_
+                       else training_rows(home, home.models[name], tp, self.prefill_batches))
+            for op, rows in rows_of.items():
                 if rows.is_empty():
                     raise NotSupported(f"home {home.dataset} has no {op} points for {name} TP{tp}")
                 x, y = np.array(rows["x"].to_list(), dtype=np.float64), rows["y"].to_numpy()
@@ -193,6 +254,8 @@ class VidurRandomForest(Predictor):
 
     def op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
         """Per op, each cell's predicted home time over all layers (ms)."""
+        if self.token_level_:
+            return self._token_op_ms(cells, steps)
         out = {op: np.zeros(steps.n) for op in (*GEMMS, "attn_prefill", "attn_decode", "allreduce",
                                                  "allreduce_launch")}
         sum_q2, kv_sum = steps.sum(steps.pf_q**2), steps.sum(round_up(steps.pf_ctx, KV_GRANULARITY))
@@ -218,6 +281,21 @@ class VidurRandomForest(Predictor):
             if tp > 1:
                 out["allreduce"][i] = f["allreduce"](t8) * ALLREDUCES_PER_LAYER * layers
                 out["allreduce_launch"][i] = NCCL_LAUNCH_MS * ALLREDUCES_PER_LAYER * layers
+        return out
+
+    def _token_op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
+        """Vidur's token-level ops, each at T rounded up to 8, times the layers."""
+        out = {op: np.zeros(steps.n) for op in {op for *_, op in self.forests_}}
+        t8 = round_up(steps.tokens, TOKEN_ROUNDING)[:, None]
+        configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
+        for name, tp, rows in configs.iter_rows():
+            mine = {op: f for (n, t, op), f in self.forests_.items() if (n, t) == (name, tp)}
+            if not mine:
+                raise NotSupported(f"rf was fitted on {sorted({k[:2] for k in self.forests_})}, "
+                                   f"not on {name} TP{tp}")
+            i = np.asarray(rows)
+            for op, forest in mine.items():
+                out[op][i] = forest(t8[i]) * steps.layers[i]
         return out
 
     @staticmethod
@@ -264,6 +342,8 @@ class VidurRandomForestScaled(VidurRandomForest):
         home_ms = self.op_ms(cells, steps)
         target = peaks(gpu)
         ratios = roofline_ratios(steps, self.home_peaks_, target)
+        if self.token_level_:
+            ratios = rf_tokens.scaled_ratios(ratios, self.home_peaks_, target)
         ratios["allreduce"] = self.home_peaks_["link_bw"] / target["link_bw"]
         ratios["allreduce_launch"] = 1.0  # Vidur's CPU-side NCCL launch constant
         return sum(ms * ratios[op] for op, ms in home_ms.items())

@@ -108,7 +108,9 @@ def test_split_is_disjoint_seeded_and_the_same_on_every_gpu():
 
 
 def test_home_is_scored_on_held_out_cells_only_and_fit_sees_none(probes, tmp_path):
-    result = _run(tmp_path, "spy", "a100_vidur")
+    """With home_points=behind_cells fit sees exactly the points behind the training cells
+    (the default, full_grid, is tested in test_homes.py)."""
+    result = _run(tmp_path, "spy", "a100_vidur", home_points="behind_cells")
     home, scored = SEEN["home"], result.predictions["cell_id"]
     assert result.metrics["split"] == "home_heldout" and result.metrics["valid"]
     assert not set(home.cells["cell_id"]) & set(scored)
@@ -121,7 +123,7 @@ def test_home_is_scored_on_held_out_cells_only_and_fit_sees_none(probes, tmp_pat
     heldout_only = set(lineage["key"]) - train_keys
     assert heldout_only, "the split should leave some measured points to held-out cells only"
     seen_points = sum(len(f) for f in home.ops.values())
-    assert seen_points == len(train_keys)
+    assert seen_points == len(train_keys) and result.metrics["home_points"] == "behind_cells"
 
 
 def test_unseen_target_gets_only_the_home_and_its_own_datasheet(probes, tmp_path):

@@ -65,8 +65,9 @@ def test_card_lists_every_config_with_version_and_license(exported, real_store):
     listed = {c["config_name"]: c["data_files"][0] for c in meta["configs"]}
     assert {f["path"] for f in listed.values()} == folders
     cells = [n for n in ONLY + HOMES if not n.endswith("_ops")]
+    ops = [n for n in ONLY + HOMES if n.endswith("_ops")]
     assert set(listed) == {*ONLY, *HOMES, *(f"{n}_lineage" for n in cells), "coefficients",
-                           "catalog"}
+                           "catalog", *(n.replace("_ops", "_collectives") for n in ops)}
     assert listed["h200_vidur_lineage"] == {"split": "lineage", "path": "h200_vidur/lineage.parquet"}
     assert meta["license"] == ["apache-2.0", "mit"]
     body = (exported / "README.md").read_text()

@@ -12,6 +12,7 @@ from leaderboard import atlas, ranking, report, results
 from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import Predictor, PredictorCard
+from predictors.rf import VidurRandomForest
 
 VERSIONS = {"a100_vidur": "va100", "h100_vidur": "vh100", "h200_vidur": "vh200"}
 SKUS = {"a100_vidur": "a100_sxm", "h100_vidur": "h100_sxm", "h200_vidur": "h200_sxm"}
@@ -55,6 +56,7 @@ def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str
         "valid": True, "invalid_reasons": [], "fit_seconds": 0.01, "profiled_rows": 0,
         "deploy_rows": 0, "predict_cells_per_s": 1e5,
         "phases": {"all": {"n": len(predictions), "mape": 10.0}}, "created_at": created_at,
+        "home_datasets": [home], "home_points": "full_grid", "home_points_used": "full_grid",
         **overrides}
     folder = runs_dir / (folder_name or run_id)
     folder.mkdir(parents=True)
@@ -148,11 +150,23 @@ def test_atlas_buckets_cover_every_scored_cell():
 
 def test_report_renders_every_section(tmp_path, monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    monkeypatch.setitem(registry._REGISTRY, "rf_verbatim", VidurRandomForest)
     monkeypatch.setattr(registry, "discover", lambda: None)
     runs = tmp_path / "runs"
     for i, dataset in enumerate(VERSIONS):
         write_run(runs, f"r{i}", dataset=dataset, predictions=cells(seed=i))
     write_run(runs, "old", dataset="h100_vidur", code_hash="0000000000000000")
+    two_homes = {"home_datasets": ["a100_vidur", "h100_vidur"]}
+    for i, dataset in enumerate(VERSIONS):  # the two-home protocol: h100 is a home, never unseen
+        write_run(runs, f"two{i}", dataset=dataset, predictions=cells(seed=i), **two_homes,
+                  split="unseen" if dataset == "h200_vidur" else "home_heldout",
+                  phases={"all": {"n": 40, "mape": 7.5 + i}})
+    write_run(runs, "grid", dataset="a100_vidur", predictor="rf_verbatim",
+              params=VidurRandomForest.default_params(),
+              phases={"all": {"n": 40, "mape": 4.25}})
+    write_run(runs, "cells", dataset="a100_vidur", predictor="rf_verbatim", home_points="behind_cells",
+              params=VidurRandomForest.default_params(),
+              phases={"all": {"n": 40, "mape": 9.75}})
     monkeypatch.setattr(atlas, "dominant_op_families", lambda datasets: pl.DataFrame(
         {"dataset": "h100_vidur", "cell_id": [f"c{i}" for i in range(40)], "op_family": "gemm"}))
     out = tmp_path / "RESULTS.md"
@@ -164,7 +178,13 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert "![error atlas of tiny](atlas/tiny.png)" in block
     assert (tmp_path / "atlas" / "tiny.png").stat().st_size > 1000
     assert "1 dropped as stale" in block
-    assert "| tiny | 10.0 | 10.0 | 10.0 | 10.0 |" in block
+    assert "| tiny | 10.0 | 10.0 | 10.0 | 10.0 |" in block  # the one-home table: no two-home run
+    two = block[block.index("## Two homes"):block.index("## Baselines at their published")]
+    assert "| predictor | a100_vidur (home) | h100_vidur (home) | h200_vidur | unseen mean |" in two
+    assert "| tiny | 7.5 | 8.5 | 9.5 | 9.5 |" in two
+    strength = block[block.index("## Baselines at their published"):]
+    # the default (full_grid) run stands for rf_verbatim; the behind_cells variant does not
+    assert "| rf_verbatim | 4.25 | full_grid |" in strength and "9.75" not in block
     kept = "# Results\n\nintro\n\n" + "## Store build\n\nkept\n"
     first = report.splice(kept, block)
     assert first.index(report.BEGIN) < first.index("## Store build") and "kept" in first

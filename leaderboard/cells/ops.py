@@ -73,6 +73,20 @@ def op_points(con: duckdb.DuckDBPyConnection, name: str,
     return _points(con, sku, chosen[sku])
 
 
+COLLECTIVE_SCHEMA = {"backend": S, "message_bytes": INT, "num_gpus": INT, "sku": S, "version": S,
+                     "latency_ms": pl.Float64}
+
+
+def collective_points(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> pl.DataFrame:
+    """A GPU's measured all-reduce points: vLLM's graph-mode custom all-reduce on bf16, the one
+    the cells compose (``leaderboard.cells.grid``)."""
+    cursor = con.execute(
+        "SELECT backend, message_bytes, num_gpus, sku, backend_version, latency_ms FROM collective "
+        "WHERE source = ? AND sku = ? AND backend_version = ? AND backend = 'vllm_graph' "
+        "AND collective = 'all_reduce' AND dtype = 'bfloat16' ORDER BY ALL", [SOURCE, sku, version])
+    return pl.DataFrame(cursor.fetchall(), schema=COLLECTIVE_SCHEMA, orient="row")
+
+
 def op_datasets(con: duckdb.DuckDBPyConnection,
                 versions: dict[str, str] | None = None) -> list[dict]:
     out = []

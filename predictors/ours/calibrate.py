@@ -35,15 +35,29 @@ def _log_err(pred: np.ndarray, measured_ms: np.ndarray) -> np.ndarray:
     return np.log(pred * 1e3) - np.log(measured_ms)
 
 
+def _per_gpu(home: Home, frame: pl.DataFrame, c: dict, seconds) -> np.ndarray:
+    """Log errors of ``seconds(rows, device)`` over every home GPU's rows, each against its own
+    datasheet (several homes share the constants)."""
+    return np.concatenate([_log_err(seconds(rows, Device.of(gpu, c)),
+                                    rows["latency_ms"].to_numpy())
+                           for gpu, rows in home.by_gpu(frame)])
+
+
+def _columns(rows: pl.DataFrame, names: tuple[str, ...]) -> list[np.ndarray]:
+    return [rows[x].to_numpy().astype(np.float64) for x in names]
+
+
 def fit_gemm(frames: list[pl.DataFrame], c: dict, home: Home) -> None:
-    g = pl.concat([f.select("m", "n", "k", "latency_ms") for f in frames])
-    m, n, k = (g[x].to_numpy().astype(np.float64) for x in ("m", "n", "k"))
-    ms = g["latency_ms"].to_numpy()
+    g = pl.concat([f.select(*({"sku"} & set(f.columns)), "m", "n", "k", "latency_ms")
+                   for f in frames])
+
+    def seconds(rows, dev):
+        return ops.gemm(*_columns(rows, ("m", "n", "k")), dev, c, FULL)["seconds"]
 
     def residual(x):
         c["clock"]["home_f_clk"], c["gemm"]["duty_c"], c["gemm"]["floor_s"] = x[0], x[1], x[2]
         c["memory_law"].update(dram=x[3], l2=x[4], p=x[5])
-        return _log_err(ops.gemm(m, n, k, Device.of(home.gpu, c), c, FULL)["seconds"], ms)
+        return _per_gpu(home, g, c, seconds)
 
     # Bounds keep each factor physical: a clock can only droop, DRAM efficiency lies in
     # [0.5, 1], an L2-resident stream at most ~3x DRAM, a launch floor between 2 and 20 us.
@@ -52,30 +66,28 @@ def fit_gemm(frames: list[pl.DataFrame], c: dict, home: Home) -> None:
 
 
 def fit_prefill(p: pl.DataFrame, c: dict, home: Home) -> None:
-    dev = Device.of(home.gpu, c)
-    b, q, h, kvh, hd = (p[x].to_numpy().astype(np.float64)
-                        for x in ("batch", "q_len", "num_heads", "num_kv_heads", "head_dim"))
-    ms = p["latency_ms"].to_numpy()
+    def seconds(rows, dev):
+        b, q, h, kvh, hd = _columns(rows, ("batch", "q_len", "num_heads", "num_kv_heads",
+                                           "head_dim"))
+        # A measured point of ``batch`` equal requests is one kernel: b times the work.
+        return ops.prefill_attention(q, 0.0 * q, h * b, kvh * b, hd, dev, c, FULL)["seconds"]
 
     def residual(x):
         c["attention"]["prefill_eta"], c["attention"]["prefill_floor_s"] = x
-        # A measured point of ``batch`` equal requests is one kernel: b times the work.
-        one = ops.prefill_attention(q, 0.0 * q, h * b, kvh * b, hd, dev, c, FULL)
-        return _log_err(one["seconds"], ms)
+        return _per_gpu(home, p, c, seconds)
 
     _fit(residual, [0.5, 1e-5], [0.05, 0.0], [1.0, 5e-5])
 
 
 def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
-    dev = Device.of(home.gpu, c)
-    b, kv, h, kvh, hd = (d[x].to_numpy().astype(np.float64)
-                         for x in ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"))
-    ms = d["latency_ms"].to_numpy()
+    def seconds(rows, dev):
+        columns = _columns(rows, ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"))
+        return ops.decode_attention(*columns, dev, c, FULL)["seconds"]
 
     def residual(x):
         a = c["attention"]
         a["decode_eta"], a["decode_knee"], a["decode_floor_s"], a["decode_split_floor_s"] = x
-        return _log_err(ops.decode_attention(b, kv, h, kvh, hd, dev, c, FULL)["seconds"], ms)
+        return _per_gpu(home, d, c, seconds)
 
     # The split-KV extra floor is identifiable on the home only because sm80 takes that path
     # from batch 2 on (factors.split_kv_floor): batch-1 points pin the base floor.
@@ -83,15 +95,13 @@ def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
 
 
 def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
-    dev = Device.of(home.gpu, c)
-    size = a["message_bytes"].to_numpy().astype(np.float64)
-    tp = a["num_gpus"].to_numpy().astype(np.float64)
-    ms = a["latency_ms"].to_numpy()
+    def seconds(rows, dev):
+        return ops.allreduce(*_columns(rows, ("message_bytes", "num_gpus")), dev, c, FULL)["seconds"]
 
     def residual(x):
         coll = c["collectives"]
         coll["custom_floor_s"], coll["custom_eta"], coll["nccl_floor_s"], coll["nccl_eta"] = x
-        return _log_err(ops.allreduce(size, tp, dev, c, FULL)["seconds"], ms)
+        return _per_gpu(home, a, c, seconds)
 
     _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
 
@@ -148,7 +158,9 @@ def main() -> None:
     from leaderboard.evaluate import RunSpec, load_inputs  # the harness: only when run as a script
 
     base = config.load_constants()
-    home = load_inputs(RunSpec("ours", base["home"]["dataset"], {})).home
+    # The points behind the training cells: the protocol the frozen constants were fitted under.
+    home = load_inputs(RunSpec("ours", base["home"]["dataset"], {},
+                               home_points="behind_cells")).home
     fitted = fit_constants(home, base)
     write(fitted, "python -m predictors.ours.calibrate")
     json.dump({f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}, sys.stdout, indent=1)

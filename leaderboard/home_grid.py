@@ -1,0 +1,78 @@
+"""The home GPU's whole measured grid, as Vidur's profiler would have collected it.
+
+Vidur profiles its home GPU once, over a full grid of token counts, batch sizes and KV lengths,
+and predicts any step from that. ``home_points=full_grid`` gives ``fit`` the same: every measured
+point of the home GPU (the store's ``gemm``, ``attention`` and ``collective`` tables, at the
+backend version the home dataset was built from) that the home's models can use: the GEMMs at
+their four projection shapes, bf16 attention over a bf16 KV cache at their head counts, and the
+graph-mode custom all-reduce at their TP degrees. The frames have the columns of the lineage
+keys (``leaderboard.homes.op_points``) plus the dtypes, so predictors read them the same way.
+Then the held-out home cells are in-sample: their points are in the grid, as they are for Vidur.
+
+``home_points=behind_cells`` keeps the earlier protocol: only the points the training cells were
+summed from.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from leaderboard.specs import tp_shapes
+
+HOME_POINTS = ("full_grid", "behind_cells")
+GEMM_OPS = {"gemm_qkv": "qkv", "gemm_o": "o", "gemm_gate_up": "gate_up", "gemm_down": "down"}
+OPS_SUFFIX = "_ops"
+BF16 = "bfloat16"
+HEAD_DIM = 128  # the only head size the cells use
+GEMM_COLUMNS = ("dtype", "k", "m", "n", "sku", "version")
+ATTENTION_COLUMNS = ("batch", "dtype", "head_dim", "kv_dtype", "kv_len", "num_heads",
+                     "num_kv_heads", "phase", "q_len", "sku", "version")
+COLLECTIVE_COLUMNS = ("backend", "message_bytes", "num_gpus", "sku", "version")
+
+
+def require_choice(home_points: str) -> None:
+    if home_points not in HOME_POINTS:
+        raise ValueError(f"split.home_points must be one of {HOME_POINTS}, got '{home_points}'")
+
+
+def grid_version(row: dict) -> str:
+    versions = row["backend_versions"]
+    if len(versions) != 1:
+        raise ValueError(f"home dataset {row['name']} was built from backend versions {versions}; "
+                         "full_grid needs exactly one (pass split.home_points=behind_cells)")
+    return versions[0]
+
+
+def full_grid(catalog, row: dict, configs: list[tuple[str, int]], models: dict
+              ) -> dict[str, pl.DataFrame]:
+    """Per op (the lineage's names), every measured home point of the (model, TP) configs."""
+    sku, version = row["sku"], grid_version(row)
+    shapes = [tp_shapes(models[name], tp) for name, tp in configs]
+    points = catalog.op_points(f"{sku}{OPS_SUFFIX}").filter(backend_version=version).rename(
+        {"backend_version": "version"})
+    if points.is_empty():
+        raise ValueError(f"the store has no {sku}_ops points at version {version}, the version "
+                         f"home {row['name']} was built from; pass split.home_points=behind_cells")
+    gemm = points.filter(op_family="gemm", dtype=BF16)
+    out = {}
+    for op, shape in GEMM_OPS.items():
+        nk = pl.DataFrame(sorted({s[shape] for s in shapes}), schema=["n", "k"], orient="row")
+        out[op] = _select(gemm.join(nk, on=["n", "k"], how="semi"), GEMM_COLUMNS)
+    heads = pl.DataFrame(sorted({(s["heads"], s["kv_heads"]) for s in shapes}),
+                         schema=["num_heads", "num_kv_heads"], orient="row")
+    attention = points.filter(
+        (pl.col("op_family") == "attention") & (pl.col("dtype") == BF16)
+        & (pl.col("kv_dtype") == BF16) & (pl.col("head_dim") == HEAD_DIM)
+        & (pl.col("window_size").fill_null(0) == 0)).join(heads, on=list(heads.columns), how="semi")
+    for phase in ("prefill", "decode"):
+        out[f"attn_{phase}"] = _select(attention.filter(phase=phase), ATTENTION_COLUMNS)
+    tps = sorted({tp for _, tp in configs if tp > 1})
+    if tps:
+        collectives = catalog.collective_points(sku, version)
+        out["allreduce"] = _select(collectives.filter(pl.col("num_gpus").is_in(tps)),
+                                   COLLECTIVE_COLUMNS)
+    return dict(sorted(out.items()))
+
+
+def _select(frame: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    return frame.select(*keys, "latency_ms").unique(keys).sort(keys)

@@ -1,0 +1,148 @@
+"""What fit sees: the home's whole measured grid or the points behind its cells, and several
+homes at once, each home GPU's rows normalised by its own datasheet."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard.evaluate import RunSpec, load_inputs, run
+from leaderboard.specs import load_gpu_specs, load_models, tp_shapes
+from leaderboard.split import split
+from predictors import registry
+from predictors.base import Home
+from predictors.rf import in_first_home_units
+from tests.test_rooflines import MIXED_STEPS, cells
+
+GPUS = load_gpu_specs()
+A100, H100 = GPUS["a100_sxm"], GPUS["h100_sxm"]
+KEYS = {"gemm_qkv": ["m", "n", "k"], "attn_decode": ["batch", "kv_len", "num_heads", "num_kv_heads"],
+        "attn_prefill": ["batch", "q_len", "num_heads", "num_kv_heads"],
+        "allreduce": ["num_gpus", "message_bytes"]}
+
+
+def test_full_grid_is_the_stores_whole_home_grid_and_holds_every_cell_point(store_home):
+    grid = load_inputs(RunSpec("genz", "a100_vidur", {}, home_points="full_grid"))
+    behind = load_inputs(RunSpec("genz", "a100_vidur", {}, home_points="behind_cells"))
+    assert grid.home_points == "full_grid" and behind.home_points == "behind_cells"
+    assert list(grid.home.ops) == list(behind.home.ops)
+    for op, keys in KEYS.items():
+        full, used = grid.home.ops[op], behind.home.ops[op]
+        assert len(full) > len(used)
+        # every point behind the training cells is in the grid, at the same latency
+        joined = used.join(full, on=keys, how="left", suffix="_grid")
+        assert joined["latency_ms_grid"].null_count() == 0
+        np.testing.assert_array_equal(joined["latency_ms"], joined["latency_ms_grid"])
+    # the held-out cells' points too: they are in-sample under full_grid
+    con = duckdb.connect(str(store_home.path), read_only=True)
+    held = grid.target["cell_id"].to_list()
+    heldout_gemms = con.execute(
+        "SELECT DISTINCT CAST(json_extract(key, '$.m') AS BIGINT), "
+        "CAST(json_extract(key, '$.n') AS BIGINT) FROM cell_lineage "
+        "WHERE dataset = 'a100_vidur' AND op = 'gemm_qkv' AND list_contains(?, cell_id)",
+        [held]).fetchall()
+    in_grid = set(grid.home.ops["gemm_qkv"].select("m", "n").iter_rows())
+    assert heldout_gemms and set(heldout_gemms) <= in_grid
+    # recounted from the raw table: bf16 GEMMs of the home version at one QKV shape
+    model, tp = grid.home.cells.select("model", "tp").row(0)
+    n, k = tp_shapes(load_models()[model], tp)["qkv"]
+    (raw,) = con.execute(
+        "SELECT count(DISTINCT m) FROM gemm WHERE source = 'aiconfigurator' AND sku = 'a100_sxm' "
+        "AND backend_version = '0.14.0' AND dtype = 'bfloat16' AND n = ? AND k = ?",
+        [n, k]).fetchone()
+    assert raw == len(grid.home.ops["gemm_qkv"].filter(n=n, k=k)) > 0
+
+
+def test_two_homes_fit_on_both_and_a_home_is_never_unseen(store_home, tmp_path):
+    homes = ["a100_vidur", "h100_vidur"]
+    h100 = load_inputs(RunSpec("genz", "h100_vidur", {}, home=homes))
+    assert h100.home.gpus.keys() == {"a100_sxm", "h100_sxm"}
+    assert set(h100.home.cells["sku"]) == {"a100_sxm", "h100_sxm"}
+    assert {s for f in h100.home.ops.values() for s in f["sku"]} == {"a100_sxm", "h100_sxm"}
+    with duckdb.connect(str(store_home.path), read_only=True) as con:
+        all_h100 = con.sql("SELECT * FROM cells WHERE dataset = 'h100_vidur'").pl()
+    train, heldout = split(all_h100, "workload_id", 0, 0.3)
+    assert sorted(h100.target["cell_id"]) == sorted(heldout["cell_id"])
+    assert not set(h100.target["cell_id"]) & set(h100.home.cells["cell_id"])
+    metrics = run(RunSpec("genz", "h100_vidur", {}, home=homes, runs_dir=tmp_path)).metrics
+    assert metrics["split"] == "home_heldout" and metrics["home_datasets"] == homes
+    assert metrics["home_points"] == "full_grid" and metrics["phases"]["all"]["n"] == len(heldout)
+    one = run(RunSpec("genz", "h100_vidur", {}, runs_dir=tmp_path)).metrics
+    assert one["split"] == "unseen" and one["phases"]["all"]["n"] == len(all_h100)
+    with pytest.raises(ValueError, match="twice"):
+        load_inputs(RunSpec("genz", "h200_vidur", {}, home=["a100_vidur", "a100_vidur"]))
+
+
+def two_gpu_home(a100_cells: pl.DataFrame, h100_cells: pl.DataFrame, **ops) -> Home:
+    return Home(sku="a100_sxm", gpu=A100, dataset="a+h", gpus={"a100_sxm": A100, "h100_sxm": H100},
+                cells=pl.concat([a100_cells.with_columns(sku=pl.lit("a100_sxm")),
+                                 h100_cells.with_columns(sku=pl.lit("h100_sxm"))]), ops=ops)
+
+
+def test_rf_scales_each_homes_points_to_the_first_homes_datasheet():
+    """A GEMM point measured on the H100 becomes its A100 time by the roofline-time ratio,
+    worked by hand: m=16 is memory-bound on both, m=8192 compute-bound on both."""
+    def gemm_s(m, n, k, gpu):
+        return max(2 * m * n * k / (gpu["bf16_dense_tflops"] * 1e12),
+                   2 * (n * k + m * k + m * n) / (gpu["mem_bw_gbs"] * 1e9))
+
+    points = pl.DataFrame({"m": [16, 8192], "n": [4096] * 2, "k": [4096] * 2,
+                           "latency_ms": [0.05, 1.2], "sku": ["h100_sxm"] * 2})
+    home = two_gpu_home(cells(*MIXED_STEPS), cells(*MIXED_STEPS), gemm_qkv=points)
+    scaled = in_first_home_units(home)["gemm_qkv"]["latency_ms"].to_list()
+    for got, (m, ms) in zip(scaled, [(16, 0.05), (8192, 1.2)], strict=True):
+        assert got == pytest.approx(ms * gemm_s(m, 4096, 4096, A100) / gemm_s(m, 4096, 4096, H100),
+                                    rel=1e-12)
+    assert scaled[0] == pytest.approx(0.05 * H100["mem_bw_gbs"] / A100["mem_bw_gbs"], rel=1e-12)
+    assert scaled[1] == pytest.approx(1.2 * H100["bf16_dense_tflops"] / A100["bf16_dense_tflops"],
+                                      rel=1e-12)
+
+
+def test_genz_calibrated_fits_shared_efficiencies_over_two_home_gpus():
+    """Truth on each GPU from its own datasheet at (0.57, 0.83): only a fit that times each
+    home's cells on its own GPU recovers both exactly."""
+    def truth_on(gpu):
+        blind = cells(*MIXED_STEPS)
+        ms = registry.build("genz", {"compute_efficiency": 0.57, "memory_efficiency": 0.83}
+                            ).predict(blind, gpu)
+        return cells(*MIXED_STEPS, gt_ms=ms.tolist())
+
+    fitted = registry.build("genz_calibrated").fit(two_gpu_home(truth_on(A100), truth_on(H100)))
+    assert (fitted.compute_efficiency_, fitted.memory_efficiency_) == (0.57, 0.83)
+    assert fitted.home_mape_ < 1e-9 and fitted.profiled_rows_ == 2 * len(MIXED_STEPS)
+
+
+def test_distserve_scaled_recovers_first_home_coefficients_from_two_homes():
+    """Cells of Llama-2-7B TP1 (no published fit) timed on each GPU by the scaled model of
+    known A100 coefficients: the two-home fit returns those coefficients."""
+    a, b, c, da, db, dc = 4.0, 0.02, 3e-6, 6.0, 1e-4, 0.01
+    steps = ([("llama-2-7b", 1, [q], [0]) for q in (128, 512, 1024, 2048, 4096)]
+             + [("llama-2-7b", 1, [1] * n, [ctx] * n) for n in (1, 8, 32, 64) for ctx in (256, 2048)]
+             + [("llama-2-7b", 1, [1] * n, [ctx] * n) for n in (96, 128, 192) for ctx in (512, 1024)])
+
+    def timed(gpu):
+        compute = 312 / gpu["bf16_dense_tflops"]
+        bandwidth = 2039 / gpu["mem_bw_gbs"]
+        gt = [bandwidth * a + compute * (b * sum(q) + c * sum(x * x for x in q)) if ctx == [0]
+              else bandwidth * (da + db * sum(x + 1 for x in ctx)) + dc * len(q)
+              for _, _, q, ctx in steps]
+        return cells(*steps, gt_ms=gt)
+
+    fitted = registry.build("distserve_scaled").fit(two_gpu_home(timed(A100), timed(H100)))
+    row = fitted.coefficients_.filter(model="llama-2-7b", tp=1).row(0, named=True)
+    expected = {"pf_a": a, "pf_b": b, "pf_c": c, "small_a": da, "small_b": db, "small_c": dc,
+                "large_a": da, "large_b": db, "large_c": dc}
+    for key, value in expected.items():
+        assert row[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_a_family_without_an_op_grid_fits_on_the_points_behind_its_cells(store_home):
+    """Splitwise's A100 is an a100_sxm, but its steps were not built from the aiconfigurator
+    grid's version: no full grid there, and the run says so."""
+    assert load_inputs(RunSpec("genz", "h100_splitwise", {})).home_points == "behind_cells"
+    assert load_inputs(RunSpec("genz", "h100_vidurprof", {})).home_points == "behind_cells"
+    assert load_inputs(RunSpec("genz", "h200_vidur", {})).home_points == "full_grid"
+    with pytest.raises(ValueError, match="home_points must be one of"):
+        load_inputs(RunSpec("genz", "h200_vidur", {}, home_points="everything"))
