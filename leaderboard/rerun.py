@@ -28,8 +28,8 @@ from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
 
-LEADERBOARD_FAMILIES = ("vidur", "splitwise", "ops")
-STEP_FAMILIES = ("vidur", "splitwise")
+LEADERBOARD_FAMILIES = ("vidur", "vidur19", "splitwise", "ops")
+STEP_FAMILIES = ("vidur", "vidur19", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
 
