@@ -18,7 +18,7 @@ import duckdb
 import yaml
 
 from leaderboard import paths
-from leaderboard.cells.common import cell_set, phase_counts, render_card, source_lines
+from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
 from leaderboard.cells.schema import CellSet, is_decode, workload_id
@@ -163,8 +163,21 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         configs=", ".join(f"{c['model']} TP{c['tp']}" for c in cfg["configs"]),
         family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
         missing=missing, distortion=tally.table(), per_phase=cfg["cells_per_phase"],
-        uniform=sum(c["weight"] == 0 for c in cells),
+        origin=_origin(cells),
         replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
         warm_cells=len(warm), warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
         files=source_lines(con, grid.files),
     )
+
+
+def _origin(cells: list[dict]) -> str:
+    """Markdown: per phase, cells from replayed steps, uniform cells, and the replayed weight."""
+    total = sum(c["weight"] for c in cells) or 1
+    rows = ["| phase | cells from replayed steps | uniform cells | share of replayed weight |",
+            "|---|---|---|---|"]
+    for phase in PHASES:
+        mine = [c for c in cells if c["phase"] == phase]
+        replayed = [c for c in mine if c["weight"]]
+        rows.append(f"| {phase} | {len(replayed)} | {len(mine) - len(replayed)} | "
+                    f"{sum(c['weight'] for c in replayed) / total:.1%} |")
+    return "\n".join(rows)
