@@ -165,7 +165,8 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         missing=missing, distortion=tally.table(), per_phase=cfg["cells_per_phase"],
         origin=_origin(cells),
         replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
-        warm_cells=len(warm), warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
+        warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
+        warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
         files=source_lines(con, grid.files),
     )
 
