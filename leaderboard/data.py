@@ -19,6 +19,12 @@ from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError
 
 
+def skipped_files(**where) -> list[tuple[str, str]]:
+    """Upstream files the last build found but does not read (another framework or format)."""
+    with store.connect(**where) as con:
+        return con.sql("SELECT rel, reason FROM skipped_files ORDER BY rel").fetchall()
+
+
 def list_datasets(include_all: bool = False, **where) -> list[dict]:
     with store.connect(**where) as con:
         rows = con.sql("SELECT * EXCLUDE (card) FROM datasets ORDER BY kind, name").pl().to_dicts()
@@ -56,9 +62,12 @@ def main(argv: list[str] | None = None) -> int:
             store.build(**where, only=only)
             return 0
         rows = list_datasets(args.all, **where)
+        skipped = skipped_files(**where)
     except (SourceError, SpecError, BuildError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
+    for rel, why in skipped:  # stderr: --json keeps stdout a bare array
+        Console(stderr=True).print(f"skipped {rel}: {why}", highlight=False, soft_wrap=True)
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
     else:

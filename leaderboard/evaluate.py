@@ -30,7 +30,8 @@ from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS, Home
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
-                      "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms")
+                      "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms",
+                      "warm_share")
 
 
 @dataclass

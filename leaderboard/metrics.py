@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-PHASES = ("all", "prefill", "decode", "mixed")
+PHASES = ("all", "all_cold", "prefill", "decode", "mixed")
+# Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
+COLD = "all_cold"
 
 
 def errors(pred_ms, gt_ms):
@@ -23,11 +25,15 @@ def summarize(signed_pct: np.ndarray) -> dict[str, float | int | None]:
 
 
 def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES) -> dict[str, dict]:
-    """Statistics over all rows and per value of ``phase`` (in ``groups`` order, then any other)."""
+    """Statistics over all rows, over the cold cells where the rows carry ``warm_share``, and per
+    value of ``phase`` (in ``groups`` order, then any other)."""
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
-    present = [g for g in groups if g != "all"] + sorted(set(phase) - set(groups))
+    present = [g for g in groups if g not in ("all", COLD)] + sorted(set(phase) - set(groups))
     out = {"all": summarize(signed)}
+    warm = predictions.get_column("warm_share") if "warm_share" in predictions.columns else None
+    if COLD in groups and warm is not None and warm.null_count() < len(warm):
+        out[COLD] = summarize(signed[(warm == 0).fill_null(False).to_numpy()])
     for g in present:
         out[g] = summarize(signed[phase == g])
     return out

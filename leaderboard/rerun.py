@@ -30,8 +30,8 @@ from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
 
-LEADERBOARD_FAMILIES = ("vidur", "vidurprof", "splitwise", "ops")
-STEP_FAMILIES = ("vidur", "vidurprof", "splitwise")
+LEADERBOARD_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise", "ops")
+STEP_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
 

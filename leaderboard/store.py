@@ -30,7 +30,7 @@ from leaderboard.tables import TABLES, conform
 from leaderboard.versioning import code_version, content_hash
 
 # Bump when ingestion changes what lands in the store: every version below changes with it.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 
 stderr = Console(stderr=True)
 
@@ -42,6 +42,7 @@ class BuildReport:
     rows: dict[str, int]
     quarantined: dict[tuple[str, str, str], int]  # (kind, reason, source) -> rows
     merged_duplicates: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why) not read
 
 
 @contextmanager
@@ -157,6 +158,8 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
             del df
         quarantine = ctx.quarantine.table()
         _store_table(con, "quarantine", quarantine)
+        _store_table(con, "skipped_files", pl.DataFrame(
+            ctx.skipped, schema={"rel": pl.String, "reason": pl.String}, orient="row"))
         _store_table(con, "sources", pl.DataFrame([
             {"rel": f.rel, "repo": f.repo, "commit": f.commit, "sha256": f.sha256,
              "bytes": f.path.stat().st_size, "license": f.license, "pinned": f.pinned,
@@ -184,7 +187,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
     for kind, reason, source, n in quarantine.group_by("kind", "reason", "source").len().iter_rows():
         quarantined[(kind, reason, source)] += n
     return BuildReport(target, time.perf_counter() - started, rows, dict(quarantined),
-                       dict(ctx.quarantine.merged_duplicates))
+                       dict(ctx.quarantine.merged_duplicates), sorted(ctx.skipped))
 
 
 def print_report(report: BuildReport) -> None:
@@ -193,6 +196,8 @@ def print_report(report: BuildReport) -> None:
                  + ", ".join(f"{t} {n:,}" for t, n in report.rows.items() if n))
     for (kind, reason, source), n in sorted(report.quarantined.items()):
         stderr.print(f"  quarantined {n:,} {source} rows: {kind}/{reason}")
+    for rel, why in report.skipped:
+        stderr.print(f"  skipped {rel}: {why}")
     merged = sum(report.merged_duplicates.values())
     if merged:
         stderr.print(f"  merged {merged:,} duplicate copies that agreed (median kept)")

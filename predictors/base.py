@@ -18,7 +18,7 @@ import polars as pl
 from leaderboard.specs import GpuSpec
 
 # Columns a predictor never receives at predict time.
-GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed")
+GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed", "warm_share")
 KINDS = ("analytical", "learned", "profiled")
 
 

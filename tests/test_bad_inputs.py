@@ -275,3 +275,27 @@ def test_spec_via_config_key(tiny, tmp_path):
     shutil.rmtree(specs)
     with pytest.raises(SpecError, match="newgpu.yaml"):
         store.build(only=AIC, quiet=True)
+
+
+def test_other_frameworks_in_a_new_sku_folder_are_skipped_and_listed(tiny, tmp_path, monkeypatch,
+                                                                     capsys):
+    tiny.gemm([_gemm_row(8, 1.0), _gemm_row(16, 2.0)], sku="newgpu")
+    folder = tiny.root / AIC_ROOT / "newgpu"
+    # trtllm's custom all-reduce has no `backend` column: reading it would stop the build
+    trt = folder / "comm/trtllm/1.0.0/custom_allreduce_perf.parquet"
+    sgl = folder / "gemm/sglang/0.5.0/gemm_perf.parquet"
+    for path, df in ((trt, pl.DataFrame({"num_gpus": [2], "message_size": [1024],
+                                         "allreduce_dtype": ["bfloat16"], "latency": [0.01]})),
+                     (sgl, pl.DataFrame({"m": [8], "latency": [1.0]}))):
+        path.parent.mkdir(parents=True)
+        df.write_parquet(path)
+    monkeypatch.setenv("LEADERBOARD_GPU_SPECS", str(_new_spec_dir(tmp_path)))
+
+    assert data.main(["build"]) == 0
+    assert data.main(["list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    (entry,) = json.loads(out)
+    assert entry["rows"] == 2 and entry["files"] == [NEW_GEMM]
+    skipped = sorted(str(p.relative_to(tiny.root)) for p in (trt, sgl))
+    assert [rel for rel, _ in tiny.sql("SELECT rel, reason FROM skipped_files ORDER BY rel")] == skipped
+    assert all(f"skipped {rel}" in err.replace("\n", "") for rel in skipped)

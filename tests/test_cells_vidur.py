@@ -1,20 +1,24 @@
-"""The _vidur step datasets: hand-checked composition, lineage, determinism, coverage."""
+"""The _vidur and _vidur19 step datasets: one measured kernel per call, recomputed from the raw
+upstream parquet rows (never from the builder's lineage), snapping and replay rules by hand."""
 
 from __future__ import annotations
 
-import json
+import random
 
 import polars as pl
 import pytest
 from conftest import SHARED, requires_shared
 
 from leaderboard.cells import vidur_method
-from leaderboard.cells.scheduler import Replay, Request
-from leaderboard.cells.snapping import binary_batches, fit, nearest_log
+from leaderboard.cells.grid import Grid, Point
+from leaderboard.cells.scheduler import Replay, Request, requests_from_trace
+from leaderboard.cells.snapping import Snapped, StepShape, nearest_log, snap
 from leaderboard.cells.traces import TraceError, check_rows
 from leaderboard.specs import load_models
+from leaderboard.tables import TABLES
 
 SIX = ["a100_vidur", "h100_vidur", "h200_vidur", "l40s_vidur", "b200_vidur", "gb200_vidur"]
+FOUR = ["h100_vidur19", "h200_vidur19", "b200_vidur19", "gb200_vidur19"]
 AIC = SHARED / "ai-dynamo__aiconfigurator/aic-core/src/aiconfigurator_core/systems/data"
 
 
@@ -25,86 +29,175 @@ def _cells(real_store, name: str) -> pl.DataFrame:
 
 
 @requires_shared
-def test_six_gpus_share_workloads_and_meet_the_floor(real_store):
-    ids = {}
-    for name in SIX:
+def test_every_set_meets_the_floor(real_store):
+    for name in SIX + FOUR:
         cells = _cells(real_store, name)
-        assert len(cells) >= 2000, name
-        ids[name] = set(cells["workload_id"])
         phases = dict(cells.group_by("phase").len().iter_rows())
-        assert phases["decode"] >= 300 and phases["mixed"] >= 300, (name, phases)
+        assert len(cells) >= 2000 or name in FOUR, name
+        assert min(phases.get(p, 0) for p in ("prefill", "decode", "mixed")) >= 300, (name, phases)
         assert (cells["gt_ms"] > 0).all() and (cells["gt_kind"] == "gpu_block").all()
-    assert all(v == ids["a100_vidur"] for v in ids.values())
+        assert cells["warm_share"].is_between(0, 1).all()
 
 
 @requires_shared
-def test_every_cell_is_the_sum_of_its_lineage(real_store):
-    gaps = real_store.sql(
-        """SELECT c.dataset, c.cell_id, c.gt_ms, sum(l.latency_ms * l.count) AS s
-           FROM cells c JOIN cell_lineage l USING (dataset, cell_id)
-           WHERE c.dataset LIKE '%_vidur' GROUP BY ALL HAVING abs(s - c.gt_ms) > 1e-9 * c.gt_ms""")
-    assert gaps == []
-    orphan = real_store.sql("""SELECT count(*) FROM cells c ANTI JOIN cell_lineage l
-                               USING (dataset, cell_id) WHERE c.gt_kind = 'gpu_block'""")
-    assert orphan == [(0,)]
+def test_one_attention_point_per_kind_and_a_uniform_workload(real_store):
+    twice = real_store.sql("""SELECT dataset, cell_id, op, count(*) FROM cell_lineage
+                              WHERE op LIKE 'attn_%' GROUP BY ALL HAVING count(*) > 1""")
+    assert twice == []
+    # The workload is what was measured: one decode context and one prompt length per cell.
+    mixed_lengths = real_store.sql(
+        """SELECT dataset, cell_id FROM (SELECT dataset, cell_id, unnest(q_lens) AS q,
+                  unnest(ctx_lens) AS c FROM cells WHERE dataset LIKE '%_vidur%')
+           GROUP BY ALL HAVING count(DISTINCT c) FILTER (q = 1 AND c > 0) > 1
+               OR count(DISTINCT q) FILTER (NOT (q = 1 AND c > 0)) > 1
+               OR max(c) FILTER (NOT (q = 1 AND c > 0)) > 0""")
+    assert mixed_lengths == []
 
 
 @requires_shared
-def test_lineage_points_exist_in_the_op_tables(real_store):
-    rows = real_store.sql("""SELECT key, latency_ms FROM cell_lineage
-                             WHERE dataset = 'h100_vidur' AND table_name = 'gemm' LIMIT 50""")
-    for key, latency in rows:
-        k = json.loads(key)
-        found = real_store.sql(
-            f"""SELECT latency_ms FROM gemm WHERE source = 'aiconfigurator' AND sku = '{k['sku']}'
-                AND backend_version = '{k['version']}' AND dtype = 'bfloat16'
-                AND m = {k['m']} AND n = {k['n']} AND k = {k['k']}""")
-        assert found == [(latency,)]
+def test_every_lineage_row_names_exactly_one_measured_row(real_store):
+    for table in ("gemm", "attention", "collective"):
+        cols = TABLES[table].key
+        on = " AND ".join(f"(k.key->>'{c}') IS NOT DISTINCT FROM t.\"{c}\"::VARCHAR" for c in cols)
+        counts = real_store.sql(
+            f"""WITH k AS (SELECT DISTINCT key FROM cell_lineage WHERE table_name = '{table}'
+                           AND dataset LIKE '%_vidur%')
+                SELECT k.key, count(t.latency_ms) FROM k LEFT JOIN "{table}" t ON {on}
+                GROUP BY k.key HAVING count(t.latency_ms) <> 1 LIMIT 5""")
+        assert counts == [], (table, counts)
+        keys = real_store.sql(f"SELECT key FROM cell_lineage WHERE table_name = '{table}' LIMIT 1")
+        assert all(f'"{c}"' in keys[0][0] for c in ("dtype", "sku", "backend_version", *(
+            ("kv_dtype",) if table == "attention" else ())))
+
+
+def _raw(sku: str, version: str):
+    base = AIC / sku
+    gemm = pl.read_parquet(base / f"gemm/vllm/{version}/gemm_perf.parquet").filter(
+        gemm_dtype="bfloat16")
+    attn = {p: pl.read_parquet(base / f"attention/vllm/{version}/{p}_attention_perf.parquet")
+            .filter(attn_dtype="bfloat16", kv_cache_dtype="bfloat16", head_dim=128)
+            for p in ("context", "generation")}
+    ar = pl.read_parquet(base / f"comm/vllm/{version}/custom_allreduce_perf.parquet").filter(
+        backend="vllm_graph", allreduce_dtype="bfloat16")
+    return gemm, attn, ar
+
+
+def _one(df: pl.DataFrame, **where) -> float:
+    rows = df.filter(**where)
+    if "window_size" in rows.columns:
+        rows = rows.filter(pl.col("window_size").fill_null(0) == 0)
+    assert len(rows), where
+    return float(rows["latency"].median())  # the store keeps the median of agreeing copies
+
+
+def _heads(df, heads, kv_heads):
+    kv = pl.when(pl.col("num_key_value_heads") == 0).then(pl.col("num_heads")).otherwise(
+        pl.col("num_key_value_heads"))
+    return df.filter((pl.col("num_heads") == heads) & (kv == kv_heads))
+
+
+def _recompute(cell: dict, raw, model: dict) -> float:
+    """A cell's ground truth from its workload and the raw parquet rows alone."""
+    gemm, attn, ar = raw
+    tp, q, c = cell["tp"], cell["q_lens"], cell["ctx_lens"]
+    h, d, f = model["hidden_size"], model["head_dim"], model["intermediate_size"]
+    heads, kvh = model["num_heads"] // tp, model["num_kv_heads"] // tp
+    t = sum(q)
+    nk = [((heads + 2 * kvh) * d, h), (h, heads * d), (2 * f // tp, h), (h, f // tp)]
+    layer = sum(_one(gemm, m=t, n=n, k=k) for n, k in nk)
+    dec = [ctx for qq, ctx in zip(q, c, strict=True) if qq == 1 and ctx > 0]
+    pre = [qq for qq, ctx in zip(q, c, strict=True) if not (qq == 1 and ctx > 0)]
+    if dec:
+        layer += _one(_heads(attn["generation"], heads, kvh), batch_size=len(dec), step=dec[0])
+    if pre:
+        layer += _one(_heads(attn["context"], heads, kvh), batch_size=len(pre), isl=pre[0], step=0)
+    if tp > 1:
+        layer += 2 * _one(ar, num_gpus=tp, message_size=t * h)
+    return model["num_layers"] * layer
 
 
 @requires_shared
-def test_hand_computed_cell_from_raw_parquet(real_store):
-    """One Qwen3-8B TP4 decode cell, recomputed from the upstream parquet files directly."""
-    cells = _cells(real_store, "h100_vidur").filter(
-        (pl.col("model") == "qwen3-8b") & (pl.col("tp") == 4) & (pl.col("phase") == "decode")
-        & ~pl.col("composed"))
-    cell = cells.row(0, named=True)
-    tokens, ctx = cell["total_tokens"], cell["ctx_lens"][0]
-    base = AIC / "h100_sxm"
-    gemm = pl.read_parquet(base / "gemm/vllm/0.14.0/gemm_perf.parquet").filter(
-        pl.col("gemm_dtype") == "bfloat16")
-    gen = pl.read_parquet(base / "attention/vllm/0.14.0/generation_attention_perf.parquet")
-    ar = pl.read_parquet(base / "comm/vllm/0.14.0/custom_allreduce_perf.parquet")
+def test_random_cells_of_every_set_recomputed_from_raw_parquet(real_store):
+    models, rng = load_models(), random.Random(7)
+    for name in SIX + FOUR:
+        cells = _cells(real_store, name)
+        sku, version = cells["sku"][0], cells["backend_version"][0]
+        raw = _raw(sku, version)
+        for i in rng.sample(range(len(cells)), 4):
+            cell = cells.row(i, named=True)
+            assert cell["gt_ms"] == pytest.approx(
+                _recompute(cell, raw, models[cell["model"]]), rel=1e-9), (name, cell["cell_id"])
 
-    def one(df, **where):
-        rows = df.filter(pl.all_horizontal([pl.col(c) == v for c, v in where.items()]))
-        return float(rows["latency"].median())
 
-    # qwen3-8b: hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288; TP4 shards.
-    per_layer = (one(gemm, m=tokens, n=1536, k=4096) + one(gemm, m=tokens, n=4096, k=1024)
-                 + one(gemm, m=tokens, n=6144, k=4096) + one(gemm, m=tokens, n=4096, k=3072)
-                 + one(gen, batch_size=tokens, step=ctx, num_heads=8, num_key_value_heads=2,
-                       kv_cache_dtype="bfloat16")
-                 + 2 * one(ar, num_gpus=4, message_size=tokens * 4096, backend="vllm_graph"))
+@requires_shared
+def test_hand_computed_mixed_cell(real_store):
+    """A Qwen3-8B TP4 mixed cell on H100, from the upstream parquet files by hand."""
+    cell = _cells(real_store, "h100_vidur").filter(
+        model="qwen3-8b", tp=4, phase="mixed").sort("cell_id").row(0, named=True)
+    gemm, attn, ar = _raw("h100_sxm", "0.14.0")
+    t = cell["total_tokens"]
+    n_dec, ctx = cell["num_decode"], max(cell["ctx_lens"])
+    n_pre = cell["num_prefill"]
+    length = (t - n_dec) // n_pre
+    # qwen3-8b: hidden 4096, 32 q / 8 kv heads of 128, intermediate 12288, 36 layers; TP4.
+    per_layer = (_one(gemm, m=t, n=1536, k=4096) + _one(gemm, m=t, n=4096, k=1024)
+                 + _one(gemm, m=t, n=6144, k=4096) + _one(gemm, m=t, n=4096, k=3072)
+                 + _one(attn["generation"], batch_size=n_dec, step=ctx, num_heads=8,
+                        num_key_value_heads=2)
+                 + _one(attn["context"], batch_size=n_pre, isl=length, step=0, num_heads=8,
+                        num_key_value_heads=2)
+                 + 2 * _one(ar, num_gpus=4, message_size=t * 4096))
     assert cell["gt_ms"] == pytest.approx(36 * per_layer, rel=1e-9)
 
 
-def test_composition_needs_every_point():
-    model = load_models()["qwen3-8b"]
-    grid = vidur_method.Grid("x", "0")
-    assert vidur_method.compose(grid, model, 4, [1, 1], [7, 7]) is None
+def _grid() -> Grid:
+    def p(ms, warm=False):
+        return Point("t", "{}", ms, warm)
+    # llama-3.2-3b at TP1: qkv (5120, 3072), o (3072, 3072), gate_up (16384, 3072), down (3072, 8192)
+    g = Grid("x", "0")
+    for n, k in ((5120, 3072), (3072, 3072), (16384, 3072), (3072, 8192)):
+        g.gemm[(48, n, k)] = p(1.0)
+    g.decode[(16, 255, 24, 8)] = p(2.0, warm=True)
+    g.decode[(16, 511, 24, 8)] = p(2.5)
+    g.prefill[(1, 32, 24, 8)] = p(3.0)
+    return g
+
+
+def test_compose_a_mixed_step_by_hand():
+    model = load_models()["llama-3.2-3b"]
+    q, c = [32] + [1] * 16, [0] + [255] * 16
+    total, warm, lineage = vidur_method.compose(_grid(), model, 1, q, c)
+    assert total == pytest.approx(28 * (4 * 1.0 + 2.0 + 3.0))
+    assert warm == pytest.approx(2.0 / 9.0)
+    assert sorted(op for op, *_ in lineage).count("attn_decode") == 1
+    # two decode contexts or a prompt with prior context are not one measured point
+    assert vidur_method.compose(_grid(), model, 1, q, [0] + [255] * 15 + [511]) is None
+    assert vidur_method.compose(_grid(), model, 1, q, [7] + [255] * 16) is None
 
 
 def test_snapping_rules():
-    axes = {"m": [1, 2, 4, 8, 16, 32, 48, 64, 512, 1024], "isl": [1, 16, 32, 512, 1024, 1536],
-            "kv": [1, 3, 7, 15, 31]}
+    axes = {"m": [1, 2, 4, 8, 16, 32, 48, 64, 512, 1024], "isl": [1, 16, 32, 512, 1024],
+            "kv": [1, 3, 7, 15, 31], "decode_batch": [1, 2, 4, 8, 16], "prefill_batch": [1, 2]}
+    ok = set(axes["m"]).__contains__
     assert nearest_log(5, axes["kv"]) == 7 and nearest_log(2, axes["kv"]) == 3
-    # 3 decodes = 3 tokens: not a GEMM m, so the newest is dropped.
-    assert fit((), (7, 15, 31), axes, lambda t: t in axes["m"]) == ([1, 1], [7, 15])
-    # a lone 1536-token chunk moves down to 1024
-    assert fit((1536,), (), axes, lambda t: t in axes["m"]) == ([1024], [0])
-    assert binary_batches(7, [1, 2, 4, 8]) == [4, 2, 1]
-    assert binary_batches(3, [2, 4]) == []
+    # 13 decodes at mean context 14 -> one kernel of 16 at 15 (8 + 4 + 1 sub-batches no more)
+    assert snap(StepShape(13, 14, 0, 0, False), axes, ok) == Snapped(16, 15, 0, 0)
+    # mixed stays mixed: 14 decodes + a 30-token prompt -> 16 + 32 = 48 tokens
+    assert snap(StepShape(14, 6, 1, 30, False), axes, ok) == Snapped(16, 7, 1, 32)
+    # a chunk with prior context was never measured: dropped
+    assert snap(StepShape(14, 6, 1, 30, True), axes, ok) is None
+    # no neighbour within a factor of two of the token count: dropped, not stretched
+    assert snap(StepShape(3, 6, 1, 300, False), axes, ok) is None
+
+
+def test_chunked_prompts_are_carried_never_clipped():
+    steps = list(Replay("sarathi", 256).steps([Request(1000, 2, 0), Request(100, 1, 0)]))
+    chunks = [s for step in steps for s in step if not s.decode]
+    assert sum(s.q for s in chunks) == 1100
+    assert [s.ctx for s in chunks if s.q + s.ctx > 100] == [0, 256, 512, 768]  # the long prompt
+    assert [r.prompt for r in requests_from_trace([5000, 10], [1, 1], [0, 0], None)] == [5000, 10]
+    # whole-prompt prefill: a prompt over the budget is left out (vLLM rejects it), not clipped
+    assert [r.prompt for r in requests_from_trace([5000, 10], [1, 1], [0, 0], 2048)] == [10]
 
 
 def test_schedulers_conserve_tokens():

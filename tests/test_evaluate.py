@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import duckdb
 import numpy as np
@@ -118,45 +119,52 @@ def test_home_is_scored_on_held_out_cells_only_and_fit_sees_none(probes, tmp_pat
     with pytest.raises(pl.exceptions.ColumnNotFoundError):
         SEEN["cells"]["gt_ms"]
     with duckdb.connect(str(paths.store_path()), read_only=True) as con:
-        lineage = con.sql("SELECT cell_id, key FROM cell_lineage WHERE dataset = 'a100_vidur'").pl()
-    train_keys = set(lineage.filter(pl.col("cell_id").is_in(home.cells["cell_id"].implode()))["key"])
-    heldout_only = set(lineage["key"]) - train_keys
+        lineage = con.sql("SELECT cell_id, op, key FROM cell_lineage WHERE dataset = 'a100_vidur'").pl()
+    train = lineage.filter(pl.col("cell_id").is_in(home.cells["cell_id"].implode()))
+    heldout_only = set(lineage["key"]) - set(train["key"])
     assert heldout_only, "the split should leave some measured points to held-out cells only"
     seen_points = sum(len(f) for f in home.ops.values())
-    assert seen_points == len(train_keys) and result.metrics["home_points"] == "behind_cells"
+    # one measured point may serve two ops (a GEMM shape shared by two configurations)
+    assert seen_points == len(set(train.select("op", "key").iter_rows()))
+    assert result.metrics["home_points"] == "behind_cells"
 
 
-def test_unseen_target_gets_only_the_home_and_its_own_datasheet(probes, tmp_path):
+def _count(store_home, dataset: str, phase: str = "%") -> int:
+    return store_home.sql(f"SELECT count(*) FROM cells WHERE dataset = '{dataset}' "
+                          f"AND phase LIKE '{phase}'")[0][0]
+
+
+def test_unseen_target_gets_only_the_home_and_its_own_datasheet(probes, store_home, tmp_path):
     result = _run(tmp_path, "spy", "h200_vidur")
     assert result.metrics["split"] == "unseen" and result.metrics["home_dataset"] == "a100_vidur"
     assert set(SEEN["home"].cells["sku"]) == {"a100_sxm"}
     assert SEEN["gpu"].sku == "h200_sxm"
     assert not {"gt_ms", "gt_spread_ms"} & set(SEEN["cells"].columns)
-    assert result.metrics["phases"]["all"]["n"] == 2469
+    assert result.metrics["phases"]["all"]["n"] == _count(store_home, "h200_vidur")
 
 
 @pytest.mark.parametrize("predictor, params, reason", [
     ("peeks_at_ground_truth", {}, "ColumnNotFoundError"),
     ("opens_the_store", {"stage": "predict"}, "LeakageError"),
     ("opens_the_store", {"stage": "fit"}, "LeakageError"),
-    ("negative", {}, "1 of 2469 predictions are not finite and positive"),
+    ("negative", {}, r"1 of \d+ predictions are not finite and positive"),
 ])
 def test_a_predictor_that_peeks_or_fails_is_invalid(probes, tmp_path, predictor, params, reason):
     result = _run(tmp_path, predictor, "h200_vidur", params=params)
     assert result.metrics["valid"] is False
-    assert any(reason in r for r in result.metrics["invalid_reasons"])
+    assert any(re.search(reason, r) for r in result.metrics["invalid_reasons"])
     assert json.loads((result.folder / "metrics.json").read_text())["valid"] is False
 
 
-def test_the_deploy_reading_is_left_out_of_the_score(probes, tmp_path):
+def test_the_deploy_reading_is_left_out_of_the_score(probes, store_home, tmp_path):
     result = _run(tmp_path, "reads_a_deploy_row", "h200_vidur")
-    assert result.metrics["deploy_rows"] == 69
+    assert result.metrics["deploy_rows"] == _count(store_home, "h200_vidur", "prefill")
     assert set(result.metrics["deploy_row_ids"]).isdisjoint(result.predictions["cell_id"])
     assert (SEEN["scored"]["phase"] != "prefill").all()
     assert result.metrics["phases"]["prefill"]["n"] == 0
 
 
-def test_run_folder_and_output_json(probes, tmp_path):
+def test_run_folder_and_output_json(probes, store_home, tmp_path):
     out = tmp_path / "copy" / "m.json"
     result = _run(tmp_path, "spy", "l40s_vidur", output_json=str(out))
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [result.folder.name]
@@ -167,7 +175,7 @@ def test_run_folder_and_output_json(probes, tmp_path):
     for key in ("dataset_version", "home_dataset_version", "code_version", "code_hash"):
         assert metrics[key]
     saved = pl.read_parquet(result.folder / "predictions.parquet")
-    assert len(saved) == 2469 and saved["pred_ms"].eq(1.0).all()
+    assert len(saved) == _count(store_home, "l40s_vidur") and saved["pred_ms"].eq(1.0).all()
     assert metrics["phases"]["all"]["mape"] == pytest.approx(saved["signed_pct"].abs().mean())
 
 

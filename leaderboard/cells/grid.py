@@ -7,11 +7,12 @@ head_dim 128, no sliding window, and vLLM's graph-mode custom all-reduce are loa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import duckdb
+
+from leaderboard.cells.common import fetch
+from leaderboard.ingest.aiconfigurator import WARM_FLAG
 
 HOME_VERSION = "0.14.0"
 
@@ -19,11 +20,9 @@ HOME_VERSION = "0.14.0"
 @dataclass
 class Point:
     table: str
-    key: dict
+    key: str  # JSON of every key column of the op table: it names exactly one measured row
     latency_ms: float
-
-    def key_json(self) -> str:
-        return json.dumps(self.key, sort_keys=True)
+    warm: bool  # faster than DRAM streams its cold working set: L2 stayed warm between repeats
 
 
 @dataclass
@@ -36,58 +35,50 @@ class Grid:
     allreduce: dict[tuple[int, int], Point] = field(default_factory=dict)
     files: set[tuple[str, str]] = field(default_factory=set)
 
-    @cached_property
-    def prefill_batches(self) -> list[int]:
-        return sorted({b for b, *_ in self.prefill})
 
-    @cached_property
-    def decode_batches(self) -> list[int]:
-        return sorted({b for b, *_ in self.decode})
-
-
-def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
-    """The home's vLLM version where this GPU has it, else the nearest later one with all three
-    op families (GEMM, attention, all-reduce) measured."""
+def measured_versions(con: duckdb.DuckDBPyConnection, sku: str) -> list[str]:
+    """The vLLM versions at which this GPU has all three op families (GEMM, attention, graph-mode
+    all-reduce) measured, oldest first."""
     rows = con.execute(
         """SELECT backend_version FROM gemm WHERE source = 'aiconfigurator' AND sku = ?
            INTERSECT SELECT backend_version FROM attention WHERE source = 'aiconfigurator' AND sku = ?
            INTERSECT SELECT backend_version FROM collective
                      WHERE source = 'aiconfigurator' AND sku = ? AND backend = 'vllm_graph'""",
         [sku, sku, sku]).fetchall()
-    versions = sorted((v for (v,) in rows), key=lambda v: tuple(int(x) for x in v.split(".")))
-    later = [v for v in versions if tuple(map(int, v.split("."))) >= (0, 14, 0)]
+    return sorted((v for (v,) in rows), key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
+    """The home's vLLM version where this GPU has it, else the nearest later one."""
+    later = [v for v in measured_versions(con, sku)
+             if tuple(map(int, v.split("."))) >= tuple(map(int, HOME_VERSION.split(".")))]
     return later[0] if later else None
 
 
 def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> Grid:
     grid = Grid(sku, version)
     where = "source = 'aiconfigurator' AND sku = ? AND backend_version = ?"
-    for m, n, k, lat, f, sha in con.execute(
-        f"SELECT m, n, k, latency_ms, file, file_sha256 FROM gemm WHERE {where} "
-        "AND dtype = 'bfloat16'", [sku, version]).fetchall():
-        grid.gemm[(m, n, k)] = Point("gemm", {"sku": sku, "version": version, "dtype": "bfloat16",
-                                              "m": m, "n": n, "k": k}, lat)
-        grid.files.add((f, sha))
-    for phase, b, q, kv, h, hkv, lat, f, sha in con.execute(
-        f"""SELECT phase, batch, q_len, kv_len, num_heads, num_kv_heads, latency_ms, file,
-                   file_sha256 FROM attention WHERE {where} AND dtype = 'bfloat16'
-            AND kv_dtype = 'bfloat16' AND head_dim = 128 AND coalesce(window_size, 0) = 0""",
-        [sku, version]).fetchall():
-        key = {"sku": sku, "version": version, "phase": phase, "batch": b, "q_len": q,
-               "kv_len": kv, "num_heads": h, "num_kv_heads": hkv, "head_dim": 128}
-        if phase == "prefill" and kv == 0:
-            grid.prefill[(b, q, h, hkv)] = Point("attention", key, lat)
-        elif phase == "decode":
-            grid.decode[(b, kv, h, hkv)] = Point("attention", key, lat)
-        grid.files.add((f, sha))
-    for gpus, size, lat, f, sha in con.execute(
-        f"SELECT num_gpus, message_bytes, latency_ms, file, file_sha256 FROM collective "
-        f"WHERE {where} AND backend = 'vllm_graph' AND collective = 'all_reduce' "
-        "AND dtype = 'bfloat16'", [sku, version]).fetchall():
-        grid.allreduce[(gpus, size)] = Point(
-            "collective", {"sku": sku, "version": version, "backend": "vllm_graph",
-                           "num_gpus": gpus, "message_bytes": size}, lat)
-        grid.files.add((f, sha))
+
+    def rows(table: str, extra: str):
+        return fetch(con, table, f"{where} AND {extra}", [sku, version], "file")
+
+    def point(table: str, row: dict) -> Point:
+        grid.files.add((row["file"], row["file_sha256"]))
+        return Point(table, row["lineage_key"], row["latency_ms"], row["flags"] == WARM_FLAG)
+
+    for r in rows("gemm", "dtype = 'bfloat16'"):
+        grid.gemm[(r["m"], r["n"], r["k"])] = point("gemm", r)
+    for r in rows("attention", "dtype = 'bfloat16' AND kv_dtype = 'bfloat16' AND head_dim = 128 "
+                               "AND coalesce(window_size, 0) = 0"):
+        if r["phase"] == "prefill" and r["kv_len"] == 0:
+            grid.prefill[(r["batch"], r["q_len"], r["num_heads"], r["num_kv_heads"])] = point(
+                "attention", r)
+        elif r["phase"] == "decode":
+            grid.decode[(r["batch"], r["kv_len"], r["num_heads"], r["num_kv_heads"])] = point(
+                "attention", r)
+    for r in rows("collective", "backend = 'vllm_graph' AND collective = 'all_reduce' "
+                                "AND dtype = 'bfloat16'"):
+        grid.allreduce[(r["num_gpus"], r["message_bytes"])] = point("collective", r)
     return grid
 
 

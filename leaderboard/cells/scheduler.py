@@ -98,10 +98,12 @@ class Replay:
         return decodes + self._admit(self.token_budget - len(decodes), chunked=True)
 
 
-def requests_from_trace(prompts, outputs, arrivals_s, max_prompt: int) -> list[Request]:
-    """Trace rows to requests; prompts longer than the budget are clipped to it (vLLM would
-    reject them), and outputs are at least one token."""
+def requests_from_trace(prompts, outputs, arrivals_s, max_prompt: int | None) -> list[Request]:
+    """Trace rows to requests, outputs at least one token. Prompts are never clipped: with
+    ``max_prompt`` (whole-prompt prefill) a longer prompt is left out, as vLLM rejects it;
+    chunked prefill (``None``) carries any prompt across steps."""
     return [
-        Request(min(int(p), max_prompt), max(int(o), 1), int(a / STEP_SECONDS))
+        Request(int(p), max(int(o), 1), int(a / STEP_SECONDS))
         for p, o, a in zip(prompts, outputs, arrivals_s, strict=True)
+        if max_prompt is None or p <= max_prompt
     ]

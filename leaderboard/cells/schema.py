@@ -3,7 +3,8 @@
 A cell is one forward step: a batch of requests (per request: new tokens ``q`` this step and
 ``ctx`` tokens already in the KV cache), on one GPU, model and TP degree, with its measured
 ground truth. ``gpu_block`` ground truth is a sum of measured kernel points (lineage lists them);
-``wall_clock`` is a measured end-to-end step.
+``wall_clock`` is a measured end-to-end step. ``warm_share`` is the share of a ``gpu_block``
+ground truth from points faster than DRAM streams their cold working set (L2 stayed warm).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ CELL_SCHEMA = {
     "total_tokens": pl.Int64, "prefill_tokens": pl.Int64, "decode_ctx_sum": pl.Int64,
     "gt_ms": pl.Float64, "gt_kind": pl.String, "gt_spread_ms": pl.Float64,
     "source": pl.String, "backend": pl.String, "backend_version": pl.String,
-    "composed": pl.Boolean, "weight": pl.Int64, "trace": pl.String, "scheduler": pl.String,
+    "composed": pl.Boolean, "warm_share": pl.Float64, "weight": pl.Int64, "trace": pl.String,
+    "scheduler": pl.String,
 }
 LINEAGE_SCHEMA = {
     "dataset": pl.String, "cell_id": pl.String, "op": pl.String, "table_name": pl.String,

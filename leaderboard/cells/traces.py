@@ -49,7 +49,7 @@ def check_rows(name: str, prompts, outputs, arrivals) -> None:
             raise TraceError(f"trace '{name}' row {i}: arrival = {a!r}; expected seconds >= 0")
 
 
-def trace_requests(con, name: str, cfg: dict, max_prompt: int) -> list[Request]:
+def trace_requests(con, name: str, cfg: dict, max_prompt: int | None) -> list[Request]:
     prompts, outputs, arrivals = load_trace(con, name, cfg["requests_per_trace"])
     if all(a is None for a in arrivals):
         rng = np.random.default_rng(cfg["seed"])
@@ -65,5 +65,6 @@ def replayed_steps(con, cfg: dict) -> Iterator[tuple[str, str, list[Slot]]]:
             budget = sched["token_budget"]
             label = f"{sched['policy']}-{budget}"
             replay = Replay(sched["policy"], budget, max_steps=cfg["max_steps"])
-            for slots in replay.steps(trace_requests(con, trace, cfg, budget)):
+            whole = budget if sched["policy"] == "vllm" else None
+            for slots in replay.steps(trace_requests(con, trace, cfg, whole)):
                 yield trace, label, slots

@@ -1,58 +1,72 @@
-"""``<sku>_vidur`` datasets: Vidur's composition method over aiconfigurator's measured ops.
+"""``<sku>_vidur`` and ``<sku>_vidur19`` datasets: Vidur's composition over aiconfigurator's ops.
 
-Per layer: the QKV, O, gate/up and down GEMMs at m = the step's tokens (TP-sharded n and k),
-prefill and decode attention, and the TP all-reduce twice; times the number of layers. Embedding,
-LM head, sampling and light kernels (norms, activation, rope, residual add) are not in the ground
-truth: aiconfigurator did not measure the light kernels.
+Per layer: the QKV, O, gate/up and down GEMMs at m = the step's tokens (TP-sharded n and k), one
+prefill attention kernel over the step's prompts, one decode attention kernel over its decodes,
+and the TP all-reduce twice; times the number of layers. Each is one measured point, as the
+engine runs one kernel per call: the step is snapped to the measured grid (snapping.py), never
+summed from sub-batches. Embedding, LM head, sampling and the light kernels (norms, activation,
+rope, residual add, KV-cache write) are not in the ground truth: aiconfigurator did not measure
+them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 import duckdb
-import polars as pl
 import yaml
 
 from leaderboard import paths
-from leaderboard.cells.common import render_card, source_lines
-from leaderboard.cells.grid import Grid, common_axes, load_grid, vidur_version
-from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive, is_decode, phase_of, workload_id
-from leaderboard.cells.snapping import binary_batches, fit, presnap
+from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
+from leaderboard.cells.distortion import Tally
+from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
+from leaderboard.cells.schema import CellSet, is_decode, workload_id
+from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, uniform_steps
 from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard.specs import GpuSpec, load_models, tp_shapes
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2
+GT_KIND = "gpu_block"
 
 
 def compose(grid: Grid, model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]):
-    """Ground truth of one snapped step on one GPU: (ms, composed flag, lineage rows) or None."""
+    """Ground truth of one step on one GPU: (ms, warm share, lineage rows) or None when a point
+    is not measured or the step is not one attention point per kind."""
+    step = uniform(q_lens, ctx_lens)
+    return compose_snapped(grid, model, tp, step) if step else None
+
+
+def uniform(q_lens: list[int], ctx_lens: list[int]) -> Snapped | None:
+    """The step as one decode batch at one context and one prompt batch of one length from an
+    empty cache, or None when it is not."""
+    decode = [c for q, c in zip(q_lens, ctx_lens, strict=True) if is_decode(q, c)]
+    prefill = [(q, c) for q, c in zip(q_lens, ctx_lens, strict=True) if not is_decode(q, c)]
+    if len(set(decode)) > 1 or len(set(prefill)) > 1 or any(c for _, c in prefill):
+        return None
+    return Snapped(len(decode), decode[0] if decode else 0, len(prefill),
+                   prefill[0][0] if prefill else 0)
+
+
+def compose_snapped(grid: Grid, model: dict, tp: int, step: Snapped):
     s = tp_shapes(model, tp)
-    tokens, layers = sum(q_lens), model["num_layers"]
-    points, lookups = [], Counter()
-    for op in ("qkv", "o", "gate_up", "down"):
-        points.append((f"gemm_{op}", grid.gemm.get((tokens, *s[op])), 1))
-    groups = Counter((q, c) for q, c in zip(q_lens, ctx_lens, strict=True))
-    for (q, c), count in sorted(groups.items()):
-        decode = is_decode(q, c)
-        table = grid.decode if decode else grid.prefill
-        parts = binary_batches(count, grid.decode_batches if decode else grid.prefill_batches)
-        if not parts:
-            return None
-        for b in parts:
-            key = (b, c, s["heads"], s["kv_heads"]) if decode else (b, q, s["heads"], s["kv_heads"])
-            op = "attn_decode" if decode else "attn_prefill"
-            points.append((op, table.get(key), 1))
-            lookups[op] += 1
+    tokens, layers = step.tokens, model["num_layers"]
+    points = [(f"gemm_{op}", grid.gemm.get((tokens, *s[op])), 1)
+              for op in ("qkv", "o", "gate_up", "down")]
+    if step.n_decode:
+        points.append(("attn_decode", grid.decode.get((step.n_decode, step.ctx, s["heads"],
+                                                       s["kv_heads"])), 1))
+    if step.n_prefill:
+        points.append(("attn_prefill", grid.prefill.get((step.n_prefill, step.length, s["heads"],
+                                                         s["kv_heads"])), 1))
     if tp > 1:
-        ar = grid.allreduce.get((tp, tokens * s["hidden"] * BF16))
-        points.append(("allreduce", ar, 2))
+        points.append(("allreduce", grid.allreduce.get((tp, tokens * s["hidden"] * BF16)), 2))
     if any(p is None for _, p, _ in points):
         return None
-    lineage = [(op, p.table, p.key_json(), p.latency_ms, n * layers) for op, p, n in points]
-    total = sum(lat * n for *_, lat, n in lineage)
-    return total, any(n > 1 for n in lookups.values()), lineage
+    total = sum(p.latency_ms * n * layers for _, p, n in points)
+    warm = sum(p.latency_ms * n * layers for _, p, n in points if p.warm)
+    return total, warm / total, [(op, p, n * layers) for op, p, n in points]
 
 
 def _tokens_ok(axes: dict, model: dict, tp: int):
@@ -60,82 +74,111 @@ def _tokens_ok(axes: dict, model: dict, tp: int):
     return lambda t: t in m_grid and (tp == 1 or t * model["hidden_size"] * BF16 in ar)
 
 
+def _version(con, sku: str, fixed: str | None) -> str | None:
+    return vidur_version(con, sku) if fixed is None else (
+        fixed if fixed in measured_versions(con, sku) else None)
+
+
 def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> list[CellSet]:
     cfg = yaml.safe_load(CONFIG.read_text())
-    models = load_models()
+    if not has_traces(con):
+        return []  # a partial store (sources.only) without the traces
+    shapes = Counter((trace, sched, shape_of(slots))
+                     for trace, sched, slots in replayed_steps(con, cfg))
     skus = [r[0] for r in con.execute(
         "SELECT DISTINCT sku FROM gemm WHERE source = 'aiconfigurator' ORDER BY sku").fetchall()]
-    grids = {sku: load_grid(con, sku, v) for sku in skus if (v := vidur_version(con, sku))}
-    family = [grids[s] for s in cfg["family"] if s in grids]
-    if not family or not has_traces(con):
-        return []  # a partial store (sources.only) without aiconfigurator or the traces
-    axes = common_axes(family)
-    presnapped = Counter((*presnap(slots, axes), trace, scheduler)
-                         for trace, scheduler, slots in replayed_steps(con, cfg))
+    return [s for suffix, fam in cfg["families"].items()
+            for s in _family(con, gpus, cfg, skus, shapes, suffix, fam)]
+
+
+def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
+    grids = {sku: load_grid(con, sku, v) for sku in skus if (v := _version(con, sku, fam["version"]))}
+    members = [grids[s] for s in fam["gpus"] if s in grids]
+    if not members:
+        return []
+    axes, models, tally = common_axes(members), load_models(), Tally()
     workloads = []
     for entry in cfg["configs"]:
         model, tp = models[entry["model"]], entry["tp"]
-        snapped = Counter()
-        for (prefills, decodes, trace, scheduler), count in presnapped.items():
-            step = fit(prefills, decodes, axes, _tokens_ok(axes, model, tp))
-            if step:
-                snapped[(tuple(step[0]), tuple(step[1]), trace, scheduler)] += count
-        by_id = {}
-        for (q, c, trace, scheduler), weight in sorted(snapped.items()):
-            wid = workload_id(entry["model"], tp, list(q), list(c))
-            prev = by_id.get(wid)
-            by_id[wid] = (q, c, trace, scheduler, weight + (prev[4] if prev else 0))
-        workloads += _sample(entry["model"], tp, by_id, cfg["cells_per_phase"], family, model)
-    return [_cell_set(con, grid, workloads, models, cfg, gpus[sku]["short_name"])
-            for sku, grid in sorted(grids.items())]
+        ok, snapped_of, found = _tokens_ok(axes, model, tp), {}, {}
+        for (trace, sched, shape), count in sorted(shapes.items(), key=str):
+            if shape not in snapped_of:
+                snapped_of[shape] = snap(shape, axes, ok)
+            tally.add(shape, snapped_of[shape], count)
+            if snapped_of[shape]:
+                found.setdefault(snapped_of[shape], [trace, sched, 0])[2] += count
+        for step in uniform_steps(axes, ok):  # measured uniform batches fill thin phases
+            found.setdefault(step, [None, "uniform", 0])
+        workloads += _sample(entry, found, cfg["cells_per_phase"], members, model)
+    return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally,
+                      gpus[sku]["short_name"]) for sku, grid in sorted(grids.items())]
 
 
-def _sample(name: str, tp: int, by_id: dict, per_phase: int, family, model) -> list[dict]:
-    """Up to ``per_phase`` workloads per phase that every family GPU measured, taken in
-    workload-id hash order: seeded and deterministic."""
-    taken = Counter()
-    out = []
-    for wid, (q, c, t, s, w) in sorted(by_id.items()):
-        phase = phase_of(q, c)
-        if taken[phase] < per_phase and all(compose(g, model, tp, list(q), list(c))
-                                            for g in family):
+def _sample(entry: dict, found: dict, per_phase: int, members: list[Grid], model: dict) -> list:
+    """Up to ``per_phase`` steps per phase that at least one family GPU measured: replayed ones
+    first, then measured uniform batches, each in a hash order (deterministic)."""
+    def order(item):
+        step, (_, _, weight) = item
+        return weight == 0, hashlib.sha256(f"{entry['model']}|{entry['tp']}|{step}".encode()
+                                           ).hexdigest()
+
+    taken, out = Counter(), []
+    for step, (trace, sched, weight) in sorted(found.items(), key=order):
+        phase = phase_of_step(step)
+        if taken[phase] < per_phase and any(
+                compose_snapped(g, model, entry["tp"], step) for g in members):
             taken[phase] += 1
-            out.append({"workload_id": wid, "model": name, "tp": tp, "q_lens": list(q),
-                        "ctx_lens": list(c), "trace": t, "scheduler": s, "weight": w,
-                        "phase": phase})
+            q, c = step.workload()
+            out.append({"workload_id": workload_id(entry["model"], entry["tp"], q, c),
+                        "model": entry["model"], "tp": entry["tp"], "q_lens": q, "ctx_lens": c,
+                        "trace": trace, "scheduler": sched, "weight": weight, "phase": phase,
+                        "step": step})
     return out
 
 
-def _cell_set(con, grid: Grid, workloads: list[dict], models: dict, cfg: dict, short_name: str):
-    cells, lineage, missing = [], [], 0
-    for w in workloads:
-        result = compose(grid, models[w["model"]], w["tp"], w["q_lens"], w["ctx_lens"])
+def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, short_name: str):
+    cells, lineage = [], []
+    for w in map(dict, workloads):
+        result = compose_snapped(grid, models[w["model"]], w["tp"], w.pop("step"))
         if result is None:
-            missing += 1
-            continue
-        total, composed, points = result
+            continue  # kept where measured: this GPU lacks a point of this workload
+        total, warm, points = result
         cells.append({**w, "cell_id": w["workload_id"], "sku": grid.sku, "gt_ms": total,
-                      "gt_kind": "gpu_block", "source": "aiconfigurator", "backend": "vllm",
-                      "backend_version": grid.version, "composed": composed})
-        lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": t, "key": k,
-                     "latency_ms": lat, "count": n} for op, t, k, lat, n in points]
-    name = f"{short_name}_vidur"
-    frame = derive(pl.DataFrame(cells).with_columns(dataset=pl.lit(name)))
-    lineage_frame = pl.DataFrame(lineage, schema={k: v for k, v in LINEAGE_SCHEMA.items()
-                                                  if k != "dataset"}).with_columns(
-        dataset=pl.lit(name)).select(list(LINEAGE_SCHEMA))
-    card = _card(con, name, grid, frame, cfg, missing, grid.sku in cfg["family"])
-    return CellSet(name, grid.sku, frame, lineage_frame, card)
+                      "gt_kind": GT_KIND, "source": "aiconfigurator", "backend": "vllm",
+                      "backend_version": grid.version, "composed": False, "warm_share": warm})
+        lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": p.table, "key": p.key,
+                     "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
+    name = f"{short_name}_{suffix}"
+    card = _card(con, name, grid, cells, cfg, fam, tally, len(workloads) - len(cells))
+    return cell_set(name, grid.sku, cells, lineage, card)
 
 
-def _card(con, name, grid: Grid, cells: pl.DataFrame, cfg, missing: int, in_family: bool) -> str:
-    counts = dict(cells.group_by("phase").len().iter_rows())
-    configs = ", ".join(f"{c['model']} TP{c['tp']}" for c in cfg["configs"])
+def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int) -> str:
+    counts = phase_counts(cells)
+    replayed = sum(c["weight"] for c in cells)
+    warm = [c for c in cells if c["warm_share"] > 0]
+    gt = sum(c["gt_ms"] for c in cells) or 1.0
     return render_card(
-        "vidur", name=name, sku=grid.sku, version=grid.version, cells=len(cells),
-        prefill=counts.get("prefill", 0), decode=counts.get("decode", 0),
-        mixed=counts.get("mixed", 0), composed_share=f"{cells['composed'].mean() or 0:.1%}",
-        configs=configs, missing=missing,
-        family="yes" if in_family else "no (workloads of the family, filtered to this grid)",
+        "vidur", name=name, sku=grid.sku, version=grid.version, cells=len(cells), **counts,
+        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in cfg["configs"]),
+        family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
+        missing=missing, distortion=tally.table(), per_phase=cfg["cells_per_phase"],
+        origin=_origin(cells),
+        replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
+        warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
+        warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
         files=source_lines(con, grid.files),
     )
+
+
+def _origin(cells: list[dict]) -> str:
+    """Markdown: per phase, cells from replayed steps, uniform cells, and the replayed weight."""
+    total = sum(c["weight"] for c in cells) or 1
+    rows = ["| phase | cells from replayed steps | uniform cells | share of replayed weight |",
+            "|---|---|---|---|"]
+    for phase in PHASES:
+        mine = [c for c in cells if c["phase"] == phase]
+        replayed = [c for c in mine if c["weight"]]
+        rows.append(f"| {phase} | {len(replayed)} | {len(mine) - len(replayed)} | "
+                    f"{sum(c['weight'] for c in replayed) / total:.1%} |")
+    return "\n".join(rows)

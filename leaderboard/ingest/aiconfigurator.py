@@ -19,6 +19,13 @@ SOURCE = "aiconfigurator"
 GEMM_INPUT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8": 1.0,
                     "int4_wo": 0.5, "nvfp4": 0.5, "w4a8_awq": 0.5}
 COMM_DTYPE_BYTES = {"bfloat16": 2, "half": 2, "float16": 2, "int8": 1, "fp8": 1, "float": 4}
+KV_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0}
+# A point faster than DRAM can stream its working set once: its operands stayed in L2 between
+# the timed repeats (a forward pass reads them cold). Real; kept, flagged.
+WARM_FLAG = "faster_than_dram"
+# The frameworks whose files this adapter reads, per op family folder; any other framework's
+# folder (trtllm, sglang...) has other columns and is skipped and listed, never half-read.
+READ_BACKENDS = {"gemm": {"vllm"}, "attention": {"vllm"}, "comm": {"vllm", "nccl"}}
 
 
 def _place(file: SourceFile) -> tuple[str, str, str]:
@@ -34,19 +41,32 @@ def _gemm(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
     in_bytes = pl.col("gemm_dtype").replace_strict(GEMM_INPUT_BYTES, default=2.0)
     moved = in_bytes * (pl.col("m") * pl.col("k") + pl.col("k") * pl.col("n")) + 2.0 * pl.col(
         "m") * pl.col("n")
-    # Faster than DRAM allows: operands stayed in L2 between timed repeats. Real; kept, flagged.
-    dram_floor_ms = moved / gpu.mem_bw_bytes_per_s * 1e3
     df = df.select(
         op=pl.lit("gemm"), dtype=pl.col("gemm_dtype"), batch=pl.lit(1), m="m", n="n", k="k",
-        latency_ms="latency",
-        flags=pl.when(pl.col("latency") < dram_floor_ms).then(pl.lit("faster_than_dram")),
+        latency_ms="latency", flags=_warm(moved, gpu),
     )
     return "gemm", provenance(df, file, SOURCE, sku, backend, version, "median")
 
 
+def _warm(bytes_moved: pl.Expr, gpu) -> pl.Expr:
+    dram_floor_ms = bytes_moved / gpu.mem_bw_bytes_per_s * 1e3
+    return pl.when(pl.col("latency") < dram_floor_ms).then(pl.lit(WARM_FLAG))
+
+
+def _attention_bytes(prefill: bool) -> pl.Expr:
+    """The cold working set: prefill reads Q, K, V and writes O of every prompt token; decode
+    reads the whole KV cache (K and V) of every request."""
+    kv = pl.col("kv_cache_dtype").replace_strict(KV_BYTES, default=2.0)
+    heads, kv_heads, d = pl.col("num_heads"), pl.col("num_key_value_heads"), pl.col("head_dim")
+    kv_heads = pl.when(kv_heads == 0).then(heads).otherwise(kv_heads)
+    if prefill:
+        return pl.col("batch_size") * pl.col("isl") * d * (2.0 * 2 * heads + 2 * kv * kv_heads)
+    return pl.col("batch_size") * pl.col("step") * d * 2 * kv * kv_heads
+
+
 def _attention(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
     sku, backend, version = _place(file)
-    ctx.gpu(sku, file)
+    gpu = ctx.gpu(sku, file)
     prefill = file.path.name.startswith("context")
     df = read_table(file, ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
                            "step", "attn_dtype", "kv_cache_dtype", "latency"])
@@ -58,7 +78,7 @@ def _attention(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]
         # A key listed with 0 KV heads means "same as query heads" (MHA): normalize it.
         num_kv_heads=pl.when(pl.col("num_key_value_heads") == 0).then(pl.col("num_heads"))
         .otherwise(pl.col("num_key_value_heads")),
-        head_dim="head_dim", latency_ms="latency",
+        head_dim="head_dim", latency_ms="latency", flags=_warm(_attention_bytes(prefill), gpu),
         window_size=optional.get("window_size", pl.lit(0)),
         power_w=optional.get("power", pl.lit(None)),
         power_limit_w=optional.get("power_limit", pl.lit(None)),
@@ -96,8 +116,15 @@ READERS = {
 }
 
 
+def _read(file: SourceFile) -> bool:
+    parts = file.rel.split("/")
+    return file.path.name in READERS and parts[-3] in READ_BACKENDS.get(parts[-4], set())
+
+
 def ingest(files: list[SourceFile], ctx: IngestContext) -> list[tuple[str, pl.DataFrame]]:
-    return [READERS[f.path.name](f, ctx) for f in files if f.path.name in READERS]
+    ctx.skipped += [(f.rel, "framework or format not read by the aiconfigurator adapter")
+                    for f in files if not _read(f)]
+    return [READERS[f.path.name](f, ctx) for f in files if _read(f)]
 
 
 ADAPTER = Adapter(SOURCE, tuple(f"{ROOT}/*/*/*/*/{name}" for name in READERS), ingest)

@@ -23,6 +23,7 @@ class IngestContext:
     gpus: dict[str, GpuSpec]
     models: dict[str, dict[str, Any]]
     quarantine: Quarantine = field(default_factory=Quarantine)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why) left unread
 
     def gpu(self, sku: str, file: SourceFile) -> GpuSpec:
         return require_gpu(self.gpus, sku, file.rel)
