@@ -36,7 +36,7 @@ from predictors.base import Home, Reading, ReadingRequest
 KEPT_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
             "TZ", "OMP_NUM_THREADS", "POLARS_MAX_THREADS", "OPENBLAS_NUM_THREADS")
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
-               "/sys/devices/system/cpu", "/proc/cpuinfo", "/proc/meminfo")
+               "/sys/devices/system/cpu", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cgroup")
 
 
 def jobs_dir() -> Path:
@@ -127,7 +127,7 @@ def readable(cls: type) -> list[str]:
              *(p for p in sys.path if p and Path(p).resolve() != paths.REPO_ROOT)}
     code = [paths.REPO_ROOT / "leaderboard", paths.REPO_ROOT / "predictors", paths.CONF_DIR,
             Path(sys.modules[cls.__module__].__file__).parent]
-    return sorted({str(Path(p).resolve()) for p in [*roots, *code, *SYSTEM_READ]})
+    return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
 
 
 def job(cls: type, params: dict, op_level: bool, budget: int, folder: Path) -> dict:
