@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import atlas, homes, metrics, readings, sandbox
+from leaderboard import atlas, debris, homes, metrics, readings, sandbox
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
-from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu
+from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard.split import default_split, split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
@@ -131,6 +131,7 @@ def run(spec: RunSpec) -> RunResult:
     cls = registry.get(spec.predictor)
     registry.check_params(spec.predictor, spec.params)
     params = {**cls.default_params(), **spec.params}  # the constructor runs in the sandbox
+    debris.sweep(spec.runs_dir)
     inputs = load_inputs(spec)
     if inputs.op_level:
         op_level_api.require_op_predictor(cls)
@@ -156,6 +157,7 @@ def run(spec: RunSpec) -> RunResult:
         "code_version": code_version(), "code_hash": code_hash(), "valid": not facts["invalid_reasons"],
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
         "sandbox": facts.get("sandbox", "process"),
+        "spec_hash": spec_hash(inputs.gpu, inputs.home.models),
         # target rows read (deploy reading), against the cap; home rows fit read are apart
         "profiled_rows": facts["target_rows"], "reading_cap": budget,
         "home_profiled_rows": facts.get("home_profiled_rows", 0),
@@ -175,7 +177,7 @@ def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame, lineage: pl.D
               f"{uuid.uuid4().hex[:6]}")
     result["run_id"] = run_id
     final = Path(spec.runs_dir) / run_id
-    partial = final.with_name(f".{run_id}.partial")
+    partial = final.with_name(f".{run_id}.{os.getpid()}.partial")
     partial.mkdir(parents=True)
     try:
         (partial / "metrics.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -137,7 +137,7 @@ def job(cls: type, params: dict, op_level: bool, budget: int, folder: Path) -> d
             "sys_path": [p for p in sys.path if p],
             "read": [*readable(cls), str(folder / "in")],
             "list": [str(paths.REPO_ROOT)],
-            "write": [str(folder / "out"), str(predictor_cache()), "/dev/null"]}
+            "write": [str(folder / "out"), str(predictor_cache()), "/dev/null", "/dev/shm"]}
 
 
 def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,

@@ -22,7 +22,7 @@ import polars as pl
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import cells, guard, paths, sources
+from leaderboard import cells, debris, guard, paths, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
 from leaderboard.specs import load_gpu_specs, load_models
@@ -80,6 +80,7 @@ def build(sources_root: str | None = None, gpu_specs: str | None = None,
     started = time.perf_counter()
     adapters = _selected(only)
     with _build_lock():
+        debris.sweep()
         pins = [p for p in sources.load_pins() if any(a.matches(p.rel) for a in adapters)]
         files = sources.resolve(pins, sources_root)
         files += sources.discover_unpinned([pat for a in adapters for pat in a.patterns],

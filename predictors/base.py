@@ -87,6 +87,8 @@ class Predictor:
 
     card: ClassVar[PredictorCard]
     name: ClassVar[str]  # set by ``register``
+    # The allowed values of a parameter that takes one of a few (checked before a run starts).
+    param_choices: ClassVar[dict[str, tuple]] = {}
 
     @classmethod
     def _parameters(cls) -> list[inspect.Parameter]:

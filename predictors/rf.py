@@ -147,6 +147,8 @@ class VidurRandomForest(Predictor):
                     "composed per step as Vidur does; home predictions returned for any GPU",
         needs_profiled_rows=True)
 
+    param_choices = {"grid": tuple(GRIDS), "decode_attention": tuple(DECODE_MODES)}
+
     def __init__(self, grid: str = "reduced", random_state: int = 0,
                  decode_attention: str = "mean_context"):
         self.grid = grid

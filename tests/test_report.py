@@ -53,7 +53,8 @@ def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str
         "test_fraction": 0.3, "dataset_version": VERSIONS[dataset],
         "home_dataset_version": VERSIONS[home], "code_version": "abc", "code_hash": code_hash(),
         "valid": True, "invalid_reasons": [], "fit_seconds": 0.01, "profiled_rows": 0,
-        "deploy_rows": 0, "predict_cells_per_s": 1e5,
+        "deploy_rows": 0, "predict_cells_per_s": 1e5, "sandbox": "landlock",
+        "spec_hash": results.spec_hashes()[SKUS[dataset]],
         "phases": {"all": {"n": len(predictions), "mape": 10.0}}, "created_at": created_at,
         **overrides}
     folder = runs_dir / (folder_name or run_id)
@@ -72,12 +73,14 @@ def test_stale_runs_drop_out_and_the_latest_run_counts(tmp_path):
     write_run(tmp_path, "new", created_at="2026-01-02T00:00:00+00:00")
     write_run(tmp_path, "other-code", code_hash="0000000000000000",
               created_at="2026-01-03T00:00:00+00:00")
+    write_run(tmp_path, "other-spec", spec_hash="0000000000000000",  # e.g. a GPU spec override
+              created_at="2026-01-03T00:00:00+00:00")
     write_run(tmp_path, "other-target", dataset_version="stale",
               created_at="2026-01-03T00:00:00+00:00")
     write_run(tmp_path, "other-home", home_dataset_version="stale",
               created_at="2026-01-03T00:00:00+00:00")
     write_run(tmp_path, "other-params", params={"scale": 2.0})
-    assert results.load_runs(tmp_path).shape[0] == 6
+    assert results.load_runs(tmp_path).shape[0] == 7
     assert current_ids(tmp_path) == {"new", "other-params"}
 
 

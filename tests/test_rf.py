@@ -215,7 +215,7 @@ def test_real_home_heldout_fidelity(store_home, tmp_path):
     percent overall, and most of it goes when decode is evaluated per context group."""
     result = run(RunSpec("rf_verbatim", "a100_vidur", {}, runs_dir=tmp_path))
     metrics = result.metrics
-    assert metrics["valid"] and metrics["split"] == "home_heldout" and metrics["profiled_rows"] > 0
+    assert metrics["valid"] and metrics["split"] == "home_heldout" and metrics["home_profiled_rows"] > 0
     assert metrics["phases"]["all"]["mape"] < 35 and metrics["phases"]["decode"]["bias"] < 0
     with StoreCatalog(None, None) as catalog:  # the run's split, rebuilt to look at single ops
         train, heldout = split(catalog.cells("a100_vidur"), "workload_id", 0, 0.3)
