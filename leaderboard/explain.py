@@ -35,7 +35,8 @@ def load(predictor: str, dataset: str):
     model = registry.build(predictor).fit(inputs.home)
     if not isinstance(model, Ours):
         raise SystemExit(f"explain breaks down 'ours' and its ladder rungs, not '{predictor}'")
-    cells, _ = take_in_process(model, inputs.target, inputs.target_lineage, inputs.gpu)  # as a run: those not scored
+    # as a run: the cells a deploy reading touched are not scored
+    cells, _ = take_in_process(model, inputs.target, inputs.target_lineage, inputs.gpu)
     return model, cells, inputs.gpu
 
 

@@ -6,11 +6,10 @@ import json
 import shutil
 
 import duckdb
-import numpy as np
 import polars as pl
+import probe_predictors
 import pytest
 
-import probe_predictors
 from leaderboard import landlock, paths
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
