@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import guard, paths
+from leaderboard import guard, paths, progress
 from leaderboard.readings import ReadingRefused
 from leaderboard.specs import GpuSpec
 from predictors.base import Home, Reading, ReadingRequest
@@ -134,6 +134,7 @@ def job(cls: type, params: dict, op_level: bool, budget: int, folder: Path) -> d
     return {"predictor": {"module": cls.__module__, "qualname": cls.__qualname__,
                           "name": cls.name},
             "params": params, "op_level": op_level, "budget": budget,
+            "progress": progress.shown(),
             "sys_path": [p for p in sys.path if p],
             "read": [*readable(cls), str(folder / "in")],
             "list": [str(paths.REPO_ROOT)],
@@ -170,6 +171,7 @@ def _talk(folder: Path, supply) -> tuple[list[str], str | None]:
     from_child_r, from_child_w = os.pipe()
     command = [sys.executable, "-m", "leaderboard.sandbox_child", str(folder), str(to_child_r),
                str(from_child_w)]
+    # stdout and stderr are inherited, so a long fit's progress reaches the user's terminal.
     child = subprocess.Popen(command, env=child_env(folder), cwd=folder / "out",
                              pass_fds=(to_child_r, from_child_w))
     os.close(to_child_r)
@@ -211,6 +213,7 @@ def _resolve(ref: dict) -> type:
 def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
     """Construct, fit, read, predict: everything the predictor does, as facts for the parent."""
     guard.seal_process("the sandboxed fit and predict")
+    progress.show(job["progress"])  # the child draws on the parent's terminal, if it may
     facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": [],
              "home_profiled_rows": 0}
     inputs, out = folder / "in", folder / "out"
