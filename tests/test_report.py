@@ -172,3 +172,22 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     first = report.splice(kept, block)
     assert first.index(report.BEGIN) < first.index("## Store build") and "kept" in first
     assert report.splice(first, f"{report.BEGIN}\nnew\n{report.END}").count(report.BEGIN) == 1
+
+
+def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
+    """A reading predictor is never mixed up with a zero-reading one: each row carries the most
+    target rows its runs read and the sandboxes they ran in."""
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    monkeypatch.setitem(registry._REGISTRY, "reader", TinyPredictor)
+    runs = tmp_path / "runs"
+    for i, dataset in enumerate(VERSIONS):
+        write_run(runs, f"t{i}", dataset=dataset, predictions=cells(seed=i))
+        write_run(runs, f"r{i}", dataset=dataset, predictor="reader", predictions=cells(seed=i),
+                  profiled_rows=[0, 16, 9][i], sandbox=["landlock", "process", "landlock"][i])
+    current = results.current(results.load_runs(runs), VERSIONS).pl()
+    lines = report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)))
+    header = next(line for line in lines if line.startswith("| predictor"))
+    assert header.endswith("| unseen mean | target rows | sandbox |")
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
+    assert rows["| tiny"].endswith("| 10.0 | 0 | landlock |")
+    assert rows["| reader"].endswith("| 10.0 | 16 | landlock/process |")
