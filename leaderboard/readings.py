@@ -71,9 +71,9 @@ class Supplier:
                 raise ReadingRefused(f"the deploy reading names op point {want}, which matches "
                                      f"{0 if hit is None else len(hit)} measured points, not 1")
             ops[want["op"]] = pl.concat([ops[want["op"]], hit]) if want["op"] in ops else hit
-            keys = rows.with_columns(k=pl.col("key").str.json_decode(infer_schema_length=None))
-            touched |= set(keys.filter(pl.all_horizontal(
-                pl.col("k").struct.field(k) == v for k, v in shape.items()))["cell_id"])
+            keys = rows["key"].str.json_decode(infer_schema_length=None).struct.unnest()
+            touched |= set(keys.with_columns(rows["cell_id"]).filter(pl.all_horizontal(
+                pl.col(k) == v for k, v in shape.items()))["cell_id"])
         return ops, touched
 
     def scored(self) -> pl.DataFrame:

@@ -86,6 +86,32 @@ class ReadsPrefill(Predictor):
         return np.full(len(cells), self.floor_)
 
 
+class ReadsOpPoints(Predictor):
+    """Asks for ``points`` attn_decode op points, named by the shapes of the home's (a shape is
+    the same on every GPU of a family); keeps what it got in the spy folder; predicts 1 ms."""
+
+    card = CARD
+
+    def __init__(self, points: int = 3):
+        self.points = points
+
+    def fit(self, home):
+        shapes = home.ops["attn_decode"].drop("latency_ms", "sku", "version").unique().sort(
+            "batch", "kv_len", "num_heads")
+        self.shapes_ = shapes.head(self.points).to_dicts()
+        return self
+
+    def request_reading(self, cells, gpu, budget):
+        return ReadingRequest(op_points=tuple({"op": "attn_decode", **s} for s in self.shapes_))
+
+    def take_reading(self, reading, gpu):
+        spy_dir().mkdir(parents=True, exist_ok=True)
+        reading.ops["attn_decode"].write_ipc(spy_dir() / "op_reading.arrow")
+
+    def predict(self, cells, gpu):
+        return np.full(len(cells), 1.0)
+
+
 class Cheat(Predictor):
     """Predicts ``truth(cells)``; a subclass names the route."""
 

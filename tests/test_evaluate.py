@@ -18,6 +18,7 @@ from predictors.base import NotSupported
 
 PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors.Peek,
           "negative": probe_predictors.Negative, "reads_prefill": probe_predictors.ReadsPrefill,
+          "reads_op_points": probe_predictors.ReadsOpPoints,
           **probe_predictors.CHEATS}
 
 
@@ -127,6 +128,32 @@ def test_a_reading_over_the_cap_is_invalid(probes, tmp_path):
     assert any("asked for 17 target rows; the cap is 16" in r
                for r in result.metrics["invalid_reasons"])
     assert result.metrics["profiled_rows"] == 0
+
+
+def test_an_op_point_reading_supplies_exactly_the_requested_points(probes, tmp_path):
+    result = _run(tmp_path, "reads_op_points", "h200_vidur")
+    got = seen(probes, "op_reading")
+    assert result.metrics["valid"] and result.metrics["profiled_rows"] == 3 == len(got)
+    with duckdb.connect(str(probes.path), read_only=True) as con:
+        lineage = con.execute("SELECT cell_id, key, latency_ms FROM cell_lineage WHERE "
+                              "dataset = 'h200_vidur' AND op = 'attn_decode'").fetchall()
+    shape_fields = [c for c in got.columns if c not in ("latency_ms", "sku", "version")]
+    truth, touched = {}, set()
+    for cell_id, key, latency in lineage:
+        shape = json.loads(key)
+        point = tuple(shape[f] for f in shape_fields)
+        truth.setdefault(point, set()).add(latency)
+        touched |= {(point, cell_id)}
+    received = {tuple(r[f] for f in shape_fields): r["latency_ms"] for r in got.iter_rows(named=True)}
+    assert len(received) == 3
+    for point, latency in received.items():
+        assert truth[point] == {latency}  # one measured point per shape, its own ground truth
+    read_cells = {cell for point, cell in touched if point in received}
+    assert set(result.metrics["deploy_row_ids"]) == read_cells
+    assert read_cells.isdisjoint(result.predictions["cell_id"])
+    over = _run(tmp_path, "reads_op_points", "h200_vidur", params={"points": 17})
+    assert over.metrics["valid"] is False and over.metrics["phases"] == {}
+    assert any("asked for 17 target rows; the cap is 16" in r for r in over.metrics["invalid_reasons"])
 
 
 def test_run_folder_and_output_json(probes, tmp_path):
