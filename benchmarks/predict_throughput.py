@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from build_store import cpu_model  # noqa: E402 - the sibling benchmark, on sys.path as a script
 
-from leaderboard import evaluate, guard  # noqa: E402
+from leaderboard import evaluate, guard, readings  # noqa: E402
 from leaderboard.evaluate import RunSpec  # noqa: E402
 from leaderboard.versioning import code_hash, code_version  # noqa: E402
 from predictors import registry  # noqa: E402
@@ -49,9 +49,10 @@ TARGET_BY_NAME = {"distserve": 1e6, "distserve_scaled": 1e6, "rf_verbatim": 1e5,
 
 
 def load_inputs(target: str):
-    """(home, target cells with ground truth, target GPU spec), exactly as a default run loads them."""
+    """(home, target cells with ground truth, their lineage, target GPU spec), exactly as a
+    default run loads them."""
     inputs = evaluate.load_inputs(RunSpec(predictor="", dataset=target, params={}))
-    return inputs.home, inputs.target, inputs.gpu
+    return inputs.home, inputs.target, inputs.target_lineage, inputs.gpu
 
 
 def best_of(repeats: int, action) -> tuple[float, object]:
@@ -64,7 +65,7 @@ def best_of(repeats: int, action) -> tuple[float, object]:
     return best, result
 
 
-def measure(name: str, home, cells: pl.DataFrame, gpu, n_cells: int, repeats: int,
+def measure(name: str, home, cells: pl.DataFrame, lineage, gpu, n_cells: int, repeats: int,
             max_predict_s: float) -> dict:
     estimator = registry.build(name)
     kind = estimator.card.kind
@@ -76,7 +77,7 @@ def measure(name: str, home, cells: pl.DataFrame, gpu, n_cells: int, repeats: in
             return estimator.fit(home)
 
     row["fit_s"], _ = best_of(repeats, fit)
-    cells, _ = evaluate.take_deploy_reading(estimator, cells, gpu)
+    cells, _ = readings.take_in_process(estimator, cells, lineage, gpu)
     blind = cells.drop(GROUND_TRUTH_COLUMNS)
 
     def predict(frame):
@@ -132,12 +133,12 @@ def main() -> int:
     args = parser.parse_args()
     names = args.predictors.split(",") if args.predictors else registry.names()
     load_before = os.getloadavg()[0]
-    home, cells, gpu = load_inputs(args.target)
+    home, cells, lineage, gpu = load_inputs(args.target)
     rows = []
     for name in names:
         print(f"{name} ...", file=sys.stderr, flush=True)
         try:
-            rows.append(measure(name, home, cells, gpu, args.cells, args.repeats,
+            rows.append(measure(name, home, cells, lineage, gpu, args.cells, args.repeats,
                                 args.max_predict_s))
         except Exception as exc:  # noqa: BLE001 - one failing predictor must not hide the others
             rows.append({"predictor": name, "error": f"{type(exc).__name__}: {exc}"[:200]})

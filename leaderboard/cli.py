@@ -99,7 +99,9 @@ def print_metrics(metrics: dict, folder) -> None:
     for reason in metrics["invalid_reasons"]:
         stderr.print(f"[red]invalid:[/] {reason}", highlight=False)
     Console().print(f"fit {metrics['fit_seconds'] or 0:.2f} s, predict "
-                    f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; wrote {folder}")
+                    f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; sandbox "
+                    f"{metrics['sandbox']}, target rows read {metrics['profiled_rows']} of "
+                    f"{metrics['reading_cap']}; wrote {folder}")
 
 
 def run_task(cfg: DictConfig) -> None:
@@ -116,7 +118,8 @@ def run_task(cfg: DictConfig) -> None:
                    seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
                    home_points=cfg.split.home_points,
                    runs_dir=cfg.runs_dir, output_json=cfg.output.json, sources_root=cfg.sources.root,
-                   gpu_specs=cfg.gpu_specs)
+                   gpu_specs=cfg.gpu_specs, reading_max_points=cfg.reading.max_points,
+                   reading_max_fraction=cfg.reading.max_fraction)
     try:
         result = run(spec)
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import atlas, guard, homes, metrics
+from leaderboard import atlas, debris, homes, metrics, readings, sandbox
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
-from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu
+from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard.split import default_split, split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
@@ -50,6 +48,8 @@ class RunSpec:
     gpu_specs: str | None = None
     hub_repo: str | None = None  # read cells from a Hugging Face export instead of the store
     hub_revision: str | None = None
+    reading_max_points: int = readings.MAX_POINTS
+    reading_max_fraction: float = readings.MAX_FRACTION
 
 
 @dataclass
@@ -59,49 +59,23 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def take_deploy_reading(estimator, target: pl.DataFrame, gpu) -> tuple[pl.DataFrame, list[str]]:
-    """Hand the predictor the target rows it asks for as its one deploy reading (ground truth
-    included) and return the rest, the rows to score, with the ids of those taken."""
-    with guard.sealed("deploy reading"):
-        mask = estimator.deploy_rows(target.drop(GROUND_TRUTH_COLUMNS))
-        if mask is None or not np.asarray(mask).any():
-            return target, []
-        mask = pl.Series(np.asarray(mask, dtype=bool))
-        estimator.calibrate(target.filter(mask), gpu)
-    return target.filter(~mask), target.filter(mask)["cell_id"].to_list()
-
-
-def _fit_and_predict(estimator, home, target: pl.DataFrame, gpu, op_level: bool = False
+def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
                      ) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
     """Predictions (or None), the target rows they score, and the timing/validity facts.
 
-    A predictor's exception is an INVALID reason, not a crash of the harness. Rows taken as the
-    predictor's deploy reading are removed from the scored target.
+    Construct, fit, reading and predict run in a child process that gets the home bundle and
+    the blind target only (``leaderboard.sandbox``); this process keeps the ground truth. A
+    predictor's exception is an INVALID reason, not a crash of the harness. Cells a deploy
+    reading touched are removed from the scored target.
     """
-    facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": [],
-             "deploy_row_ids": []}
-    try:
-        started = time.perf_counter()
-        with guard.sealed("fit"):
-            fitted = estimator.fit(home)
-        facts["fit_seconds"] = time.perf_counter() - started
-        if fitted is not estimator:
-            facts["invalid_reasons"].append("fit did not return self")
-        hidden = op_level_api.MEASURED if op_level else GROUND_TRUTH_COLUMNS
-        if not op_level:
-            target, facts["deploy_row_ids"] = take_deploy_reading(estimator, target, gpu)
-        blind = target.drop(hidden)
-        predict = estimator.predict_ops if op_level else estimator.predict
-        with guard.sealed("predict"):
-            predict(blind.head(8), gpu)  # warm caches, so the timing below is throughput
-        started = time.perf_counter()
-        with guard.sealed("predict"):
-            pred = np.asarray(predict(blind, gpu), dtype=np.float64)
-        facts["predict_seconds"] = time.perf_counter() - started
-    except Exception as exc:  # noqa: BLE001 - any failure of a predictor makes the run INVALID
-        last = traceback.extract_tb(exc.__traceback__)[-1]
-        facts["invalid_reasons"].append(
-            f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
+    hidden = op_level_api.MEASURED if inputs.op_level else GROUND_TRUTH_COLUMNS
+    supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
+    pred, unscored, facts = sandbox.fit_and_predict(
+        cls, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.op_level, budget,
+        supplier)
+    facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
+    target = supplier.scored()
+    if pred is None:
         return None, target, facts
     if pred.shape != (len(target),):
         facts["invalid_reasons"].append(f"predict returned shape {pred.shape}, expected "
@@ -176,15 +150,18 @@ def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gp
 
 
 def run(spec: RunSpec) -> RunResult:
-    estimator = registry.build(spec.predictor, spec.params)
+    cls = registry.get(spec.predictor)
+    registry.check_params(spec.predictor, spec.params)
+    params = {**cls.default_params(), **spec.params}  # the constructor runs in the sandbox
+    debris.sweep(spec.runs_dir)
     inputs = load_inputs(spec)
     if inputs.op_level:
-        op_level_api.require_op_predictor(estimator)
+        op_level_api.require_op_predictor(cls)
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
-    pred, target, facts = _fit_and_predict(estimator, inputs.home, inputs.target, inputs.gpu,
-                                           op_level)
+    budget = readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
+    pred, target, facts = _fit_and_predict(cls, params, inputs, budget)
     columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
     predictions = target.select(columns).with_columns(
         pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
@@ -192,9 +169,9 @@ def run(spec: RunSpec) -> RunResult:
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
     phases = op_level_api.OP_PHASES if op_level else metrics.PHASES
     result = {
-        "predictor": spec.predictor, "params": estimator.get_params(),
-        "card": {"kind": estimator.card.kind, "reference": estimator.card.reference,
-                 "trained_on": home_row["sku"], "needs_profiled_rows": estimator.card.needs_profiled_rows},
+        "predictor": spec.predictor, "params": params,
+        "card": {"kind": cls.card.kind, "reference": cls.card.reference,
+                 "trained_on": home_row["sku"], "needs_profiled_rows": cls.card.needs_profiled_rows},
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"],
@@ -204,11 +181,15 @@ def run(spec: RunSpec) -> RunResult:
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
         "code_version": code_version(), "code_hash": code_hash(), "valid": not facts["invalid_reasons"],
-        "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts["fit_seconds"],
-        "profiled_rows": int(getattr(estimator, "profiled_rows_", 0)),
+        "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
+        "sandbox": facts.get("sandbox", "process"),
+        "spec_hash": spec_hash(inputs.gpu, inputs.home.models),
+        # target rows read (deploy reading), against the cap; home rows fit read are apart
+        "profiled_rows": facts["target_rows"], "reading_cap": budget,
+        "home_profiled_rows": facts.get("home_profiled_rows", 0),
         "deploy_rows": len(facts["deploy_row_ids"]), "deploy_row_ids": facts["deploy_row_ids"],
         "predict_cells_per_s": (len(target) / facts["predict_seconds"]
-                                if facts["predict_seconds"] else None),
+                                if facts.get("predict_seconds") else None),
         "level": "op" if op_level else "step",
         "phases": metrics.by_phase(predictions, phases) if pred is not None else {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -222,7 +203,7 @@ def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame, lineage: pl.D
               f"{uuid.uuid4().hex[:6]}")
     result["run_id"] = run_id
     final = Path(spec.runs_dir) / run_id
-    partial = final.with_name(f".{run_id}.partial")
+    partial = final.with_name(f".{run_id}.{os.getpid()}.partial")
     partial.mkdir(parents=True)
     try:
         (partial / "metrics.json").write_text(json.dumps(result, indent=1) + "\n")

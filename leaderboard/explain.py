@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from leaderboard import metrics
-from leaderboard.evaluate import RunSpec, load_inputs, take_deploy_reading
+from leaderboard.evaluate import RunSpec, load_inputs
+from leaderboard.readings import take_in_process
 from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS
 from predictors.ours import Ours, factors, ops
@@ -34,7 +35,8 @@ def load(predictor: str, dataset: str):
     model = registry.build(predictor).fit(inputs.home)
     if not isinstance(model, Ours):
         raise SystemExit(f"explain breaks down 'ours' and its ladder rungs, not '{predictor}'")
-    cells, _ = take_deploy_reading(model, inputs.target, inputs.gpu)  # as a run: those not scored
+    # as a run: the cells a deploy reading touched are not scored
+    cells, _ = take_in_process(model, inputs.target, inputs.target_lineage, inputs.gpu)
     return model, cells, inputs.gpu
 
 

@@ -27,7 +27,7 @@ from leaderboard import atlas, ours_report, paths, ranking, report_protocols, re
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.op_level import OP_PHASES
-from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, seal_columns, table
 from leaderboard.split import default_split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
@@ -62,7 +62,10 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "Unseen: every other GPU, predicted from its datasheet. `INVALID` marks a run "
              "with a non-finite or non-positive prediction, or whose predictor failed or cannot "
              "score the dataset (reasons below); `—`: no run. Rows "
-             "are sorted by the mean unseen MAPE over all phases.", ""]
+             "are sorted by the mean unseen MAPE over all phases. `target rows`: the most "
+             "measured target rows the predictor read on any GPU of the family (its deploy "
+             "reading, never scored; 0 for a zero-reading predictor). `sandbox`: how its fit "
+             "and predict were confined (`landlock`, or `process` where the kernel lacks it).", ""]
     for fam in rerun.LEADERBOARD_FAMILIES:
         homes, unseen = datasets_of(runs, fam)
         mapes = PhaseMapes(runs, unseen)
@@ -73,8 +76,9 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
             if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
                 continue  # the family has no cells of this phase (splitwise: no mixed steps)
             rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
-                     fmt(mapes.unseen_mean(p, phase))] for p in predictors]
-            header = ["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean"]
+                     fmt(mapes.unseen_mean(p, phase)), *seal_columns(mine, p)] for p in predictors]
+            header = ["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean",
+                      "target rows", "sandbox"]
             title = "op level (`<sku>_ops`, one measured kernel per row)" if fam == "ops" else fam
             lines += [f"### {title}: {phase}", "", *table(header, rows)]
     invalid = runs.filter(~pl.col("valid"))
@@ -152,10 +156,11 @@ def performance(runs: pl.DataFrame) -> list[str]:
         speed = mine["predict_cells_per_s"].drop_nulls()
         rows.append([predictor, card["kind"], fmt(fit.median() if len(fit) else None, 2),
                      fmt(speed.median() if len(speed) else None, 0),
-                     f"{mine['profiled_rows'].max():,}", f"{mine['deploy_rows'].fill_null(0).max():,}"])
+                     f"{mine['home_profiled_rows'].fill_null(0).max():,}",
+                     f"{mine['deploy_rows'].fill_null(0).max():,}"])
     return ["## Performance", "", "Medians over the predictor's leaderboard runs (fit on the "
             "home's training rows; predict throughput on the target's cells).", "",
-            *table(["predictor", "kind", "fit s", "predict cells/s", "profiled rows",
+            *table(["predictor", "kind", "fit s", "predict cells/s", "home rows fit (max)",
                      "deploy rows (max)"], rows, "llrrrr")]
 
 

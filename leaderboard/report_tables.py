@@ -46,3 +46,11 @@ class PhaseMapes:
     def cell(self, predictor: str, dataset: str, phase: str) -> str:
         run = self.by.get((predictor, dataset))
         return "INVALID" if run and not run["valid"] else fmt(self.mape(predictor, dataset, phase))
+
+
+def seal_columns(runs: pl.DataFrame, predictor: str) -> list[str]:
+    """The most target rows ``predictor`` read in any of ``runs``, and the sandboxes they ran in."""
+    mine = runs.filter(pl.col("predictor") == predictor)
+    target_rows = mine["profiled_rows"].fill_null(0).max() or 0
+    sandboxes = sorted(set(mine["sandbox"].fill_null("—")))
+    return [f"{target_rows:,}", "/".join(sandboxes)]

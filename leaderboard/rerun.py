@@ -18,9 +18,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
 
-from leaderboard import store
+from leaderboard import progress, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.homes import family
@@ -78,17 +77,23 @@ def _run_one(spec: RunSpec) -> Outcome:
 
 def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
     """Run everything, ``jobs`` processes at a time; records the wall time in ``TIMING_FILE``."""
+    Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
     store.ensure()  # build once here rather than racing for the build lock in every worker
     started = time.perf_counter()
     specs = run_specs(runs_dir)
-    # spawn, not fork: forking a process that already started Polars' thread pool can deadlock.
     outcomes = []
-    with (ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool,
-          Progress(console=Console(stderr=True), transient=True) as progress):
-        task = progress.add_task(f"{len(specs)} runs, {jobs} processes", total=len(specs))
-        for future in as_completed([pool.submit(_run_one, spec) for spec in specs]):
-            outcomes.append(future.result())
-            progress.advance(task)
+    with progress.track(f"rerun: {len(specs)} runs, {jobs} processes", total=len(specs)) as bar:
+        bar.note(f"starting {jobs} worker processes")
+        # spawn, not fork: forking a process that already started Polars' thread pool can
+        # deadlock. The workers draw no bars of their own: this one owns the terminal.
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
+                                 initializer=progress.show, initargs=(False,)) as pool:
+            for future in as_completed([pool.submit(_run_one, spec) for spec in specs]):
+                done = future.result()
+                outcomes.append(done)
+                bar.note(f"last: {done.predictor} on {done.dataset}, {done.status.split(':')[0]} "
+                         f"in {done.seconds:.0f} s")
+                bar.advance()
     order = {(s.predictor, s.dataset): i for i, s in enumerate(specs)}
     outcomes.sort(key=lambda o: order[(o.predictor, o.dataset)])
     seconds = time.perf_counter() - started

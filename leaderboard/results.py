@@ -20,6 +20,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
+from leaderboard.specs import load_gpu_specs, load_models, spec_hash
 from leaderboard.versioning import code_hash
 
 # The metrics.json fields the store exposes, with their DuckDB types. Nested fields stay JSON so
@@ -33,6 +34,7 @@ RUN_COLUMNS = {
     "fit_seconds": "DOUBLE", "profiled_rows": "BIGINT", "deploy_rows": "BIGINT",
     "predict_cells_per_s": "DOUBLE", "phases": "JSON", "created_at": "VARCHAR",
     "home_datasets": "VARCHAR[]", "home_points": "VARCHAR", "home_points_used": "VARCHAR",
+    "sandbox": "VARCHAR", "spec_hash": "VARCHAR", "home_profiled_rows": "BIGINT",
 }
 RUN_FILES = ("metrics.json", "predictions.parquet")
 
@@ -70,17 +72,28 @@ def store_versions() -> dict[str, str]:
         return dict(con.execute("SELECT name, version FROM datasets").fetchall())
 
 
+def spec_hashes() -> dict[str, str]:
+    """Today's ``spec_hash`` of every GPU spec (with today's model shapes)."""
+    models = load_models()
+    return {sku: spec_hash(gpu, models) for sku, gpu in load_gpu_specs().items()}
+
+
 def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-               code: str | None = None) -> duckdb.DuckDBPyRelation:
-    """The runs made by today's code (``code_hash``) on today's target and home dataset
+               code: str | None = None, specs: Mapping[str, str] | None = None
+               ) -> duckdb.DuckDBPyRelation:
+    """The runs made by today's code (``code_hash``) with today's GPU spec and model shapes
+    (``spec_hash``, unless ``specs`` maps skus to hashes) on today's target and home dataset
     versions (the store's, unless ``versions`` maps dataset names to versions)."""
     versions = store_versions() if versions is None else versions
-    if not versions:
+    specs = spec_hashes() if specs is None else specs
+    if not versions or not specs:
         return runs.filter("false")
     table = ", ".join(f"({_quote(name)}, {_quote(version)})" for name, version in versions.items())
+    hashes = ", ".join(f"({_quote(sku)}, {_quote(h)})" for sku, h in specs.items())
     return runs.query("runs", f"""
-        WITH versions(name, version) AS (VALUES {table})
+        WITH versions(name, version) AS (VALUES {table}), specs(sku, hash) AS (VALUES {hashes})
         SELECT runs.* FROM runs
+        JOIN specs ON specs.sku = runs.sku AND specs.hash = runs.spec_hash
         JOIN versions target ON target.name = runs.dataset AND target.version = runs.dataset_version
         JOIN versions home ON home.name = runs.home_dataset
                            AND home.version = runs.home_dataset_version
@@ -88,10 +101,11 @@ def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None
 
 
 def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-            code: str | None = None) -> duckdb.DuckDBPyRelation:
+            code: str | None = None, specs: Mapping[str, str] | None = None
+            ) -> duckdb.DuckDBPyRelation:
     """The runs that still count: up to date, and of those the latest per (predictor, dataset,
     params, split, homes, home points)."""
-    return up_to_date(runs, versions, code).query("fresh", """
+    return up_to_date(runs, versions, code, specs).query("fresh", """
         SELECT * FROM fresh
         QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction,
                                                 home_datasets, home_points

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from leaderboard import paths
+from leaderboard.versioning import content_hash
 
 GPU_REQUIRED = (
     "sku", "short_name", "vendor", "arch", "sm_count", "boost_clock_mhz", "bf16_dense_tflops",
@@ -30,6 +31,18 @@ MODEL_REQUIRED = (
     "name", "hf_id", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "gated_mlp", "vocab_size",
 )
+
+# Physical ranges: (low, high), low exclusive. A value outside fails with file, field and range.
+GPU_RANGES = {
+    "sm_count": (0, 1000), "boost_clock_mhz": (0, 5000), "bf16_dense_tflops": (0, 100_000),
+    "mem_bw_gbs": (0, 100_000), "l2_mb": (0, 1024), "mem_gb": (0, 10_000),
+}
+GPU_CHOICES = {"vendor": ("nvidia", "amd", "intel"),
+               "arch": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
+                        "cdna2", "cdna3", "cdna4", "gaudi")}
+MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
+                                              "num_kv_heads", "head_dim", "intermediate_size",
+                                              "vocab_size")}
 
 
 class SpecError(ValueError):
@@ -71,11 +84,34 @@ def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
     return data
 
 
+def validate(path: Path, data: dict, ranges: dict, choices: dict) -> None:
+    """Raise SpecError naming the file, the field and the allowed range or values."""
+    for key, (low, high) in ranges.items():
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low < value <= high:
+            raise SpecError(f"{path}: {key} = {value!r} is outside its physical range; "
+                            f"allowed: a number > {low} and <= {high:,}")
+    for key, allowed in choices.items():
+        if data[key] not in allowed:
+            raise SpecError(f"{path}: {key} = {data[key]!r} is not known; allowed: "
+                            f"{', '.join(allowed)}")
+    if "l2_mb" in ranges and data["l2_mb"] >= data["mem_gb"] * 1024:
+        raise SpecError(f"{path}: l2_mb = {data['l2_mb']} must be smaller than the memory "
+                        f"(mem_gb = {data['mem_gb']}, i.e. {data['mem_gb'] * 1024:,} MB)")
+
+
+def spec_hash(gpu: GpuSpec, models: dict) -> str:
+    """What a run's numbers depend on in the specs: the target GPU's datasheet and every model
+    shape (a changed spec is another result, like changed code)."""
+    return content_hash(gpu.data, models)
+
+
 def load_gpu_specs(extra: str | os.PathLike | None = None) -> dict[str, GpuSpec]:
     specs: dict[str, GpuSpec] = {}
     for directory in gpu_spec_dirs(extra):
         for path in sorted(directory.glob("*.yaml")):
             data = _load_yaml(path, GPU_REQUIRED)
+            validate(path, data, GPU_RANGES, GPU_CHOICES)
             if data["sku"] != path.stem:
                 raise SpecError(f"{path}: sku '{data['sku']}' must equal the file name '{path.stem}'")
             specs[path.stem] = GpuSpec(path.stem, data, path)
@@ -94,9 +130,11 @@ def require_gpu(specs: dict[str, GpuSpec], sku: str, context: str) -> GpuSpec:
 
 
 def load_models() -> dict[str, dict[str, Any]]:
-    return {
-        p.stem: _load_yaml(p, MODEL_REQUIRED) for p in sorted((paths.CONF_DIR / "model").glob("*.yaml"))
-    }
+    models = {}
+    for path in sorted((paths.CONF_DIR / "model").glob("*.yaml")):
+        models[path.stem] = _load_yaml(path, MODEL_REQUIRED)
+        validate(path, models[path.stem], MODEL_RANGES, {})
+    return models
 
 
 def model_by_alias(models: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -22,7 +22,7 @@ import polars as pl
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import cells, guard, paths, sources
+from leaderboard import cells, debris, guard, paths, progress, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
 from leaderboard.specs import load_gpu_specs, load_models
@@ -49,7 +49,12 @@ class BuildReport:
 def _build_lock():
     paths.store_path().parent.mkdir(parents=True, exist_ok=True)
     with open(paths.store_path().parent / ".build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with progress.track(f"waiting for another process to finish building the store in "
+                                f"{paths.store_path().parent}"):
+                fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -81,6 +86,7 @@ def build(sources_root: str | None = None, gpu_specs: str | None = None,
     started = time.perf_counter()
     adapters = _selected(only)
     with _build_lock():
+        debris.sweep()
         pins = [p for p in sources.load_pins() if any(a.matches(p.rel) for a in adapters)]
         files = sources.resolve(pins, sources_root)
         files += sources.discover_unpinned([pat for a in adapters for pat in a.patterns],

@@ -73,6 +73,29 @@ class Home:
                 if not (rows := frame.filter(pl.col("sku") == sku)).is_empty()]
 
 
+@dataclass(frozen=True)
+class ReadingRequest:
+    """Target rows a predictor asks to read: cells by ``cell_id``, and op points, each a dict of
+    the lineage op and its shape (``{"op": "attn_decode", "batch": 8, "kv_len": 512, ...}``;
+    every key but ``op`` must match the point's field)."""
+
+    cells: tuple[str, ...] = ()
+    op_points: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.cells) + len(self.op_points)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The rows of a ``ReadingRequest`` with their ground truth: the cells (``gt_ms``
+    included) and, per op, the points (``latency_ms`` included)."""
+
+    cells: pl.DataFrame
+    ops: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+
 class NotSupported(ValueError):
     """The predictor cannot score this input (say which, and what it does support)."""
 
@@ -82,6 +105,8 @@ class Predictor:
 
     card: ClassVar[PredictorCard]
     name: ClassVar[str]  # set by ``register``
+    # The allowed values of a parameter that takes one of a few (checked before a run starts).
+    param_choices: ClassVar[dict[str, tuple]] = {}
 
     @classmethod
     def _parameters(cls) -> list[inspect.Parameter]:
@@ -107,14 +132,17 @@ class Predictor:
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         raise NotImplementedError
 
-    def deploy_rows(self, cells: pl.DataFrame) -> np.ndarray | None:
-        """The one deploy-time reading a predictor may take on the target (ours.md): a boolean
-        mask over the blind target cells, or None for none. The harness hands those rows, with
-        their ground truth, to ``calibrate`` and leaves them out of the score."""
+    def request_reading(self, cells: pl.DataFrame, gpu: GpuSpec, budget: int
+                        ) -> ReadingRequest | None:
+        """The one deploy-time reading a predictor may take on the target (ours.md): up to
+        ``budget`` target rows, named as cells or op points, or None for none. The harness
+        measures nothing new: it hands the named rows' ground truth to ``take_reading``, counts
+        them in the run's ``profiled_rows`` and leaves every cell they touch out of the score.
+        A request over ``budget`` makes the run INVALID."""
         return None
 
-    def calibrate(self, reading: pl.DataFrame, gpu: GpuSpec) -> None:
-        """Take the deploy reading chosen by ``deploy_rows``."""
+    def take_reading(self, reading: Reading, gpu: GpuSpec) -> None:
+        """Take the deploy reading asked for by ``request_reading``."""
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())

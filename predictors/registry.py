@@ -68,13 +68,35 @@ def get(name: str) -> type[Predictor]:
     return _REGISTRY[name]
 
 
+# Constructor annotations (or, without one, the default's type) checked before a run, as
+# written under ``from __future__ import annotations``; a bool is not taken for an int.
+TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
+
+
 def check_params(name: str, fields) -> None:
-    """Raise, naming the predictor's parameters and the closest, if a field is not one."""
-    valid = get(name).param_names()
+    """Raise, naming the predictor's parameters and the closest, if a field is not one; and,
+    when ``fields`` maps names to values, naming the allowed values if a value is not one
+    (the class's ``param_choices``, else its constructor annotation)."""
+    cls = get(name)
+    valid = cls.param_names()
     unknown = sorted(set(fields) - set(valid))
     if unknown:
         raise ValueError(f"predictor '{name}' has no parameter(s) {', '.join(unknown)}; "
                          f"its parameters: {', '.join(valid) or 'none'}.{_closest(unknown[0], valid)}")
+    annotations = {p.name: str(p.annotation) if p.annotation is not p.empty
+                   else type(p.default).__name__ for p in cls._parameters()}
+    for field, value in (fields.items() if isinstance(fields, dict) else ()):
+        choices = cls.param_choices.get(field)
+        types = TYPES.get(annotations[field])
+        if choices is not None and value not in choices:
+            allowed = f"one of {', '.join(map(str, choices))}"
+        elif types and (not isinstance(value, types) or (isinstance(value, bool)
+                                                          and bool not in types)):
+            allowed = f"of type {annotations[field]}"
+        else:
+            continue
+        raise ValueError(f"predictor '{name}': {field}={value!r} is not allowed; "
+                         f"{field} must be {allowed}")
 
 
 def build(name: str, params: dict[str, Any] | None = None) -> Predictor:

@@ -31,13 +31,16 @@ as its spec says), never the 0.02 ms launch constant.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 from sklearn.ensemble import RandomForestRegressor
-from sklearn.model_selection import GridSearchCV
+from sklearn.metrics import get_scorer
+from sklearn.model_selection import GridSearchCV, ParameterGrid
 
+from leaderboard import progress
 from leaderboard.specs import tp_shapes
 from predictors import _model_cache, rf_tokens
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES, link_gbs_per_direction, peak_flops
@@ -107,15 +110,27 @@ def lookup_grid(op: str) -> np.ndarray:
     return np.arange(TOKEN_ROUNDING, MAX_TOKENS + 1, TOKEN_ROUNDING)[:, None]
 
 
-def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int) -> RandomForestRegressor:
+def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int,
+               on_fold: Callable[[int, int], None] = lambda done, total: None) -> RandomForestRegressor:
     """Vidur's search (§2.3): GridSearchCV on −MAPE, unshuffled 10-fold CV (2 below 10 rows),
-    the best refit on all rows. One candidate needs no search: the refit is the result."""
+    the best refit on all rows. One candidate needs no search: the refit is the result.
+    ``on_fold(done, total)`` hears of each scored fold, so a long search can show progress."""
     candidates = GRIDS[grid]
     if all(len(v) == 1 for v in candidates.values()):
         params = {k: v[0] for k, v in candidates.items()}
         return RandomForestRegressor(**params, random_state=random_state).fit(x, y)
+    folds = 10 if len(y) >= 10 else 2
+    total, done = len(ParameterGrid(candidates)) * folds, 0
+    neg_mape = get_scorer("neg_mean_absolute_percentage_error")
+
+    def scored(estimator, x_fold, y_fold) -> float:  # the same score, counted
+        nonlocal done
+        done += 1
+        on_fold(done, total)
+        return neg_mape(estimator, x_fold, y_fold)
+
     search = GridSearchCV(RandomForestRegressor(random_state=random_state), candidates,
-                          scoring="neg_mean_absolute_percentage_error", cv=10 if len(y) >= 10 else 2)
+                          scoring=scored, cv=folds)
     return search.fit(x, y).best_estimator_
 
 
@@ -201,6 +216,9 @@ class VidurRandomForest(Predictor):
                     "composed per step as Vidur does; home predictions returned for any GPU",
         needs_profiled_rows=True)
 
+    param_choices = {"grid": tuple(GRIDS), "decode_attention": tuple(DECODE_MODES),
+                     "prefill_batches": tuple(PREFILL_BATCHES)}
+
     def __init__(self, grid: str = "reduced", random_state: int = 0,
                  decode_attention: str = "mean_context", prefill_batches: str = "one"):
         self.grid = grid
@@ -224,26 +242,36 @@ class VidurRandomForest(Predictor):
                                f"token-level profiles; dataset {home.dataset} has none for {missing} "
                                "(the _vidur and _vidurprof families have them)")
         self.forests_, self.cache_hits_, used = {}, 0, {}
-        for name, tp in configs:
-            rows_of = (rf_tokens.token_rows(home, name, tp) if self.token_level_
-                       else training_rows(home, home.models[name], tp, self.prefill_batches))
-            for op, rows in rows_of.items():
+        regressors = [(name, tp, op, rows) for name, tp in configs
+                      for op, rows in self._rows_of(home, name, tp).items()]
+        with progress.track(f"{self.name}: {self.grid}-grid forests on {home.dataset}",
+                            total=len(regressors)) as bar:
+            for name, tp, op, rows in regressors:
                 if rows.is_empty():
                     raise NotSupported(f"home {home.dataset} has no {op} points for {name} TP{tp}")
+                where = f"{name} TP{tp} {op} ({len(rows)} points)"
+                bar.note(where)
                 x, y = np.array(rows["x"].to_list(), dtype=np.float64), rows["y"].to_numpy()
                 key = _model_cache.key_of(op, x.tolist(), y.tolist(), GRIDS[self.grid], self.random_state,
                                           LOOKUP_BOUNDS)
                 self.forests_[(name, tp, op)], loaded = _model_cache.load_or_fit(
-                    "rf", key, lambda x=x, y=y, op=op: self._tabulated(op, x, y))
+                    "rf", key, lambda x=x, y=y, op=op, where=where: self._tabulated(
+                        op, x, y, lambda done, total: bar.note(f"{where}: CV fit {done}/{total}")))
                 self.cache_hits_ += loaded
                 used.setdefault(op, set()).update(rows["row"].to_list())
+                bar.advance()
         self.trained_on_ = home.sku
         self.home_peaks_ = peaks(home.gpu)
         self.profiled_rows_ = sum(len(r) for r in used.values())  # distinct points; configs share some
         return self
 
-    def _tabulated(self, op: str, x: np.ndarray, y: np.ndarray) -> OpForest:
-        forest = fit_forest(x, y, self.grid, self.random_state)
+    def _rows_of(self, home: Home, name: str, tp: int) -> dict[str, pl.DataFrame]:
+        if self.token_level_:
+            return rf_tokens.token_rows(home, name, tp)
+        return training_rows(home, home.models[name], tp, self.prefill_batches)
+
+    def _tabulated(self, op: str, x: np.ndarray, y: np.ndarray, on_fold) -> OpForest:
+        forest = fit_forest(x, y, self.grid, self.random_state, on_fold)
         grid = lookup_grid(op)
         order = np.argsort(_encode(grid))
         return OpForest(forest, x.shape[1], _encode(grid)[order],

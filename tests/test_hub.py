@@ -22,9 +22,6 @@ from predictors.base import Predictor, PredictorCard
 
 ONLY = ["h200_vidur", "h100_splitwise", "h200_sxm_ops"]
 HOMES = ["a100_vidur", "a100_splitwise", "a100_sxm_ops"]  # added by --only, to fit on
-SEEN: dict = {}
-
-
 @pytest.fixture(scope="module")
 def exported(real_store, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hub") / "export"
@@ -86,7 +83,6 @@ class Probe(Predictor):
     card = PredictorCard("analytical", "test", "probe", False)
 
     def fit(self, home):
-        SEEN.setdefault("homes", []).append(home)
         self.scale_ = float(sum(f["latency_ms"].mean() for f in home.ops.values())
                             + len(home.published) + home.cells["gt_ms"].mean())
         return self
@@ -99,12 +95,10 @@ def test_a_run_scores_the_same_from_the_export(exported, store_home, tmp_path, m
     registry.discover()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     registry.register("hub_probe")(Probe)
-    SEEN.clear()
     spec = evaluate.RunSpec("hub_probe", "h200_vidur", {}, runs_dir=tmp_path)
-    local = evaluate.run(spec)
+    local, local_home = evaluate.run(spec), evaluate.load_inputs(spec).home
     monkeypatch.setattr(evaluate, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
-    from_hub = evaluate.run(spec)
-    local_home, hub_home = SEEN["homes"]
+    from_hub, hub_home = evaluate.run(spec), evaluate.load_inputs(spec).home
     assert list(hub_home.ops) == list(local_home.ops) and len(hub_home.ops) > 3
     assert all(hub_home.ops[op].equals(local_home.ops[op]) for op in local_home.ops)
     assert from_hub.metrics["valid"] and from_hub.metrics["phases"] == local.metrics["phases"]

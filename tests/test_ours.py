@@ -10,7 +10,7 @@ import pytest
 
 from leaderboard.specs import GpuSpec, load_gpu_specs
 from predictors import registry
-from predictors.base import Home
+from predictors.base import Home, Reading
 from predictors.ours import FACTORS, LADDER, config
 from predictors.ours.step import blocks, decode_groups
 from predictors.steps import Steps
@@ -112,14 +112,16 @@ def test_wall_clock_deploy_reading_recovers_the_host_floor():
     other = [("llama-2-70b", 8, [512] * 2, [0, 0]), ("llama-2-70b", 4, [1] * 4, [576] * 4)]
     target = cells(sweep + other, kind="wall_clock")
     model = registry.build("ours").fit(home())
-    mask = model.deploy_rows(target)
-    assert mask.tolist() == [True] * 5 + [False] * 2  # only the first config's decode sweep
+    request = model.request_reading(target, gpu, budget=16)
+    assert request.cells == ("c0", "c1", "c2", "c3", "c4")  # only the first config's decode sweep
+    assert model.request_reading(target, gpu, budget=3).cells == ("c0", "c2", "c4")  # spread
     truth = model.predict(target, gpu) + 1e3 * (0.02 + 0.0005 * (target["num_requests"].to_numpy() - 1))
-    model.calibrate(target.filter(pl.Series(mask)).with_columns(gt_ms=pl.Series(truth[mask])),
-                    gpu)
+    read = target.with_columns(gt_ms=pl.Series(truth)).filter(pl.col("cell_id").is_in(["c0", "c4"]))
+    model.take_reading(Reading(read), gpu)
     assert model.host_floor_ == pytest.approx((0.02, 0.0005), rel=1e-6)
     assert model.predict(target, gpu) == pytest.approx(truth)
-    assert registry.build("ours").deploy_rows(MIX) is None  # no reading on gpu_block targets
+    assert registry.build("ours").request_reading(MIX, gpu, 16) is None  # none on gpu_block targets
+    assert registry.build("ours").request_reading(target, gpu, 0) is None  # nor without a budget
 
 
 def test_blocks_change_no_prediction():

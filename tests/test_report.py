@@ -54,7 +54,8 @@ def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str
         "test_fraction": 0.3, "dataset_version": VERSIONS[dataset],
         "home_dataset_version": VERSIONS[home], "code_version": "abc", "code_hash": code_hash(),
         "valid": True, "invalid_reasons": [], "fit_seconds": 0.01, "profiled_rows": 0,
-        "deploy_rows": 0, "predict_cells_per_s": 1e5,
+        "deploy_rows": 0, "predict_cells_per_s": 1e5, "sandbox": "landlock",
+        "spec_hash": results.spec_hashes()[SKUS[dataset]],
         "phases": {"all": {"n": len(predictions), "mape": 10.0}}, "created_at": created_at,
         "home_datasets": [home], "home_points": "full_grid", "home_points_used": "full_grid",
         **overrides}
@@ -74,12 +75,14 @@ def test_stale_runs_drop_out_and_the_latest_run_counts(tmp_path):
     write_run(tmp_path, "new", created_at="2026-01-02T00:00:00+00:00")
     write_run(tmp_path, "other-code", code_hash="0000000000000000",
               created_at="2026-01-03T00:00:00+00:00")
+    write_run(tmp_path, "other-spec", spec_hash="0000000000000000",  # e.g. a GPU spec override
+              created_at="2026-01-03T00:00:00+00:00")
     write_run(tmp_path, "other-target", dataset_version="stale",
               created_at="2026-01-03T00:00:00+00:00")
     write_run(tmp_path, "other-home", home_dataset_version="stale",
               created_at="2026-01-03T00:00:00+00:00")
     write_run(tmp_path, "other-params", params={"scale": 2.0})
-    assert results.load_runs(tmp_path).shape[0] == 6
+    assert results.load_runs(tmp_path).shape[0] == 7
     assert current_ids(tmp_path) == {"new", "other-params"}
 
 
@@ -189,3 +192,22 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     first = report.splice(kept, block)
     assert first.index(report.BEGIN) < first.index("## Store build") and "kept" in first
     assert report.splice(first, f"{report.BEGIN}\nnew\n{report.END}").count(report.BEGIN) == 1
+
+
+def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
+    """A reading predictor is never mixed up with a zero-reading one: each row carries the most
+    target rows its runs read and the sandboxes they ran in."""
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    monkeypatch.setitem(registry._REGISTRY, "reader", TinyPredictor)
+    runs = tmp_path / "runs"
+    for i, dataset in enumerate(VERSIONS):
+        write_run(runs, f"t{i}", dataset=dataset, predictions=cells(seed=i))
+        write_run(runs, f"r{i}", dataset=dataset, predictor="reader", predictions=cells(seed=i),
+                  profiled_rows=[0, 16, 9][i], sandbox=["landlock", "process", "landlock"][i])
+    current = results.current(results.load_runs(runs), VERSIONS).pl()
+    lines = report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)))
+    header = next(line for line in lines if line.startswith("| predictor"))
+    assert header.endswith("| unseen mean | target rows | sandbox |")
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
+    assert rows["| tiny"].endswith("| 10.0 | 0 | landlock |")
+    assert rows["| reader"].endswith("| 10.0 | 16 | landlock/process |")

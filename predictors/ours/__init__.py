@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard.specs import GpuSpec
-from predictors.base import Home, Predictor, PredictorCard
+from predictors.base import Home, Predictor, PredictorCard, Reading, ReadingRequest
 from predictors.ours import config, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
@@ -125,34 +125,36 @@ class Ours(Predictor):
             b, col("kv_len"), heads, kv_heads, d, dev, c, sw)["seconds"], 0.0)
         return seconds * 1e3
 
-    def deploy_rows(self, cells: pl.DataFrame) -> np.ndarray | None:
-        """Wall-clock targets only: one short decode batch-size sweep. The (model, TP) first in
+    def request_reading(self, cells: pl.DataFrame, gpu: GpuSpec, budget: int
+                        ) -> ReadingRequest | None:
+        """Wall-clock targets only: a short decode batch-size sweep, at most ``budget`` cells
+        spread from its smallest to its largest batch. The sweep: of the (model, TP) first in
         name order that has decode cells of at least two batch sizes at one per-request
-        context, and of those the context most of its decode cells share (on splitwise:
+        context, the cells at the context most of its decode cells share (on splitwise:
         bloom-176b TP8, batch 1..64, prompt 512 + 128 generated tokens, 7 cells)."""
-        if not self.wall_clock or "gt_kind" not in cells.columns:
+        if not self.wall_clock or budget < 1 or "gt_kind" not in cells.columns:
             return None
-        decode = cells.with_row_index("row").filter(
-            (pl.col("gt_kind") == "wall_clock") & (pl.col("phase") == "decode")).with_columns(
-            ctx=pl.col("decode_ctx_sum") // pl.col("num_decode"))
+        decode = cells.filter((pl.col("gt_kind") == "wall_clock") & (pl.col("phase") == "decode")
+                              ).with_columns(ctx=pl.col("decode_ctx_sum") // pl.col("num_decode"))
         for _, config_cells in decode.sort("model", "tp").group_by(["model", "tp"],
                                                                    maintain_order=True):
             sweep = config_cells.filter(pl.col("ctx") == config_cells["ctx"].mode().sort()[0])
             if sweep["num_decode"].n_unique() >= 2:
-                mask = np.zeros(len(cells), dtype=bool)
-                mask[sweep["row"].to_numpy()] = True
-                return mask
+                sweep = sweep.sort("num_decode", "cell_id")
+                picks = np.unique(np.linspace(0, len(sweep) - 1, min(budget, len(sweep))).round())
+                return ReadingRequest(cells=tuple(sweep["cell_id"].gather(picks.astype(int))))
         return None
 
-    def calibrate(self, reading: pl.DataFrame, gpu: GpuSpec) -> None:
+    def take_reading(self, reading: Reading, gpu: GpuSpec) -> None:
         """S(N) = s_floor + s_slope (N - 1) by least squares on the reading's measured time
-        left over after the GPU terms."""
+        left over after the GPU terms (the floor alone from a one-batch-size reading)."""
         self.host_floor_ = (0.0, 0.0)
-        rest = reading["gt_ms"].to_numpy() * 1e-3 - sum(self.components(reading, gpu).values())
-        n = reading["num_requests"].to_numpy().astype(np.float64)
-        design = np.column_stack([np.ones_like(n), n - 1.0])
-        s_floor, s_slope = np.linalg.lstsq(design, rest, rcond=None)[0]
-        self.host_floor_ = (float(s_floor), float(s_slope))
+        cells = reading.cells
+        rest = cells["gt_ms"].to_numpy() * 1e-3 - sum(self.components(cells, gpu).values())
+        n = cells["num_requests"].to_numpy().astype(np.float64)
+        design = np.column_stack([np.ones_like(n), n - 1.0])[:, :1 + (np.unique(n).size > 1)]
+        fitted = np.linalg.lstsq(design, rest, rcond=None)[0]
+        self.host_floor_ = (float(fitted[0]), float(fitted[1]) if len(fitted) > 1 else 0.0)
 
 
 def _rung(name: str, enabled: tuple[str, ...]) -> type[Ours]:

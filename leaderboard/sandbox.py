@@ -1,0 +1,249 @@
+"""Fit and predict in a child process that holds no ground truth.
+
+The parent writes what the contract allows into a fresh job folder: the home bundle, the blind
+target cells and the target's datasheet (frames as Arrow IPC, the rest as JSON). The child
+(``leaderboard.sandbox_child``) starts with an environment stripped of ``LEADERBOARD_*``, source
+roots and cache paths, confines itself with Landlock where the kernel has it (reads: the Python
+installation, the project's code and conf, its input folder; writes: its output folder and the
+predictor cache), constructs the predictor, fits, asks the parent for its deploy reading if it
+wants one, predicts and writes the predictions. The parent keeps the ground truth and scores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from leaderboard import guard, paths, progress
+from leaderboard.readings import ReadingRefused
+from leaderboard.specs import GpuSpec
+from predictors.base import Home, Reading, ReadingRequest
+
+# Passed through to the child: locale, terminal and thread-count settings, nothing that names a
+# path of the suite.
+KEPT_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
+            "TZ", "OMP_NUM_THREADS", "POLARS_MAX_THREADS", "OPENBLAS_NUM_THREADS")
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
+               "/sys/devices/system/cpu", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cgroup")
+
+
+def jobs_dir() -> Path:
+    return paths.home() / "sandbox"
+
+
+def predictor_cache() -> Path:
+    """The one folder a predictor may keep files in across runs (fitted models): no ground
+    truth is ever written there."""
+    return paths.home() / "predictor-cache"
+
+
+# ----------------------------------------------------------------------------- the bundle
+
+
+def write_frame(frame: pl.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.write_ipc(path)
+
+
+def read_frame(path: Path) -> pl.DataFrame:
+    return pl.read_ipc(path)
+
+
+def _gpu_json(gpu: GpuSpec) -> dict:
+    return {"sku": gpu.sku, "data": gpu.data, "path": str(gpu.path)}
+
+
+def _gpu_of(data: dict) -> GpuSpec:
+    return GpuSpec(data["sku"], data["data"], Path(data["path"]))
+
+
+def write_home(home: Home, folder: Path) -> None:
+    write_frame(home.cells, folder / "cells.arrow")
+    write_frame(home.published, folder / "published.arrow")
+    for op, frame in home.ops.items():
+        write_frame(frame, folder / "ops" / f"{op}.arrow")
+    (folder / "home.json").write_text(json.dumps(
+        {"sku": home.sku, "dataset": home.dataset, "gpu": _gpu_json(home.gpu),
+         "gpus": {sku: _gpu_json(gpu) for sku, gpu in home.gpus.items()},
+         "models": home.models, "ops": list(home.ops)}, default=str))
+
+
+def read_home(folder: Path) -> Home:
+    meta = json.loads((folder / "home.json").read_text())
+    return Home(sku=meta["sku"], gpu=_gpu_of(meta["gpu"]), dataset=meta["dataset"],
+                cells=read_frame(folder / "cells.arrow"),
+                ops={op: read_frame(folder / "ops" / f"{op}.arrow") for op in meta["ops"]},
+                models=meta["models"], published=read_frame(folder / "published.arrow"),
+                gpus={sku: _gpu_of(gpu) for sku, gpu in meta["gpus"].items()})
+
+
+def write_reading(reading: Reading, folder: Path) -> None:
+    write_home(Home("", GpuSpec("", {}, Path()), "", reading.cells, reading.ops), folder)
+
+
+def read_reading(folder: Path) -> Reading:
+    home = read_home(folder)
+    return Reading(home.cells, home.ops)
+
+
+# ----------------------------------------------------------------------------- the parent
+
+
+@contextmanager
+def job_folder():
+    """A fresh folder named by this process's id (so ``debris`` can tell a dead run's), removed
+    afterwards."""
+    folder = jobs_dir() / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    (folder / "in").mkdir(parents=True)
+    (folder / "out").mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def child_env(folder: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
+    predictor_cache().mkdir(parents=True, exist_ok=True)
+    return {**env, "HOME": str(folder / "out"), "TMPDIR": str(folder / "out"),
+            "XDG_CACHE_HOME": str(predictor_cache()), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def readable(cls: type) -> list[str]:
+    """What the child may read: the Python installation, the suite's code and conf, the
+    predictor's own module folder. The repository root itself only as a listing (it also holds
+    results/ and datasets/)."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix,
+             *(p for p in sys.path if p and Path(p).resolve() != paths.REPO_ROOT)}
+    code = [paths.REPO_ROOT / "leaderboard", paths.REPO_ROOT / "predictors", paths.CONF_DIR,
+            Path(sys.modules[cls.__module__].__file__).parent]
+    return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
+
+
+def job(cls: type, params: dict, op_level: bool, budget: int, folder: Path) -> dict:
+    return {"predictor": {"module": cls.__module__, "qualname": cls.__qualname__,
+                          "name": cls.name},
+            "params": params, "op_level": op_level, "budget": budget,
+            "progress": progress.shown(),
+            "sys_path": [p for p in sys.path if p],
+            "read": [*readable(cls), str(folder / "in")],
+            "list": [str(paths.REPO_ROOT)],
+            "write": [str(folder / "out"), str(predictor_cache()), "/dev/null", "/dev/shm"]}
+
+
+def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
+                    op_level: bool, budget: int, supply: Callable[[ReadingRequest], Reading]
+                    ) -> tuple[np.ndarray | None, list[str], dict]:
+    """The child's predictions (None if it failed), the cells its reading took out of the score,
+    and the facts it measured (fit seconds, predict seconds, sandbox, INVALID reasons)."""
+    with job_folder() as folder:
+        write_home(home, folder / "in" / "home")
+        write_frame(blind, folder / "in" / "blind.arrow")
+        (folder / "in" / "gpu.json").write_text(json.dumps(_gpu_json(gpu), default=str))
+        (folder / "in" / "job.json").write_text(json.dumps(
+            job(cls, params, op_level, budget, folder), default=str))
+        unscored, refused = _talk(folder, supply)
+        facts_file = folder / "out" / "facts.json"
+        if not facts_file.is_file():
+            return None, unscored, {"invalid_reasons": [refused or "the predictor's process "
+                                                        "died before writing its results"]}
+        facts = json.loads(facts_file.read_text())
+        if refused:
+            facts["invalid_reasons"].insert(0, refused)
+        pred_file = folder / "out" / "pred.npy"
+        pred = np.load(pred_file, allow_pickle=False) if pred_file.is_file() else None
+    return pred, unscored, facts
+
+
+def _talk(folder: Path, supply) -> tuple[list[str], str | None]:
+    """Run the child, answering its reading request; the cells taken out and a refusal."""
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    command = [sys.executable, "-m", "leaderboard.sandbox_child", str(folder), str(to_child_r),
+               str(from_child_w)]
+    # stdout and stderr are inherited, so a long fit's progress reaches the user's terminal.
+    child = subprocess.Popen(command, env=child_env(folder), cwd=folder / "out",
+                             pass_fds=(to_child_r, from_child_w))
+    os.close(to_child_r)
+    os.close(from_child_w)
+    unscored, refused = [], None
+    with os.fdopen(from_child_r) as inbox, os.fdopen(to_child_w, "w") as outbox:
+        for line in inbox:
+            request = ReadingRequest(**json.loads(line))
+            try:
+                reading = supply(request)
+                write_reading(reading, folder / "in" / "reading")
+                unscored = list(supply.unscored)
+                answer = {"unscored": unscored}
+            except ReadingRefused as exc:
+                refused = str(exc)
+                answer = {"refused": refused}
+            outbox.write(json.dumps(answer) + "\n")
+            outbox.flush()
+    child.wait()
+    return unscored, refused
+
+
+# ------------------------------------------------------------------------------ the child
+
+
+def _resolve(ref: dict) -> type:
+    """The predictor class, by module and name (ladder rungs are made by a factory, so they are
+    found through the registry)."""
+    import importlib
+
+    from predictors import registry
+
+    found = importlib.import_module(ref["module"])
+    for part in ref["qualname"].split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else registry.get(ref["name"])
+
+
+def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
+    """Construct, fit, read, predict: everything the predictor does, as facts for the parent."""
+    guard.seal_process("the sandboxed fit and predict")
+    progress.show(job["progress"])  # the child draws on the parent's terminal, if it may
+    facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": [],
+             "home_profiled_rows": 0}
+    inputs, out = folder / "in", folder / "out"
+    try:
+        estimator = _resolve(job["predictor"])(**job["params"])
+        home, blind = read_home(inputs / "home"), read_frame(inputs / "blind.arrow")
+        gpu = _gpu_of(json.loads((inputs / "gpu.json").read_text()))
+        started = time.perf_counter()
+        fitted = estimator.fit(home)
+        facts["fit_seconds"] = time.perf_counter() - started
+        if fitted is not estimator:
+            facts["invalid_reasons"].append("fit did not return self")
+        facts["home_profiled_rows"] = int(getattr(estimator, "profiled_rows_", 0))
+        request = None if job["op_level"] else estimator.request_reading(blind, gpu, job["budget"])
+        if request is not None and request.size:
+            answer = ask({"cells": list(request.cells), "op_points": list(request.op_points)})
+            if "refused" in answer:
+                return facts
+            estimator.take_reading(read_reading(inputs / "reading"), gpu)
+            blind = blind.filter(~pl.col("cell_id").is_in(answer["unscored"]))
+        predict = estimator.predict_ops if job["op_level"] else estimator.predict
+        predict(blind.head(8), gpu)  # warm caches, so the timing below is throughput
+        started = time.perf_counter()
+        pred = np.asarray(predict(blind, gpu), dtype=np.float64)
+        facts["predict_seconds"] = time.perf_counter() - started
+        np.save(out / "pred.npy", pred, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any failure of a predictor makes the run INVALID
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        facts["invalid_reasons"].append(
+            f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
+    return facts

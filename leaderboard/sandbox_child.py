@@ -1,0 +1,37 @@
+"""``python -m leaderboard.sandbox_child JOB_FOLDER IN_FD OUT_FD``: the sealed side of a run.
+
+Started by ``leaderboard.sandbox`` only. It confines itself before importing anything that
+starts a thread (Landlock binds the threads created after it), then runs the predictor and
+writes ``out/facts.json``. Requests to the parent go as JSON lines over the pipe ``OUT_FD``;
+answers come back over ``IN_FD``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from leaderboard import landlock
+
+
+def main(argv: list[str]) -> None:
+    folder, inbox_fd, outbox_fd = Path(argv[1]), int(argv[2]), int(argv[3])
+    job = json.loads((folder / "in" / "job.json").read_text())
+    confined = landlock.confine(job["read"], job["write"], job["list"])
+    sys.path.extend(p for p in job["sys_path"] if p not in sys.path)
+    from leaderboard.sandbox import child_run  # noqa: PLC0415 - only once confined
+
+    with open(inbox_fd) as inbox, open(outbox_fd, "w") as outbox:
+        def ask(request: dict) -> dict:
+            outbox.write(json.dumps(request) + "\n")
+            outbox.flush()
+            return json.loads(inbox.readline())
+
+        facts = child_run(job, folder, ask)
+    facts["sandbox"] = "landlock" if confined else "process"
+    (folder / "out" / "facts.json").write_text(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

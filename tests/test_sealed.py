@@ -1,0 +1,80 @@
+"""What a user can get wrong before a run, and what interrupted work leaves: parameter values,
+GPU specs, leftovers of dead processes, writes outside LEADERBOARD_HOME."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from leaderboard import debris, paths
+from leaderboard.evaluate import RunSpec, run
+from leaderboard.specs import SpecError, load_gpu_specs
+from predictors import registry
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"grid": "huge"}, "grid='huge' is not allowed; grid must be one of full, reduced"),
+    ({"random_state": "abc"}, "random_state='abc' is not allowed; random_state must be of type int"),
+    ({"random_state": True}, "must be of type int"),
+])
+def test_a_bad_parameter_value_names_the_allowed_values(params, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        registry.check_params("rf_verbatim", params)
+    registry.check_params("rf_verbatim", {"grid": "full", "random_state": 3})
+
+
+def test_cli_exits_2_on_a_bad_value_and_writes_no_run(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=rf_verbatim",
+                          "predictor.grid=huge", f"runs_dir={tmp_path}"], capture_output=True,
+                         text=True, cwd=paths.REPO_ROOT, timeout=120)
+    assert out.returncode == 2 and "grid must be one of full, reduced" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_negative_bandwidth_fails_with_the_file_and_field(tmp_path):
+    data = yaml.safe_load((paths.CONF_DIR / "gpu" / "h200_sxm.yaml").read_text())
+    (tmp_path / "h200_sxm.yaml").write_text(yaml.safe_dump({**data, "mem_bw_gbs": -4800}))
+    with pytest.raises(SpecError, match=r"h200_sxm.yaml: mem_bw_gbs = -4800 is outside its "
+                                        r"physical range; allowed: a number > 0"):
+        load_gpu_specs(tmp_path)
+    (tmp_path / "h200_sxm.yaml").write_text(yaml.safe_dump({**data, "l2_mb": 200_000}))
+    with pytest.raises(SpecError, match="l2_mb"):
+        load_gpu_specs(tmp_path)
+    (tmp_path / "h200_sxm.yaml").write_text(yaml.safe_dump({**data, "arch": "hoper"}))
+    with pytest.raises(SpecError, match="arch = 'hoper' is not known; allowed: pascal"):
+        load_gpu_specs(tmp_path)
+
+
+def test_leftovers_of_dead_processes_are_removed_and_counted(tmp_path, monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store_dir, runs = paths.home() / "store", tmp_path / "runs"
+    store_dir.mkdir(parents=True)
+    (runs / f".20260101-x.{dead.pid}.partial").mkdir(parents=True)
+    (runs / f".20260101-y.{os.getpid()}.partial").mkdir()  # a live run: kept
+    for name in (f".leaderboard.duckdb.{dead.pid}.tmp", f".leaderboard.duckdb.{dead.pid}.tmp.wal"):
+        (store_dir / name).write_bytes(b"x")
+    (paths.home() / "sandbox" / f"{dead.pid}-abcdef12").mkdir(parents=True)
+    assert debris.sweep(runs) == 4
+    assert [p.name for p in runs.iterdir()] == [f".20260101-y.{os.getpid()}.partial"]
+    assert not list(store_dir.iterdir()) and not list((paths.home() / "sandbox").iterdir())
+    assert debris.sweep(runs) == 0
+
+
+def test_a_run_writes_nothing_outside_its_home(store_home, tmp_path, monkeypatch):
+    user = tmp_path / "user"
+    (user / ".cache").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(user))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(user / ".cache"))
+    os.chmod(user / ".cache", 0o555)
+    try:
+        result = run(RunSpec("rf_scaled", "h200_vidur", {}, runs_dir=tmp_path / "runs"))
+    finally:
+        os.chmod(user / ".cache", 0o755)
+    assert result.metrics["valid"], result.metrics["invalid_reasons"]
+    assert not list((user / ".cache").iterdir())
+    assert list((store_home.home / "predictor-cache").rglob("rf-*.joblib"))
