@@ -23,6 +23,7 @@ from leaderboard import atlas, guard, homes, metrics
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
+from leaderboard.serving import scoring as serving_api
 from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu
 from leaderboard.split import default_split, split
 from leaderboard.versioning import code_hash, code_version
@@ -122,6 +123,7 @@ class RunInputs:
     home_row: dict
     op_level: bool
     target_lineage: pl.DataFrame  # the measured points behind each target cell (empty for ops)
+    serving: bool = False  # a serving dataset: targets are TTFT/TPOT of replayed loads
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
@@ -132,6 +134,7 @@ def load_inputs(spec: RunSpec) -> RunInputs:
         rows = catalog.datasets()
         target_row = homes.require_dataset(rows, spec.dataset)
         op_level = target_row["kind"] == "ops"
+        serving = target_row["kind"] == "serving"
         home_name = homes.home_of(spec.dataset, spec.home, rows)
         home_row = rows[home_name]
         if (home_row["kind"] == "ops") != op_level:
@@ -148,9 +151,10 @@ def load_inputs(spec: RunSpec) -> RunInputs:
             train, heldout = split(catalog.cells(home_name), "workload_id", spec.seed,
                                    spec.test_fraction)
             home = homes.build_home(catalog, home_row, train, home_gpu, load_models())
-            target = heldout if spec.dataset == home_name else catalog.cells(spec.dataset)
-        lineage = pl.DataFrame() if op_level else catalog.lineage(spec.dataset)
-    return RunInputs(home, target, gpu, target_row, home_row, op_level, lineage)
+            target = (catalog.serving_targets(spec.dataset) if serving else
+                      heldout if spec.dataset == home_name else catalog.cells(spec.dataset))
+        lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
+    return RunInputs(home, target, gpu, target_row, home_row, op_level, lineage, serving)
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -160,14 +164,21 @@ def run(spec: RunSpec) -> RunResult:
         op_level_api.require_op_predictor(estimator)
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     op_level = inputs.op_level
-    pred, target, facts = _fit_and_predict(estimator, inputs.home, inputs.target, inputs.gpu,
-                                           op_level)
-    columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
-    predictions = target.select(columns).with_columns(
-        pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
+    if inputs.serving:  # one row per target and metric; the steps timed are the replay's
+        predictions, facts = serving_api.fit_and_simulate(estimator, inputs.home, inputs.target,
+                                                          inputs.gpu, load_models())
+        pred = None if facts["invalid_reasons"] else predictions["pred_ms"]
+        target, facts["deploy_row_ids"] = predictions, []
+    else:
+        pred, target, facts = _fit_and_predict(estimator, inputs.home, inputs.target, inputs.gpu,
+                                               op_level)
+        columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
+        predictions = target.select(columns).with_columns(
+            pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
-    phases = op_level_api.OP_PHASES if op_level else metrics.PHASES
+    phases = (serving_api.SERVING_PHASES if inputs.serving else
+              op_level_api.OP_PHASES if op_level else metrics.PHASES)
     result = {
         "predictor": spec.predictor, "params": estimator.get_params(),
         "card": {"kind": estimator.card.kind, "reference": estimator.card.reference,
@@ -181,9 +192,9 @@ def run(spec: RunSpec) -> RunResult:
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts["fit_seconds"],
         "profiled_rows": int(getattr(estimator, "profiled_rows_", 0)),
         "deploy_rows": len(facts["deploy_row_ids"]), "deploy_row_ids": facts["deploy_row_ids"],
-        "predict_cells_per_s": (len(target) / facts["predict_seconds"]
+        "predict_cells_per_s": (facts.get("steps", len(target)) / facts["predict_seconds"]
                                 if facts["predict_seconds"] else None),
-        "level": "op" if op_level else "step",
+        "level": "serving" if inputs.serving else "op" if op_level else "step",
         "phases": metrics.by_phase(predictions, phases) if pred is not None else {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

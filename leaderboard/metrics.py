@@ -23,11 +23,12 @@ def summarize(signed_pct: np.ndarray) -> dict[str, float | int | None]:
 
 
 def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES) -> dict[str, dict]:
-    """Statistics over all rows and per value of ``phase`` (in ``groups`` order, then any other)."""
+    """Statistics over all rows (when ``groups`` names "all") and per value of ``phase`` (in
+    ``groups`` order, then any other)."""
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
     present = [g for g in groups if g != "all"] + sorted(set(phase) - set(groups))
-    out = {"all": summarize(signed)}
+    out = {"all": summarize(signed)} if "all" in groups else {}
     for g in present:
         out[g] = summarize(signed[phase == g])
     return out
