@@ -37,6 +37,8 @@ class MalformedRow(BuildError):
 
 
 def _number(raw: str | None, kind, field: str, where: str, positive: bool):
+    if raw is None or raw == "":
+        raise MalformedRow(f"{where}: field '{field}' is empty")
     try:
         value = kind(float(raw)) if kind is int else float(raw)
     except (TypeError, ValueError):
