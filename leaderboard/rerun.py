@@ -1,7 +1,8 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
 The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home), the
-splitwise pair, and the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``). Each
+splitwise pair, the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the
+serving sets (``<sku>_silicon``, ``rtx4090_serving``). Each
 run is what ``python -m leaderboard predictor=P dataset=D`` does with the default config
 (default parameters, the ``heldout`` split, the dataset's configured home), run in a pool of
 worker processes because a run is single-threaded, Python-bound work.
@@ -29,6 +30,7 @@ from predictors import registry
 from predictors.base import NotSupported
 
 LEADERBOARD_FAMILIES = ("vidur", "splitwise", "ops")
+SERVING_FAMILIES = ("silicon", "serving")  # TTFT/TPOT of replayed loads (leaderboard.serving)
 STEP_FAMILIES = ("vidur", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
@@ -46,7 +48,8 @@ def leaderboard_datasets() -> list[str]:
     """The store's datasets of the leaderboard families, including any GPU added through a
     sources directory (which has no ``conf/dataset`` file)."""
     with StoreCatalog() as catalog:
-        return sorted(n for n in catalog.datasets() if family(n) in LEADERBOARD_FAMILIES)
+        return sorted(n for n in catalog.datasets()
+                      if family(n) in (*LEADERBOARD_FAMILIES, *SERVING_FAMILIES))
 
 
 def run_specs(runs_dir: Path) -> list[RunSpec]:

@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from leaderboard import cells, guard, paths, sources
-from leaderboard.serving import datasets as serving_datasets
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
+from leaderboard.serving import datasets as serving_datasets
 from leaderboard.specs import load_gpu_specs, load_models
 from leaderboard.tables import TABLES, conform
 from leaderboard.versioning import code_version, content_hash

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
 from leaderboard.ingest.base import IngestContext
+from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
 from leaderboard.serving.replay import closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
 from leaderboard.sources import SourceFile

@@ -20,8 +20,8 @@ from leaderboard.serving.simulate import predict_targets
 from predictors.base import NotSupported
 
 SERVING_PHASES = ("ttft", "tpot")
-PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "backend", "isl", "osl",
-                      "concurrency", "gt_kind", "gt_ms")
+PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "phase", "backend",
+                      "isl", "osl", "concurrency", "gt_kind", "gt_ms")
 
 
 def _timer(estimator, gpu, facts: dict):
@@ -64,7 +64,8 @@ def fit_and_simulate(estimator, home, targets: pl.DataFrame, gpu, models
 
 def prediction_rows(targets: pl.DataFrame, ttft: np.ndarray, tpot: np.ndarray) -> pl.DataFrame:
     """One row per (target, metric) with a measured value: cell_id is ``<target>:<metric>``."""
-    base = targets.select(workload_id="target_id", model="model", tp="tp", backend="backend",
+    base = targets.select(workload_id="target_id", model="model", precision="precision", tp="tp",
+                          backend="backend",
                           isl="isl", osl="osl", concurrency="concurrency", gt_kind="gt_kind")
     rows = pl.concat([
         base.with_columns(phase=pl.lit(metric), gt_ms=targets[f"gt_{metric}_ms"],
