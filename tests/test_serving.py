@@ -142,10 +142,12 @@ def test_a_serving_run_scores_ttft_and_tpot(constant, tmp_path):
     assert set(result.metrics["phases"]) == {"ttft", "tpot"}
     tpot = result.predictions.filter(pl.col("phase") == "tpot")
     # Every step is 2 ms; vLLM and TRT-LLM decode every running request each step, so their
-    # TPOT is exactly 2 ms; SGLang's prefill-only steps stall decodes, so its TPOT is more.
+    # TPOT is exactly 2 ms; SGLang's prefill-only steps stall the decodes they interrupt, so
+    # its TPOT is never less and is more wherever a prompt lands mid-decode.
     mixed = tpot.filter(pl.col("backend") != "sglang")["pred_ms"].to_numpy()
     np.testing.assert_allclose(mixed, 2.0)
-    assert (tpot.filter(pl.col("backend") == "sglang")["pred_ms"] > 2.0).all()
+    sglang = tpot.filter(pl.col("backend") == "sglang")["pred_ms"].to_numpy()
+    assert (sglang >= 2.0 - 1e-9).all() and (sglang > 2.01).any()
     gt = tpot["gt_ms"].to_numpy()
     assert result.metrics["phases"]["tpot"]["median_ape"] == pytest.approx(
         np.median(np.abs(tpot["pred_ms"].to_numpy() - gt) / gt * 100))
