@@ -51,7 +51,7 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec]) -> str | None:
 def _coverage(runs: pl.DataFrame) -> str:
     lines = ["| GPU | model | backend | precision | rows | status |", "|---|---|---|---|---|---|"]
     table = (runs.group_by("sku", "model_path", "backend", "precision", "why")
-             .len().sort("sku", "why", "model_path", "backend", nulls_last=False))
+             .len().sort("sku", "why", "model_path", "backend", "precision", nulls_last=False))
     for sku, model, backend, precision, why, n in table.iter_rows():
         lines.append(f"| {sku} | {model} | {backend} | {precision} | {n} | "
                      f"{'usable' if why is None else 'left out: ' + why} |")
