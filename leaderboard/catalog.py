@@ -33,7 +33,8 @@ class StoreCatalog:
     def datasets(self) -> dict[str, dict]:
         rows = self._con.execute(
             "SELECT name, kind, sku, version, backend_versions FROM datasets "
-            "WHERE kind = 'cells' OR (kind = 'ops' AND name LIKE '%\\_ops' ESCAPE '\\')").fetchall()
+            "WHERE kind IN ('cells', 'serving') OR (kind = 'ops' AND name LIKE '%\\_ops' ESCAPE '\\')"
+        ).fetchall()
         return {n: {"name": n, "kind": k, "sku": s, "version": v, "backend_versions": json.loads(b)}
                 for n, k, s, v, b in rows}
 
@@ -50,6 +51,10 @@ class StoreCatalog:
 
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         return collective_points(self._con, sku, version)
+
+    def serving_targets(self, name: str) -> pl.DataFrame:
+        return self._con.sql("SELECT * FROM serving_targets WHERE dataset = ? ORDER BY run, target_id",
+                             params=[name]).pl()
 
     def coefficients(self) -> pl.DataFrame:
         return self._con.sql("SELECT * FROM coefficients ORDER BY ALL").pl()

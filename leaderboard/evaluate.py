@@ -21,11 +21,12 @@ from leaderboard import atlas, debris, homes, metrics, readings, sandbox
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
+from leaderboard.serving import scoring as serving_api
 from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard.split import default_split, split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
-from predictors.base import GROUND_TRUTH_COLUMNS, Home
+from predictors.base import GROUND_TRUTH_COLUMNS, Home, NotSupported
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
                       "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms",
@@ -71,7 +72,7 @@ def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
     hidden = op_level_api.MEASURED if inputs.op_level else GROUND_TRUTH_COLUMNS
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
-        cls, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.op_level, budget,
+        cls, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
         supplier)
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
@@ -88,6 +89,21 @@ def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
     return pred, target, facts
 
 
+def _simulate(cls: type, params: dict, inputs: RunInputs) -> tuple[pl.DataFrame, dict]:
+    """Serving targets: the sandboxed child fits the predictor and replays each load blind (no
+    deploy reading); this process keeps the measured TTFT/TPOT and builds the scored rows."""
+    refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
+    pred, _, facts = sandbox.fit_and_predict(
+        cls, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
+        "serving", 0, refuse_all)
+    if facts.get("not_supported"):
+        raise NotSupported(facts["not_supported"])
+    facts["deploy_row_ids"], facts["target_rows"] = [], 0
+    nan = np.full(len(inputs.target), np.nan)
+    ttft, tpot = (pred[0], pred[1]) if pred is not None else (nan, nan)
+    return serving_api.prediction_rows(inputs.target, ttft, tpot), facts
+
+
 @dataclass
 class RunInputs:
     """What a run reads before any predictor code runs."""
@@ -101,6 +117,11 @@ class RunInputs:
     target_lineage: pl.DataFrame  # the measured points behind each target cell (empty for ops)
     home_rows: list[dict] = field(default_factory=list)  # every home, the first one included
     home_points: str = "behind_cells"  # what the home's op points are (``homes.points_of``)
+    serving: bool = False  # a serving dataset: targets are TTFT/TPOT of replayed loads
+
+    @property
+    def level(self) -> str:
+        return "serving" if self.serving else "op" if self.op_level else "step"
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
@@ -111,6 +132,7 @@ def load_inputs(spec: RunSpec) -> RunInputs:
         rows = catalog.datasets()
         target_row = homes.require_dataset(rows, spec.dataset)
         op_level = target_row["kind"] == "ops"
+        serving = target_row["kind"] == "serving"
         home_rows = [rows[n] for n in homes.homes_of(spec.dataset, spec.home, rows)]
         for home_row in home_rows:
             if (home_row["kind"] == "ops") != op_level:
@@ -128,10 +150,12 @@ def load_inputs(spec: RunSpec) -> RunInputs:
                 spec.test_fraction)
         else:
             home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, rows)
-        lineage = pl.DataFrame() if op_level else catalog.lineage(spec.dataset)
+            if serving:
+                target = catalog.serving_targets(spec.dataset)
+        lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
     return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
                      "split_by_point" if op_level else homes.points_of(spec.home_points, home_rows,
-                                                                        rows))
+                                                                        rows), serving)
 
 
 def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
@@ -161,13 +185,18 @@ def run(spec: RunSpec) -> RunResult:
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
     budget = readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
-    pred, target, facts = _fit_and_predict(cls, params, inputs, budget)
-    columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
-    predictions = target.select(columns).with_columns(
-        pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
+    if inputs.serving:  # two rows per target (TTFT, TPOT); the steps timed are the replay's
+        predictions, facts = _simulate(cls, params, inputs)
+        target, pred = predictions, None if facts["invalid_reasons"] else predictions["pred_ms"]
+    else:
+        pred, target, facts = _fit_and_predict(cls, params, inputs, budget)
+        columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
+        predictions = target.select(columns).with_columns(
+            pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
-    phases = op_level_api.OP_PHASES if op_level else metrics.PHASES
+    phases = (serving_api.SERVING_PHASES if inputs.serving else
+              op_level_api.OP_PHASES if op_level else metrics.PHASES)
     result = {
         "predictor": spec.predictor, "params": params,
         "card": {"kind": cls.card.kind, "reference": cls.card.reference,
@@ -188,9 +217,9 @@ def run(spec: RunSpec) -> RunResult:
         "profiled_rows": facts["target_rows"], "reading_cap": budget,
         "home_profiled_rows": facts.get("home_profiled_rows", 0),
         "deploy_rows": len(facts["deploy_row_ids"]), "deploy_row_ids": facts["deploy_row_ids"],
-        "predict_cells_per_s": (len(target) / facts["predict_seconds"]
+        "predict_cells_per_s": (facts.get("steps", len(target)) / facts["predict_seconds"]
                                 if facts.get("predict_seconds") else None),
-        "level": "op" if op_level else "step",
+        "level": inputs.level,
         "phases": metrics.by_phase(predictions, phases) if pred is not None else {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -25,12 +25,12 @@ def summarize(signed_pct: np.ndarray) -> dict[str, float | int | None]:
 
 
 def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES) -> dict[str, dict]:
-    """Statistics over all rows, over the cold cells where the rows carry ``warm_share``, and per
-    value of ``phase`` (in ``groups`` order, then any other)."""
+    """Statistics over all rows (when ``groups`` names "all"), over the cold cells where the rows
+    carry ``warm_share``, and per value of ``phase`` (in ``groups`` order, then any other)."""
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
     present = [g for g in groups if g not in ("all", COLD)] + sorted(set(phase) - set(groups))
-    out = {"all": summarize(signed)}
+    out = {"all": summarize(signed)} if "all" in groups else {}
     warm = predictions.get_column("warm_share") if "warm_share" in predictions.columns else None
     if COLD in groups and warm is not None and warm.null_count() < len(warm):
         out[COLD] = summarize(signed[(warm == 0).fill_null(False).to_numpy()])

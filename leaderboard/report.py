@@ -28,6 +28,7 @@ from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.op_level import OP_PHASES
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, seal_columns, table
+from leaderboard.serving import report as serving_report
 from leaderboard.split import default_split
 from leaderboard.versioning import code_hash, code_version
 from predictors import registry
@@ -199,6 +200,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     current = results.current(fresh, versions).pl()
     runs = leaderboard_runs(current, datasets)
+    is_serving = pl.col("dataset").map_elements(family, pl.String).is_in(rerun.SERVING_FAMILIES)
+    serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
     predictions = results.load_predictions(runs.filter(
         pl.col("dataset").map_elements(family, pl.String).is_in(rerun.STEP_FAMILIES)))
@@ -215,6 +218,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
     if "ours" in set(runs["predictor"]):
         body += ours_report.explain_example()
+    body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir)
     body += ours_report.throughput() + performance(runs)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
     return "\n".join([BEGIN, "", *body, END])

@@ -1,11 +1,13 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
 The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home; and
-again with the A100 and H100 as two homes), Vidur's own profiles (``_vidurprof``: A100 home,
-H100 and A40 unseen), the splitwise pair, and the op-level ``<sku>_ops`` sets (for predictors
-with ``predict_ops``). Each run is what ``python -m leaderboard predictor=P dataset=D`` does
-with the default config (default parameters, the ``heldout`` split, the dataset's configured
-home), run in a pool of worker processes because a run is single-threaded, Python-bound work.
+again with the A100 and H100 as two homes), the version-matched ``_vidur19`` sets (H100 home),
+Vidur's own profiles (``_vidurprof``: A100 home, H100 and A40 unseen), the splitwise pair, the
+op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the serving sets
+(``<sku>_silicon``, ``rtx4090_serving``). Each run is what ``python -m leaderboard predictor=P
+dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
+dataset's configured home), run in a pool of worker processes because a run is single-threaded,
+Python-bound work.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from predictors import registry
 from predictors.base import NotSupported
 
 LEADERBOARD_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise", "ops")
+SERVING_FAMILIES = ("silicon", "serving")  # TTFT/TPOT of replayed loads (leaderboard.serving)
 STEP_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
@@ -47,7 +50,8 @@ def leaderboard_datasets() -> list[str]:
     """The store's datasets of the leaderboard families, including any GPU added through a
     sources directory (which has no ``conf/dataset`` file)."""
     with StoreCatalog() as catalog:
-        return sorted(n for n in catalog.datasets() if family(n) in LEADERBOARD_FAMILIES)
+        return sorted(n for n in catalog.datasets()
+                      if family(n) in (*LEADERBOARD_FAMILIES, *SERVING_FAMILIES))
 
 
 def run_specs(runs_dir: Path) -> list[RunSpec]:

@@ -28,8 +28,9 @@ import polars as pl
 
 from leaderboard import guard, paths, progress
 from leaderboard.readings import ReadingRefused
+from leaderboard.serving.scoring import simulate
 from leaderboard.specs import GpuSpec
-from predictors.base import Home, Reading, ReadingRequest
+from predictors.base import Home, NotSupported, Reading, ReadingRequest
 
 # Passed through to the child: locale, terminal and thread-count settings, nothing that names a
 # path of the suite.
@@ -132,10 +133,10 @@ def readable(cls: type) -> list[str]:
     return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
 
 
-def job(cls: type, params: dict, op_level: bool, budget: int, folder: Path) -> dict:
+def job(cls: type, params: dict, level: str, budget: int, folder: Path) -> dict:
     return {"predictor": {"module": cls.__module__, "qualname": cls.__qualname__,
                           "name": cls.name},
-            "params": params, "op_level": op_level, "budget": budget,
+            "params": params, "level": level, "budget": budget,
             "progress": progress.shown(),
             "sys_path": [p for p in sys.path if p],
             "read": [*readable(cls), str(folder / "in")],
@@ -144,7 +145,7 @@ def job(cls: type, params: dict, op_level: bool, budget: int, folder: Path) -> d
 
 
 def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
-                    op_level: bool, budget: int, supply: Callable[[ReadingRequest], Reading]
+                    level: str, budget: int, supply: Callable[[ReadingRequest], Reading]
                     ) -> tuple[np.ndarray | None, list[str], dict]:
     """The child's predictions (None if it failed), the cells its reading took out of the score,
     and the facts it measured (fit seconds, predict seconds, sandbox, INVALID reasons)."""
@@ -153,7 +154,7 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
         write_frame(blind, folder / "in" / "blind.arrow")
         (folder / "in" / "gpu.json").write_text(json.dumps(_gpu_json(gpu), default=str))
         (folder / "in" / "job.json").write_text(json.dumps(
-            job(cls, params, op_level, budget, folder), default=str))
+            job(cls, params, level, budget, folder), default=str))
         unscored, refused = _talk(folder, supply)
         facts_file = folder / "out" / "facts.json"
         if not facts_file.is_file():
@@ -229,19 +230,27 @@ def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
         if fitted is not estimator:
             facts["invalid_reasons"].append("fit did not return self")
         facts["home_profiled_rows"] = int(getattr(estimator, "profiled_rows_", 0))
-        request = None if job["op_level"] else estimator.request_reading(blind, gpu, job["budget"])
+        if job["level"] == "serving":
+            np.save(out / "pred.npy", np.stack(simulate(estimator, blind, gpu, home.models, facts)),
+                    allow_pickle=False)
+            return facts
+        request = (estimator.request_reading(blind, gpu, job["budget"]) if job["level"] == "step"
+                   else None)
         if request is not None and request.size:
             answer = ask({"cells": list(request.cells), "op_points": list(request.op_points)})
             if "refused" in answer:
                 return facts
             estimator.take_reading(read_reading(inputs / "reading"), gpu)
             blind = blind.filter(~pl.col("cell_id").is_in(answer["unscored"]))
-        predict = estimator.predict_ops if job["op_level"] else estimator.predict
+        predict = estimator.predict_ops if job["level"] == "op" else estimator.predict
         predict(blind.head(8), gpu)  # warm caches, so the timing below is throughput
         started = time.perf_counter()
         pred = np.asarray(predict(blind, gpu), dtype=np.float64)
         facts["predict_seconds"] = time.perf_counter() - started
         np.save(out / "pred.npy", pred, allow_pickle=False)
+    except NotSupported as exc:  # a stated limit of the predictor, reported as such on serving
+        facts["not_supported"] = str(exc)
+        facts["invalid_reasons"].append(f"NotSupported: {exc}")
     except Exception as exc:  # noqa: BLE001 - any failure of a predictor makes the run INVALID
         last = traceback.extract_tb(exc.__traceback__)[-1]
         facts["invalid_reasons"].append(

@@ -27,6 +27,11 @@ GPU_REQUIRED = (
 # or only the host's root complex.
 INTERCONNECT_FIELDS = ("kind", "bw_gbs", "scope", "topology")
 TOPOLOGIES = ("nvswitch", "nvlink_bridge", "pcie_switch", "pcie_host")
+
+# Optional dense tensor peaks below BF16, present only on chips with such tensor cores (FP8 from
+# Ada and Hopper on, FP4 from Blackwell on), each with its source like the required peaks.
+GPU_PRECISION_PEAKS = {"bf16": "bf16_dense_tflops", "fp8": "fp8_dense_tflops",
+                       "fp4": "fp4_dense_tflops"}
 MODEL_REQUIRED = (
     "name", "hf_id", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "gated_mlp", "vocab_size",
@@ -57,6 +62,15 @@ class GpuSpec:
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
+
+    def dense_tflops(self, precision: str) -> float:
+        """The datasheet dense tensor peak at ``precision`` (bf16, fp8 or fp4)."""
+        key = GPU_PRECISION_PEAKS.get(precision)
+        if key is None or key not in self.data:
+            raise SpecError(f"{self.path}: no {precision} dense peak ({key or 'unknown precision'}); "
+                            f"known precisions: {sorted(GPU_PRECISION_PEAKS)}; add the key with "
+                            "its source if the chip has such tensor cores")
+        return float(self.data[key])
 
     @property
     def mem_bw_bytes_per_s(self) -> float:

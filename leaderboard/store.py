@@ -25,6 +25,7 @@ from rich.progress import Progress
 from leaderboard import cells, debris, guard, paths, progress, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
+from leaderboard.serving import datasets as serving_datasets
 from leaderboard.specs import load_gpu_specs, load_models
 from leaderboard.tables import TABLES, conform
 from leaderboard.versioning import code_version, content_hash
@@ -176,6 +177,10 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
         _store_table(con, "cells", cell_frame)
         _store_table(con, "cell_lineage", lineage_frame)
         rows["cells"], rows["cell_lineage"] = len(cell_frame), len(lineage_frame)
+        serving_frame, serving_entries = serving_datasets.build_all(con, ctx.gpus, BUILDER_VERSION)
+        _store_table(con, "serving_targets", serving_frame)
+        rows["serving_targets"] = len(serving_frame)
+        cell_entries = [*cell_entries, *serving_entries]
         datasets = pl.concat([_datasets(summaries, ctx, files).with_columns(
             phases=pl.lit(None, pl.String), card=pl.lit(None, pl.String)),
             *([pl.DataFrame(cell_entries)] if cell_entries else [])], how="vertical_relaxed")

@@ -70,6 +70,12 @@ TABLES = {
         TableSpec("serving_timeseries", "ops", {
             "run": S, "model": S, "t_s": F, "prompt_throughput": F, "gen_throughput": F,
             "running": INT, "waiting": INT, "kv_cache_pct": F}, ()),
+        # One measured serving run (aiconfigurator's silicon sample): the load and its means.
+        TableSpec("serving_runs", "ops", {
+            "run_id": S, "row": INT, "model": S, "model_path": S, "precision": S, "mode": S,
+            "isl": INT, "osl": INT, "concurrency": INT, "batch_size": INT, "tp": INT, "pp": INT,
+            "attention_dp": INT, "moe_ep": INT, "measured_on": S, "ttft_ms": F, "tpot_ms": F},
+            ("ttft_ms", "tpot_ms")),
         TableSpec("request_traces", "traces", {
             "trace": S, "request_idx": INT, "arrived_at_s": F, "prefill_tokens": INT,
             "decode_tokens": INT}, ("prefill_tokens", "decode_tokens")),

@@ -1,12 +1,20 @@
 """Adapters from each upstream project's file formats to the store's normalized tables."""
 
-from leaderboard.ingest import aiconfigurator, distserve, llmservingsim, neusight, splitwise, vidur
+from leaderboard.ingest import (
+    aiconfigurator,
+    distserve,
+    llmservingsim,
+    neusight,
+    silicon,
+    splitwise,
+    vidur,
+)
 from leaderboard.ingest.base import Adapter, BuildError, IngestContext
 
 ADAPTERS: dict[str, Adapter] = {
     a.name: a
     for a in (aiconfigurator.ADAPTER, vidur.ADAPTER, splitwise.ADAPTER, llmservingsim.ADAPTER,
-              neusight.ADAPTER, distserve.ADAPTER)
+              neusight.ADAPTER, distserve.ADAPTER, silicon.ADAPTER)
 }
 
 __all__ = ["ADAPTERS", "Adapter", "BuildError", "IngestContext"]

@@ -1,0 +1,130 @@
+"""Serving-level datasets (kind ``serving``): measured TTFT and TPOT, built at store build time.
+
+- ``<sku>_silicon``: one target per aiconfigurator silicon run the suite can express (see
+  ``exclusion``); ground truth is the run's mean TTFT and TPOT under its closed-loop load.
+- ``rtx4090_serving``: one target per request of LLMServingSim's RTX4090 vLLM run, its TTFT and
+  TPOT from the recorded timestamps.
+
+Every silicon row is accounted for in the card's coverage table: usable, or the reason it is not.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import polars as pl
+
+from leaderboard.cells.common import render_card, source_lines
+from leaderboard.specs import GpuSpec
+from leaderboard.versioning import content_hash
+
+SUPPORTED_PRECISIONS = ("bf16",)
+SERVING_RUN = "RTX4090/Llama-3.1-8B"  # the LLMServingSim run with recorded arrivals
+TARGET_SCHEMA = {
+    "dataset": pl.String, "target_id": pl.String, "sku": pl.String, "model": pl.String,
+    "tp": pl.Int64, "backend": pl.String, "backend_version": pl.String, "precision": pl.String,
+    "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
+    "concurrency": pl.Int64, "arrival_ms": pl.Float64, "gt_ttft_ms": pl.Float64,
+    "gt_tpot_ms": pl.Float64, "gt_kind": pl.String, "source": pl.String, "file": pl.String,
+    "file_sha256": pl.String,
+}
+
+
+def exclusion(row: dict, gpus: dict[str, GpuSpec]) -> str | None:
+    """Why a silicon row cannot be a serving target here, or None when it can."""
+    if row["mode"] != "agg":
+        return "disaggregated (separate prefill and decode workers)"
+    if row["model"] is None:
+        return "no dense shape in conf/model (MoE model or pre-quantized checkpoint)"
+    if row["precision"] not in SUPPORTED_PRECISIONS:
+        return f"{row['precision'].upper() or 'unstated'} precision: the step predictors score BF16 only"
+    if row["sku"] not in gpus:
+        return "no conf/gpu spec for the GPU"
+    if (row["pp"] or 1) > 1 or (row["attention_dp"] or 1) > 1:
+        return "pipeline or attention-data parallel"
+    if row["concurrency"] is not None and row["concurrency"] != row["batch_size"]:
+        return "load ambiguous: batch_size differs from the stated concurrency (replicas unstated)"
+    return None
+
+
+def _coverage(runs: pl.DataFrame) -> str:
+    lines = ["| GPU | model | backend | precision | rows | status |", "|---|---|---|---|---|---|"]
+    table = (runs.group_by("sku", "model_path", "backend", "precision", "why")
+             .len().sort("sku", "why", "model_path", "backend", "precision", nulls_last=False))
+    for sku, model, backend, precision, why, n in table.iter_rows():
+        lines.append(f"| {sku} | {model} | {backend} | {precision} | {n} | "
+                     f"{'usable' if why is None else 'left out: ' + why} |")
+    return "\n".join(lines)
+
+
+def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
+    runs = con.sql("SELECT * FROM serving_runs ORDER BY row").pl()
+    if not len(runs):
+        return []
+    runs = runs.with_columns(why=pl.Series([exclusion(r, gpus) for r in runs.iter_rows(named=True)],
+                                           dtype=pl.String))
+    coverage = _coverage(runs)
+    sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
+    out = []
+    for (sku,), group in runs.filter(pl.col("why").is_null()).group_by("sku", maintain_order=True):
+        name = f"{gpus[sku]['short_name']}_silicon"
+        targets = group.select(
+            target_id="run_id", sku="sku", model="model", tp="tp", backend="backend",
+            backend_version="backend_version", precision="precision", load=pl.lit("closed"),
+            run="run_id", isl="isl", osl="osl", concurrency="batch_size",
+            gt_ttft_ms="ttft_ms", gt_tpot_ms="tpot_ms", source="source", file="file",
+            file_sha256="file_sha256")
+        card = render_card("silicon", name=name, sku=sku, rows=len(group),
+                           runs_total=len(runs), usable_total=int(runs["why"].is_null().sum()),
+                           coverage=coverage, sources=sources)
+        out.append((name, sku, targets, card))
+    return out
+
+
+def _recorded(con) -> list[tuple[str, str, pl.DataFrame, str]]:
+    reqs = con.sql("SELECT * FROM serving_requests WHERE run = ? ORDER BY queued_ts, request_id",
+                   params=[SERVING_RUN]).pl()
+    if not len(reqs):
+        return []
+    # arrival_time is the client's wall clock; the engine's timestamps share another clock, so
+    # the engine's queueing time is the arrival both for the ground truth and the replay.
+    first = reqs["queued_ts"].min()
+    targets = reqs.select(
+        target_id="request_id", sku="sku", model="model", tp=pl.lit(1, pl.Int64),
+        backend="backend", backend_version="backend_version", precision=pl.lit("bf16"),
+        load=pl.lit("recorded"), run="run", isl="input_toks", osl="output_toks",
+        concurrency=pl.lit(None, pl.Int64), arrival_ms=(pl.col("queued_ts") - first) * 1e3,
+        gt_ttft_ms=(pl.col("first_token_ts") - pl.col("queued_ts")) * 1e3,
+        # A one-token output has no TPOT: its target scores TTFT only (it still loads the replay).
+        gt_tpot_ms=pl.when(pl.col("output_toks") > 1).then(
+            (pl.col("last_token_ts") - pl.col("first_token_ts")) * 1e3 / (pl.col("output_toks") - 1)),
+        source="source", file="file", file_sha256="file_sha256")
+    sku = reqs["sku"][0]
+    card = render_card("serving", name=f"{sku}_serving", sku=sku, requests=len(reqs),
+                       one_token=int((reqs["output_toks"] <= 1).sum()),
+                       sources=source_lines(con, reqs.select("file", "file_sha256").unique().iter_rows()))
+    return [(f"{sku}_serving", sku, targets, card)]
+
+
+def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str
+              ) -> tuple[pl.DataFrame, list[dict]]:
+    """All serving targets (one frame) and their ``datasets``-table entries."""
+    frames, entries = [pl.DataFrame(schema=TARGET_SCHEMA)], []
+    for name, sku, targets, card in [*_silicon(con, gpus), *_recorded(con)]:
+        targets = targets.with_columns(dataset=pl.lit(name), gt_kind=pl.lit("serving"))
+        targets = targets.select([(pl.col(c) if c in targets.columns else pl.lit(None)).cast(t)
+                                  .alias(c) for c, t in TARGET_SCHEMA.items()])
+        frames.append(targets)
+        digest = targets.select("target_id", "gt_ttft_ms", "gt_tpot_ms").sort("target_id").write_csv()
+        entries.append({
+            "name": name, "kind": "serving", "source": targets["source"][0], "sku": sku,
+            "rows": len(targets), "version": content_hash(builder_version, digest, card),
+            "tables": json.dumps({"serving_targets": len(targets)}),
+            "backend_versions": json.dumps(sorted(set(targets["backend_version"].drop_nulls()))),
+            "files": json.dumps(sorted(set(targets["file"]))), "pinned": True,
+            "phases": json.dumps({"ttft": len(targets),
+                                  "tpot": int(targets["gt_tpot_ms"].is_not_null().sum())}),
+            "card": card,
+        })
+    return pl.concat(frames), entries

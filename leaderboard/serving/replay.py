@@ -1,0 +1,156 @@
+"""Replay a measured load through the scheduler, timing every step with a predictor.
+
+- Closed loop (aiconfigurator's silicon runs): ``concurrency`` clients, each sending its next
+  request the moment the previous one ends, fixed isl/osl. The step sequence does not depend on
+  time, so a run is scheduled to the end first and its steps are predicted in one call.
+- Recorded arrivals (the RTX4090 vLLM run): which requests join a step depends on time. The
+  replay schedules a window of steps ahead on a copy of the engine, predicts them in one call,
+  keeps the steps that start before the next arrival and schedules the rest again with it.
+
+Each step becomes one cell (model, TP, per-request new and cached tokens), the same view of a
+step that ``predict(cells, gpu)`` scores on step-level datasets.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from leaderboard.cells.schema import CELL_SCHEMA
+from leaderboard.serving.scheduler import Engine, Policy, StepLog
+from predictors.base import GROUND_TRUTH_COLUMNS
+
+StepTimer = Callable[[pl.DataFrame], np.ndarray]  # cells -> ms per cell
+LOOKAHEAD_STEPS = 64
+
+
+@dataclass
+class Timeline:
+    """Per request: arrival, first-token and last-token times (ms)."""
+
+    arrival: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    output: np.ndarray
+
+    @property
+    def ttft(self) -> np.ndarray:
+        return self.first - self.arrival
+
+    @property
+    def tpot(self) -> np.ndarray:
+        """Mean time per output token after the first (NaN for one-token outputs)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.output > 1, (self.last - self.first) / (self.output - 1), np.nan)
+
+
+def _list_column(values: np.ndarray, offsets: np.ndarray) -> pl.Series:
+    return pl.Series(pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()),
+                                                   pa.array(values, pa.int64())))
+
+
+def step_cells(log: dict[str, np.ndarray], model: str, tp: int) -> pl.DataFrame:
+    """One cell per step of ``log`` (entries ordered by step), with the derived columns a
+    predictor reads."""
+    step, q, ctx = log["step"], log["q"], log["ctx"]
+    n = int(step.max()) + 1 if len(step) else 0
+    counts = np.bincount(step, minlength=n)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    decode = (q == 1) & (ctx > 0)
+    num_decode = np.bincount(step, weights=decode, minlength=n).astype(np.int64)
+    total = np.bincount(step, weights=q, minlength=n).astype(np.int64)
+    phase = np.where(num_decode == counts, "decode", np.where(num_decode == 0, "prefill", "mixed"))
+    cells = pl.DataFrame({
+        "cell_id": [f"step{i}" for i in range(n)], "workload_id": [f"step{i}" for i in range(n)],
+        "model": [model] * n,
+        "tp": np.full(n, tp, np.int64), "phase": phase,
+        "q_lens": _list_column(q, offsets), "ctx_lens": _list_column(ctx, offsets),
+        "num_requests": counts.astype(np.int64), "num_prefill": counts - num_decode,
+        "num_decode": num_decode, "total_tokens": total, "prefill_tokens": total - num_decode,
+        "decode_ctx_sum": np.bincount(step, weights=ctx * decode, minlength=n).astype(np.int64),
+        "gt_kind": ["serving"] * n, "weight": np.ones(n, np.int64),
+    })
+    # The columns of a blind step-level cell, those the replay does not know left null.
+    return cells.select([(pl.col(c) if c in cells.columns else pl.lit(None)).cast(t).alias(c)
+                         for c, t in CELL_SCHEMA.items() if c not in GROUND_TRUTH_COLUMNS])
+
+
+def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
+           n: int) -> tuple[np.ndarray, np.ndarray]:
+    """First-token time (end of the step finishing the prompt) and last-token time per request."""
+    first, last = np.full(n, np.nan), np.full(n, np.nan)
+    ends = step_end[log["step"]]
+    done_prompt = log["ctx"] + log["q"] >= prompt[log["req"]]
+    first_step = np.where(done_prompt & (log["ctx"] < prompt[log["req"]]))[0]
+    first[log["req"][first_step]] = ends[first_step]
+    last_idx = np.full(n, -1)
+    np.maximum.at(last_idx, log["req"], np.arange(len(ends)))
+    seen = last_idx >= 0
+    last[seen] = ends[last_idx[seen]]
+    return first, last
+
+
+def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
+                model: str, tp: int, timer: StepTimer) -> Timeline:
+    """``requests`` fixed-length requests from ``concurrency`` clients that resend at once."""
+    prompt, output = np.full(requests, isl), np.full(requests, osl)
+    engine, log = Engine(policy, prompt, output), StepLog()
+    issued = min(concurrency, requests)
+    for r in range(issued):
+        engine.arrive(r)
+    arrival_step = np.zeros(requests, np.int64)  # the step count when the request was sent
+    while engine.busy:
+        engine.step(log, requests * (isl + osl))
+        while engine.finished:
+            engine.finished.pop()
+            if issued < requests:
+                arrival_step[issued] = log.steps
+                engine.arrive(issued)
+                issued += 1
+    arrays = log.arrays()
+    step_end = np.cumsum(timer(step_cells(arrays, model, tp)))
+    start = np.concatenate([[0.0], step_end])
+    first, last = _times(arrays, step_end, prompt, requests)
+    return Timeline(start[arrival_step], first, last, output)
+
+
+def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray,
+                      output: np.ndarray, model: str, tp: int, timer: StepTimer) -> Timeline:
+    """Requests arriving at the recorded times (ms from the first); a request joins the first
+    step that starts at or after its arrival."""
+    order = np.argsort(arrival_ms, kind="stable")
+    engine, n = Engine(policy, prompt, output), len(prompt)
+    first, last = np.full(n, np.nan), np.full(n, np.nan)
+    now, nxt = 0.0, 0
+    while nxt < n or engine.busy:
+        while nxt < n and arrival_ms[order[nxt]] <= now:
+            engine.arrive(int(order[nxt]))
+            nxt += 1
+        if not engine.busy:
+            now = float(arrival_ms[order[nxt]])
+            continue
+        ahead, log = copy.deepcopy(engine), StepLog()
+        while ahead.busy and log.steps < LOOKAHEAD_STEPS:
+            ahead.step(log, LOOKAHEAD_STEPS - log.steps)
+        arrays = log.arrays()
+        ends = now + np.cumsum(timer(step_cells(arrays, model, tp)))
+        starts = np.concatenate([[now], ends[:-1]])
+        next_arrival = arrival_ms[order[nxt]] if nxt < n else np.inf
+        keep = int((starts < next_arrival).sum())
+        if keep < log.steps:  # an arrival joins mid-window: redo only the steps before it
+            log = StepLog()
+            while log.steps < keep:
+                engine.step(log, keep - log.steps)
+            arrays = log.arrays()
+        else:
+            engine = ahead
+        f, la = _times(arrays, ends[:keep], prompt, n)
+        first = np.where(np.isnan(f), first, f)
+        last = np.where(np.isnan(la), last, la)
+        now = float(ends[keep - 1])
+    return Timeline(arrival_ms.astype(np.float64), first, last, output)

@@ -1,0 +1,137 @@
+"""The serving section of RESULTS.md: TTFT/TPOT errors, step vs serving disagreement, the
+serving-level SKU ranking and the error atlas by concurrency and prompt length."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from leaderboard import ranking, results
+from leaderboard.report_tables import fmt, table
+from leaderboard.rerun import last_rerun
+
+# Same model, precision, TP and load: the serving analogue of a workload id.
+LOAD_KEY = ("model", "precision", "tp", "isl", "osl", "concurrency")
+STEP_PAIR = ("h100_vidur", "h100_silicon")  # one GPU scored step by step and served
+
+
+def _phase(run: dict | None, phase: str, stat: str) -> float | None:
+    return (json.loads(run["phases"]).get(phase) or {}).get(stat) if run else None
+
+
+def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict) -> list[str]:
+    by = {(r["predictor"], r["dataset"]): r for r in runs.iter_rows(named=True)}
+    predictors = sorted({p for p, _ in by} | {p for p, d in outcomes if d in datasets})
+    rows = []
+    for p in predictors:
+        for d in datasets:
+            run = by.get((p, d))
+            if run is None:
+                status = outcomes.get((p, d), "no run")
+                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 6])
+            elif not run["valid"]:
+                rows.append([p, d, "INVALID: " + "; ".join(run["invalid_reasons"])[:140],
+                             *["—"] * 6])
+            else:
+                rows.append([p, d, "VALID", *(fmt(_phase(run, m, s)) for m in ("ttft", "tpot")
+                                              for s in ("mape", "median_ape", "p90_ape"))])
+    return table(["predictor", "dataset", "status", "TTFT MAPE %", "TTFT median %",
+                  "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %"], rows, "lll" + "r" * 6)
+
+
+def disagreement(step_runs: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
+    """Per predictor: step-level MAPE on H100 against its serving-level MAPE on H100."""
+    step_by = {r["predictor"]: r for r in step_runs.filter(
+        (pl.col("dataset") == STEP_PAIR[0]) & pl.col("valid")).iter_rows(named=True)}
+    serve_by = {r["predictor"]: r for r in runs.filter(
+        (pl.col("dataset") == STEP_PAIR[1]) & pl.col("valid")).iter_rows(named=True)}
+    rows = []
+    for p in sorted(set(step_by) & set(serve_by)):
+        step = _phase(step_by[p], "all", "mape")
+        decode = _phase(step_by[p], "decode", "mape")
+        tpot, ttft = (_phase(serve_by[p], m, "mape") for m in ("tpot", "ttft"))
+        gap = None if None in (decode, tpot) else tpot - decode
+        rows.append([p, fmt(step), fmt(decode), fmt(tpot), fmt(ttft), fmt(gap)])
+    order = sorted(rows, key=lambda r: float(r[3].replace(",", "")) if r[3] != "—" else np.inf)
+    return table(["predictor", f"{STEP_PAIR[0]} step MAPE %", "decode steps MAPE %",
+                  f"{STEP_PAIR[1]} TPOT MAPE %", "TTFT MAPE %", "TPOT - decode (points)"], order)
+
+
+def sku_ranking(predictions: pl.DataFrame) -> list[str]:
+    tpot = predictions.filter((pl.col("phase") == "tpot") & pl.col("valid")).with_columns(
+        workload_id=pl.concat_str([pl.col(c).cast(pl.String) for c in LOAD_KEY], separator="|"))
+    ranks = ranking.ranking_table(ranking.sku_pairs(tpot))
+    n_loads = tpot.group_by("workload_id").agg(pl.col("sku").n_unique()).filter(pl.col("sku") > 1)
+    lines = [f"Same model, precision, TP and load (isl, osl, concurrency) on two GPUs: which gives "
+             f"the lower TPOT, measured against predicted (ties within {ranking.TOLERANCE:.0%}). "
+             f"Loads measured on more than one GPU: {len(n_loads)}.", ""]
+    if ranks.is_empty():
+        return lines + ["No pair to rank: no load of the usable runs was measured on two GPUs "
+                        "(the BF16 runs are H100 at isl 1024/2048/4096 and GB200 at 2000/4000; "
+                        "the cross-GPU runs are FP8).", ""]
+    return lines + table(["predictor", "loads", "pairs", "correct", "wrong", "ties",
+                          "tie-aware acc."], [
+        [r["predictor"], str(r["workloads"]), str(r["pairs"]), str(r["correct"]), str(r["wrong"]),
+         str(r["ties"]), fmt(r["tie_aware_accuracy"], 3)] for r in ranks.iter_rows(named=True)])
+
+
+def atlas(predictions: pl.DataFrame, atlas_dir: Path) -> list[str]:
+    """Median APE by (isl, concurrency) per metric: all predictors to a parquet, the best TPOT
+    predictor and ``ours`` in the report."""
+    closed = predictions.filter(pl.col("valid") & pl.col("concurrency").is_not_null())
+    if closed.is_empty():
+        return []
+    cube = (closed.group_by("predictor", "dataset", "phase", "isl", "concurrency")
+            .agg(median_ape=pl.col("signed_pct").abs().median(), runs=pl.len())
+            .sort("predictor", "dataset", "phase", "isl", "concurrency"))
+    atlas_dir.mkdir(parents=True, exist_ok=True)
+    cube.write_parquet(atlas_dir / "serving.parquet")
+    best = (closed.filter(pl.col("phase") == "tpot").group_by("predictor")
+            .agg(pl.col("signed_pct").abs().mean()).sort("signed_pct", "predictor")["predictor"][0])
+    lines = [f"Median APE % by prompt length (rows) and concurrency (columns), over the `_silicon` "
+             f"runs; every predictor in `{atlas_dir.name}/serving.parquet`.", ""]
+    for predictor in dict.fromkeys(["ours", best]):
+        for metric in ("tpot", "ttft"):
+            mine = cube.filter((pl.col("predictor") == predictor) & (pl.col("phase") == metric))
+            if mine.is_empty():
+                continue
+            wide = (mine.group_by("isl", "concurrency").agg(pl.col("median_ape").median())
+                    .pivot("concurrency", index="isl", values="median_ape", sort_columns=True)
+                    .sort("isl"))
+            concs = [c for c in wide.columns if c != "isl"]
+            lines += [f"**{predictor}, {metric.upper()}**", ""]
+            lines += table(["isl \\ concurrency", *concs],
+                           [[str(r["isl"]), *(fmt(r[c]) for c in concs)]
+                            for r in wide.iter_rows(named=True)])
+    return lines
+
+
+def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
+            atlas_dir: Path) -> list[str]:
+    datasets = sorted(set(runs["dataset"]))
+    timing = last_rerun(runs_dir) or {"outcomes": []}
+    outcomes = {(o["predictor"], o["dataset"]): o["status"] for o in timing["outcomes"]
+                if o["dataset"] in datasets or o["dataset"].endswith(("_silicon", "_serving"))}
+    datasets = sorted(set(datasets) | {d for _, d in outcomes})
+    if not datasets:
+        return []
+    lines = ["## Serving: TTFT and TPOT against measured deployments", "",
+             "Each `_silicon` target is one measured serving run (aiconfigurator's silicon "
+             "sample, BF16 dense models, aggregated mode); `rtx4090_serving` holds the requests "
+             "of one vLLM run with recorded arrivals. The replay schedules each load with the "
+             "backend's defaults (`conf/serving/schedulers.yaml`) and the predictor times every "
+             "step; TTFT and TPOT follow. Coverage and left-out rows: the dataset cards.", ""]
+    lines += errors_table(runs, datasets, outcomes)
+    lines += ["### Step level against serving level (H100)", "",
+              "The same predictor's error on H100 steps (`h100_vidur`, kernel sums) and on H100 "
+              "serving (`h100_silicon`, end to end). TPOT is made of decode-heavy steps, so the "
+              "decode-step MAPE is its nearest step-level counterpart.", ""]
+    lines += disagreement(step_runs, runs)
+    predictions = results.load_predictions(runs)
+    if len(predictions):
+        lines += ["### Serving-level SKU ranking (TPOT)", ""] + sku_ranking(predictions)
+        lines += ["### Serving error atlas", ""] + atlas(predictions, atlas_dir)
+    return lines

@@ -1,0 +1,62 @@
+"""Serving-level scoring: ``serving`` datasets, scored on TTFT and TPOT like cells on phases.
+
+The predictor is fitted on its home's training cells exactly as for a step-level run, then
+times every step the replay schedules (``predict(cells, gpu)``). Fit and replay run in the
+sandboxed child (``leaderboard.sandbox``), which gets the loads but not the measured TTFT/TPOT.
+Each target gives one ``ttft`` and one ``tpot`` prediction row; those two play the role phases
+play for cells. A predictor that answers NotSupported for these steps is reported as such, not
+as INVALID.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import polars as pl
+
+from leaderboard import guard
+from leaderboard.serving.simulate import predict_targets
+
+SERVING_PHASES = ("ttft", "tpot")
+GROUND_TRUTH = ("gt_ttft_ms", "gt_tpot_ms")  # what the sandboxed replay never receives
+PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "phase", "backend",
+                      "isl", "osl", "concurrency", "gt_kind", "gt_ms")
+
+
+def _timer(estimator, gpu, facts: dict):
+    def timer(cells: pl.DataFrame) -> np.ndarray:
+        started = time.perf_counter()
+        with guard.sealed("predict"):
+            ms = np.asarray(estimator.predict(cells, gpu), dtype=np.float64)
+        facts["predict_seconds"] += time.perf_counter() - started
+        facts["steps"] += len(cells)
+        if ms.shape != (len(cells),):
+            raise ValueError(f"predict returned shape {ms.shape}, expected ({len(cells)},)")
+        if not (np.isfinite(ms) & (ms > 0)).all():
+            raise ValueError(f"{int((~(np.isfinite(ms) & (ms > 0))).sum())} of {len(ms)} step "
+                             "predictions are not finite and positive")
+        return ms
+    return timer
+
+
+def simulate(estimator, targets: pl.DataFrame, gpu, models, facts: dict
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted TTFT and TPOT per target from a fitted estimator that times every replayed step.
+    Runs in the sandboxed child, on targets without their measured TTFT/TPOT."""
+    facts.update(predict_seconds=0.0, steps=0)
+    return predict_targets(targets, models, gpu, _timer(estimator, gpu, facts))
+
+
+def prediction_rows(targets: pl.DataFrame, ttft: np.ndarray, tpot: np.ndarray) -> pl.DataFrame:
+    """One row per (target, metric) with a measured value: cell_id is ``<target>:<metric>``."""
+    base = targets.select(workload_id="target_id", model="model", precision="precision", tp="tp",
+                          backend="backend",
+                          isl="isl", osl="osl", concurrency="concurrency", gt_kind="gt_kind")
+    rows = pl.concat([
+        base.with_columns(phase=pl.lit(metric), gt_ms=targets[f"gt_{metric}_ms"],
+                          pred_ms=pl.Series(pred, dtype=pl.Float64))
+        for metric, pred in (("ttft", ttft), ("tpot", tpot))])
+    rows = rows.filter(pl.col("gt_ms").is_not_null()).with_columns(
+        cell_id=pl.col("workload_id") + ":" + pl.col("phase"))
+    return rows.select(*PREDICTION_COLUMNS, "pred_ms")

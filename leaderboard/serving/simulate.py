@@ -1,0 +1,82 @@
+"""From serving targets and a step timer to predicted TTFT and TPOT per target.
+
+Each silicon target is one closed-loop run; the RTX4090 targets are the requests of one run with
+recorded arrivals, replayed together. The scheduler limits of each backend and the KV capacity
+come from ``conf/serving/schedulers.yaml`` and the GPU's datasheet memory.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import polars as pl
+import yaml
+
+from leaderboard import paths
+from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
+from leaderboard.serving.scheduler import Policy
+from leaderboard.specs import GpuSpec
+
+CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
+
+
+@lru_cache(maxsize=1)
+def load_conf() -> dict:
+    return yaml.safe_load(CONF.read_text())
+
+
+def weight_params(m: dict) -> float:
+    """Parameters of a dense decoder: attention, MLP, embedding and LM head."""
+    h, d = m["hidden_size"], m["head_dim"]
+    attn = h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
+    mlp = (3 if m["gated_mlp"] else 2) * h * m["intermediate_size"]
+    return m["num_layers"] * (attn + mlp) + 2 * m["vocab_size"] * h
+
+
+def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict) -> int:
+    """KV tokens an engine of ``tp`` GPUs holds after its weights."""
+    sim = conf["simulation"]
+    free = fraction * float(gpu["mem_gb"]) * 1e9 * tp - weight_params(m) * sim["weight_bytes_per_param"]
+    per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * sim["kv_bytes_per_element"]
+    if free <= per_token:
+        raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
+    return int(free // per_token)
+
+
+def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec) -> Policy:
+    conf = load_conf()
+    if backend not in conf["backends"]:
+        raise ValueError(f"no scheduler for backend '{backend}'; add it to {CONF} "
+                         f"(known: {sorted(conf['backends'])})")
+    b = conf["backends"][backend]
+    limits = b["large_gpu" if float(gpu["mem_gb"]) >= b["large_gpu_min_gb"] else "small_gpu"]
+    stated = conf.get("runs", {}).get(run, {})
+    return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
+                  stated.get("max_seqs", limits["max_seqs"]),
+                  stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf))
+
+
+def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
+                    progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted TTFT and TPOT (ms) per target row, in the rows' order."""
+    ttft, tpot = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
+    indexed = targets.with_row_index("_i")
+    waves = load_conf()["simulation"]["waves"]
+    for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
+        first = group.row(0, named=True)
+        model, tp = first["model"], int(first["tp"])
+        policy = policy_for(first["backend"], run, models[model], tp, gpu)
+        rows = group["_i"].to_numpy()
+        if load == "closed":
+            timeline = closed_loop(policy, first["isl"], first["osl"], first["concurrency"],
+                                   waves * first["concurrency"], model, tp, timer)
+            ttft[rows], tpot[rows] = np.mean(timeline.ttft), np.nanmean(timeline.tpot)
+        else:
+            timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
+                                         group["isl"].to_numpy(), group["osl"].to_numpy(),
+                                         model, tp, timer)
+            ttft[rows], tpot[rows] = timeline.ttft, timeline.tpot
+        if progress is not None:
+            progress(len(rows))
+    return ttft, tpot

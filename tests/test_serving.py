@@ -1,0 +1,153 @@
+"""The serving replay: hand-computed TTFT/TPOT, token conservation, the silicon rows, scoring."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leaderboard.evaluate import RunSpec, run
+from leaderboard.ingest.base import IngestContext
+from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
+from leaderboard.serving.replay import closed_loop, recorded_arrivals
+from leaderboard.serving.scheduler import Engine, Policy, StepLog
+from leaderboard.sources import SourceFile
+from leaderboard.specs import load_gpu_specs, load_models, model_by_alias
+from predictors import registry
+from predictors.base import Predictor, PredictorCard
+
+PREFILL_MS, DECODE_MS = 10.0, 1.0
+
+
+def fixed_steps(cells: pl.DataFrame) -> np.ndarray:
+    """A step with any prompt token takes 10 ms, a pure decode step 1 ms."""
+    decode = (cells["num_decode"] == cells["num_requests"]).to_numpy()
+    return np.where(decode, DECODE_MS, PREFILL_MS)
+
+
+def test_two_request_toy_load_matches_the_hand_computation():
+    # Budget 8: request A (10-token prompt, 3 outputs) arrives at 0, B (4, 2) at 5 ms.
+    # step 0 [0,10): A 8 prompt tokens. B arrived during it, so joins step 1.
+    # step 1 [10,20): A's last 2 prompt tokens + B's 4 -> both first tokens at 20.
+    # step 2 [20,21): decode A and B; B has its 2 tokens, ends at 21.
+    # step 3 [21,22): decode A; A has its 3 tokens, ends at 22.
+    policy = Policy("chunked_mixed", token_budget=8, max_seqs=16, kv_tokens=1000)
+    t = recorded_arrivals(policy, np.array([0.0, 5.0]), np.array([10, 4]), np.array([3, 2]),
+                          "llama-3.1-8b", 1, fixed_steps)
+    np.testing.assert_allclose(t.ttft, [20.0, 15.0])
+    np.testing.assert_allclose(t.tpot, [(22 - 20) / 2, (21 - 20) / 1])
+    # Closed loop, one client, two 10+3 requests: A runs steps 0-3 (10+10+1+1 ms), B is sent
+    # when A ends at 22 and repeats it.
+    c = closed_loop(policy, 10, 3, 1, 2, "llama-3.1-8b", 1, fixed_steps)
+    np.testing.assert_allclose(c.arrival, [0.0, 22.0])
+    np.testing.assert_allclose(c.ttft, [20.0, 20.0])
+    np.testing.assert_allclose(c.tpot, [1.0, 1.0])
+
+
+def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():
+    # prefill_first: B's prompt (arriving during A's decode) gets a step of its own, so A's
+    # decode stalls one 10 ms step: A = [prefill 0-10][decode 10-11][B prefill 11-21][decode 21-22].
+    policy = Policy("prefill_first", token_budget=64, max_seqs=16, kv_tokens=1000)
+    t = recorded_arrivals(policy, np.array([0.0, 10.5]), np.array([8, 8]), np.array([3, 2]),
+                          "llama-3.1-8b", 1, fixed_steps)
+    np.testing.assert_allclose(t.ttft, [10.0, 21.0 - 10.5])
+    np.testing.assert_allclose(t.tpot, [(22 - 10) / 2, (22 - 21) / 1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["chunked_mixed", "prefill_first", "whole_mixed"]),
+       budget=st.integers(16, 96), max_seqs=st.integers(1, 6), kv=st.integers(40, 400),
+       lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=9))
+def test_every_prompt_and_decode_token_is_scheduled_exactly_once(kind, budget, max_seqs, kv,
+                                                                 lengths):
+    prompt = np.array([p for p, _ in lengths])
+    output = np.array([o for _, o in lengths])
+    engine, log = Engine(Policy(kind, budget, max_seqs, kv), prompt, output), StepLog()
+    for r in range(len(prompt)):
+        engine.arrive(r)
+    while engine.busy:
+        engine.step(log, 5)
+    a = log.arrays()
+    for r in range(len(prompt)):
+        mine = np.flatnonzero(a["req"] == r)
+        q, ctx = a["q"][mine], a["ctx"][mine]
+        # Positions 0 .. prompt+output-2 each computed once, in order, no gap or overlap.
+        assert ctx[0] == 0 and (ctx[1:] == ctx[:-1] + q[:-1]).all()
+        assert q.sum() == prompt[r] + output[r] - 1
+        assert (q[ctx >= prompt[r]] == 1).all()  # after the prompt, one token per step
+    per_step = np.bincount(a["step"], weights=a["q"])
+    one_request = np.bincount(a["step"]) == 1  # whole_mixed lets a lone long prompt through
+    assert ((per_step <= budget) | one_request).all()
+    assert np.bincount(a["step"]).max() <= max_seqs
+
+
+GOOD = {"id": "run-a", "silicon_data_source": "x; silicon_concurrency=8", "backend": "vllm",
+        "backend_version": "0.12.0", "model_path": "Qwen/Qwen3-32B", "system": "h100_sxm",
+        "precision": "", "mode": "agg", "gemm_quant_mode": "", "isl": "1024", "osl": "128",
+        "batch_size": "8", "tp_size": "2", "pp_size": "1", "attention_dp_size": "",
+        "moe_ep_size": "1", "silicon_ttft_ms": "300.5", "silicon_tpot_ms": "12.5"}
+
+
+def test_a_good_silicon_row_is_read_as_bf16_with_its_load():
+    rec = parse_row(GOOD, 7, "silicon.csv", model_by_alias(load_models()))
+    assert (rec["model"], rec["precision"], rec["concurrency"], rec["tp"]) == ("qwen3-32b", "bf16", 8, 2)
+    assert (rec["ttft_ms"], rec["tpot_ms"], rec["row"]) == (300.5, 12.5, 7)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("silicon_tpot_ms", "abc", "'silicon_tpot_ms' is 'abc', not a number"),
+    ("silicon_ttft_ms", "-3", "must be finite and > 0"),
+    ("isl", "10.5", "not a whole number"),
+    ("batch_size", "", "'batch_size' is empty"),
+    ("mode", "split", "expected 'agg' or 'disagg'"),
+])
+def test_a_malformed_silicon_row_names_the_row(tmp_path, field, value, says):
+    header = list(GOOD)
+    rows = [GOOD, {**GOOD, "id": "run-bad", field: value}]
+    path = tmp_path / "silicon_sample.csv"
+    path.write_text("\n".join([",".join(header)] + [",".join(r[h] for h in header) for r in rows]) + "\n")
+    file = SourceFile("x/silicon_sample.csv", path, "0" * 64, False, "x", None, None)
+    with pytest.raises(MalformedRow, match=rf"line 3 \(id run-bad\).*{says}"):
+        ingest([file], IngestContext(load_gpu_specs(), load_models()))
+
+
+def test_every_silicon_row_is_accounted_for(real_store):
+    (total,) = real_store.sql("SELECT count(*) FROM serving_runs")[0]
+    (card,) = real_store.sql("SELECT card FROM datasets WHERE name = 'h100_silicon'")[0]
+    table = [line.split("|") for line in card.splitlines() if line.startswith("| ")][1:]
+    assert sum(int(cells[5]) for cells in table) == total == 5221
+    usable = sum(int(c[5]) for c in table if c[6].strip() == "usable")
+    (targets,) = real_store.sql("SELECT count(*) FROM serving_targets WHERE load = 'closed'")[0]
+    assert usable == targets > 0
+
+
+@pytest.fixture
+def constant(monkeypatch, store_home):
+    registry.discover()
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+    @registry.register("two_ms_steps")
+    class TwoMs(Predictor):
+        card = PredictorCard("analytical", "test", "every step 2 ms", False)
+
+        def predict(self, cells, gpu):
+            return np.full(len(cells), 2.0)
+
+
+def test_a_serving_run_scores_ttft_and_tpot(constant, tmp_path):
+    result = run(RunSpec("two_ms_steps", "h100_silicon", {}, runs_dir=tmp_path / "runs"))
+    assert result.metrics["level"] == "serving" and result.metrics["valid"]
+    assert set(result.metrics["phases"]) == {"ttft", "tpot"}
+    tpot = result.predictions.filter(pl.col("phase") == "tpot")
+    # Every step is 2 ms; vLLM and TRT-LLM decode every running request each step, so their
+    # TPOT is exactly 2 ms; SGLang's prefill-only steps stall the decodes they interrupt, so
+    # its TPOT is never less and is more wherever a prompt lands mid-decode.
+    mixed = tpot.filter(pl.col("backend") != "sglang")["pred_ms"].to_numpy()
+    np.testing.assert_allclose(mixed, 2.0)
+    sglang = tpot.filter(pl.col("backend") == "sglang")["pred_ms"].to_numpy()
+    assert (sglang >= 2.0 - 1e-9).all() and (sglang > 2.01).any()
+    gt = tpot["gt_ms"].to_numpy()
+    assert result.metrics["phases"]["tpot"]["median_ape"] == pytest.approx(
+        np.median(np.abs(tpot["pred_ms"].to_numpy() - gt) / gt * 100))
