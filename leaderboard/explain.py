@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import polars as pl
 from rich.console import Console
 from rich.table import Table
@@ -24,7 +23,7 @@ from predictors import registry
 from predictors.base import GROUND_TRUTH_COLUMNS
 from predictors.ours import Ours, factors, ops
 from predictors.ours.config import Device
-from predictors.ours.step import decode_groups, gemm_shapes
+from predictors.ours.step import decode_kernel, gemm_shapes, prefill_kernel
 from predictors.steps import Steps
 
 FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_mem")
@@ -49,25 +48,16 @@ def op_rows(model: Ours, cell: pl.DataFrame, gpu) -> list[dict]:
         rows.append((f"{name} m={s.tokens[0]:.0f} n={n[0]:.0f} k={k[0]:.0f}", 1,
                      ops.gemm(s.tokens, n, k, dev, c, sw)))
     sharded = s.sharded()
-    for q, ctx in zip(s.pf_q, s.pf_ctx, strict=True):
-        rows.append((f"attn_prefill q={q:.0f} ctx={ctx:.0f}", 1, ops.prefill_attention(
-            np.array([q]), np.array([ctx]), sharded["heads"], sharded["kv_heads"], s.head_dim,
-            dev, c, sw)))
-    if sw.attention:
-        _, count, ctx = decode_groups(s)
-        batches, kernels = ops.binary_parts(count, int(c["attention"]["decode_batch_max"]))
-        for kv, per_batch in zip(ctx, kernels.T, strict=True):
-            for batch, k in zip(batches, per_batch, strict=True):
-                if k:
-                    rows.append((f"attn_decode batch={batch:.0f} kv={kv:.0f}", int(k),
-                                 ops.decode_attention(float(batch), np.array([kv]),
-                                                      sharded["heads"], sharded["kv_heads"],
-                                                      s.head_dim, dev, c, sw)))
-    elif s.num_decode[0]:
-        rows.append((f"attn_decode batch={s.num_decode[0]:.0f} (one kernel)", 1,
-                     ops.decode_attention(s.num_decode, s.decode_ctx / s.num_decode,
-                                          sharded["heads"], sharded["kv_heads"], s.head_dim,
-                                          dev, c, sw)))
+    cells, n, q, ctx = prefill_kernel(s)
+    if len(cells):
+        rows.append((f"attn_prefill batch={n[0]:.0f} q={q[0]:.0f} ctx={ctx[0]:.0f} (one kernel)",
+                     1, ops.prefill_attention(q, ctx, sharded["heads"] * n,
+                                              sharded["kv_heads"] * n, s.head_dim, dev, c, sw)))
+    cells, n, ctx = decode_kernel(s)
+    if len(cells):
+        rows.append((f"attn_decode batch={n[0]:.0f} kv={ctx[0]:.0f} (one kernel)", 1,
+                     ops.decode_attention(n, ctx, sharded["heads"], sharded["kv_heads"],
+                                          s.head_dim, dev, c, sw)))
     if s.tp[0] > 1:
         size = s.tokens * s.hidden * 2.0
         custom, _ = factors.allreduce_path(size, s.tp, dev.topology,

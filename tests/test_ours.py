@@ -12,7 +12,7 @@ from leaderboard.specs import GpuSpec, load_gpu_specs
 from predictors import registry
 from predictors.base import Home, Reading
 from predictors.ours import FACTORS, LADDER, config
-from predictors.ours.step import blocks, decode_groups
+from predictors.ours.step import blocks
 from predictors.steps import Steps
 
 
@@ -88,12 +88,22 @@ def test_faster_gpu_is_faster_and_h100_h200_compute_ties():
     assert h200 == pytest.approx(h100, rel=0.05)  # same compute peak: a large prefill nearly ties
 
 
-def test_decode_groups_by_context_octave():
-    cell, count, ctx = decode_groups(Steps.from_cells(MIX))
-    first = cell == 0
-    assert sorted(count[first]) == [20, 20] and sorted(ctx[first]) == [511, 1023]
-    assert list(count[cell == 1]) == [1, 1]  # the prefill request is not a decode group
-    assert 2 not in cell
+def test_a_steps_attention_is_one_kernel_per_kind_timed_as_its_measured_point():
+    """A step of 4 prompts of 512 tokens and one of 40 decodes (20 at 511, 20 at 1023 cached) runs
+    one prefill kernel of batch 4 and one decode kernel of batch 40 at the mean context, 767:
+    per layer, exactly what predict_ops gives those two measured points (llama-3-8b TP4: 8 query
+    and 2 KV heads per GPU). A sum of four single-prompt kernels is more: four floors."""
+    model, gpu = registry.build("ours").fit(home()), load_gpu_specs()["h100_sxm"]
+    step = cells([("llama-3-8b", 4, [512] * 4 + [1] * 40, [0] * 4 + [511] * 20 + [1023] * 20)])
+    parts = model.components(step, gpu)
+    point = dict(op_family=["attention"] * 3, phase=["attn_prefill", "attn_decode", "attn_prefill"],
+                 batch=[4, 40, 1], q_len=[512, 1, 512], kv_len=[0, 767, 0], num_heads=[8] * 3,
+                 num_kv_heads=[2] * 3, head_dim=[128] * 3, m=[None] * 3, n=[None] * 3, k=[None] * 3)
+    prefill4, decode40, prefill1 = model.predict_ops(pl.DataFrame(point), gpu) / 1e3
+    layers = 32
+    assert parts["attn_prefill"][0] == pytest.approx(prefill4 * layers, rel=1e-9)
+    assert parts["attn_decode"][0] == pytest.approx(decode40 * layers, rel=1e-9)
+    assert parts["attn_prefill"][0] < 4 * prefill1 * layers
 
 
 def test_gpu_block_cells_get_no_wall_clock_terms():

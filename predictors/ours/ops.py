@@ -118,20 +118,3 @@ def allreduce(message_bytes, tp, dev: Device, c: dict, sw: Switches) -> dict[str
     else:
         seconds = ring_allreduce_s(message_bytes, tp, dev.link_bytes_per_s, 0.0, 0.0)
     return {"seconds": seconds, "bytes": message_bytes}
-
-
-def binary_parts(count: np.ndarray, largest: int) -> tuple[np.ndarray, np.ndarray]:
-    """How many kernels of each power-of-two batch a group of ``count`` identical requests
-    becomes, as (batches, kernels): ``kernels[j, g]`` kernels of ``batches[j]`` requests for
-    group g, the batches being ``largest`` then 1, 2, 4, ... below it. The measured grid holds
-    power-of-two batches up to ``largest``, and the ground truth sums one measured kernel per
-    part (vidur_method.compose). One row per batch keeps each numpy loop as long as the
-    groups."""
-    count = count.astype(np.int64)
-    shifts = np.arange((largest - 1).bit_length(), dtype=np.int64)
-    batches = np.concatenate([[largest], 1 << shifts]).astype(np.float64)
-    kernels = np.empty((len(batches), len(count)), dtype=np.int64)
-    kernels[0] = count // largest
-    np.right_shift(count % largest, shifts[:, None], out=kernels[1:])
-    kernels[1:] &= 1
-    return batches, kernels

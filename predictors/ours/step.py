@@ -2,10 +2,11 @@
 
 Per layer (the ``_vidur`` ground truth's composition, leaderboard/cells/vidur_method.py): the
 QKV, O, gate/up and down GEMMs at m = the step's tokens with Megatron-sharded n and k; one
-prefill-attention kernel per prefill request; decode attention per group of requests with the
-same context; two TP all-reduces of the activations; all times the layer count. The light
-kernels and the LM head are computed separately (``wall_clock_extras``): the gpu_block ground
-truth has no time for them, so they are added for wall-clock targets only.
+prefill-attention kernel over the step's prefills and one decode-attention kernel over its
+decode requests, as the engine runs them; two TP all-reduces of the activations; all times
+the layer count. The light kernels and the LM head are computed separately
+(``wall_clock_extras``): the gpu_block ground truth has no time for them, so they are added for
+wall-clock targets only.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 from predictors.steps import Steps
 
-# Decode requests are grouped by context octave: the ground truth's contexts are snapped to
-# 2^k - 1, so an octave holds exactly one measured context; elsewhere it merges near contexts.
-OCTAVES = 24
 # Requests per block of ``blocks``: per-request temporaries under 4 MB (measured fastest on
 # h200_vidur x 405: larger blocks pay for fresh pages), per-cell arrays of thousands of cells.
 BLOCK_REQUESTS = 2**19
@@ -46,42 +44,23 @@ def blocks(num_requests: np.ndarray, size: int = BLOCK_REQUESTS) -> list[tuple[i
     return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)) or [(0, 0)]
 
 
-def context_octave(ctx: np.ndarray) -> np.ndarray:
-    """min(floor(log2(ctx + 1)), OCTAVES - 1) from the float32 exponent bits: exact below 2^24,
-    and every larger context is in the last octave anyway. ctx <= 0 gives octave 0."""
-    exponent = np.add(ctx, 1, dtype=np.float32).view(np.int32)
-    exponent >>= 23
-    np.clip(exponent, 127, 126 + OCTAVES, out=exponent)
-    exponent -= 127
-    return exponent
+def prefill_kernel(s: Steps) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(cells with prefill, requests, mean new tokens, mean context) of each step's one
+    prefill-attention kernel. The engine runs all of a step's prefills as one varlen kernel; it
+    is timed as a uniform batch at the mean lengths, which is exact for the _vidur cells (their
+    prefills are a uniform measured batch)."""
+    count = np.bincount(s.pf_cell, minlength=s.n).astype(np.float64)
+    cells = np.flatnonzero(count)
+    n = count[cells]
+    return cells, n, s.sum(s.pf_q)[cells] / n, s.sum(s.pf_ctx)[cells] / n
 
 
-def decode_groups(s: Steps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(cell index, request count, mean context) per group of a cell's decode requests that
-    share a context octave, by cell then octave. A cell's requests of one context mostly come
-    in runs, so the requests are first cut into runs (within a cell) and the runs (a quarter
-    as many on the _vidur sets) binned by (cell, octave): no sort, and no pass over q. The few
-    non-decode requests (``Steps``' prefill rows) are then taken out of their bins, and
-    octave 0 (empty contexts) is dropped. Counts and context sums are integers, exact in
-    float64, so what is left is exactly the decode requests' sums."""
-    ctx, bins = s.req_ctx, s.n * OCTAVES
-    starts = s.req_end - np.diff(s.req_end, prepend=0)
-    new_run = np.empty(len(ctx), dtype=bool)
-    np.not_equal(ctx[1:], ctx[:-1], out=new_run[1:])
-    new_run[starts[starts < len(ctx)]] = True  # a cell starts a run, so none spans two cells
-    run = np.flatnonzero(new_run)
-    runs_per_cell = np.diff(np.searchsorted(run, starts), append=len(run))
-    value = ctx[run]
-    key = np.repeat(np.arange(0, bins, OCTAVES), runs_per_cell) + context_octave(value)
-    length = np.diff(run, append=len(ctx))
-    count = np.bincount(key, weights=length, minlength=bins)
-    total = np.bincount(key, weights=length * value, minlength=bins)
-    prefill = s.pf_cell * OCTAVES + context_octave(s.pf_ctx)
-    np.subtract.at(count, prefill, 1.0)
-    np.subtract.at(total, prefill, s.pf_ctx)
-    count.reshape(s.n, OCTAVES)[:, 0] = 0.0
-    used = np.flatnonzero(count != 0.0)
-    return used // OCTAVES, count[used], total[used] / count[used]
+def decode_kernel(s: Steps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cells with decode, requests, mean context) of each step's one decode-attention kernel:
+    the engine runs every decode request of a step in one kernel, as Vidur prices it too."""
+    cells = np.flatnonzero(s.num_decode > 0)
+    n = s.num_decode[cells]
+    return cells, n, s.decode_ctx[cells] / n
 
 
 def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
@@ -89,41 +68,31 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
     out = {}
     for name, (n, k) in gemm_shapes(s).items():
         out[name] = ops.gemm(s.tokens, n, k, dev, c, sw)["seconds"] * s.layers
-    sharded = s.sharded()
-    pc = s.pf_cell
-    pf = ops.prefill_attention(s.pf_q, s.pf_ctx, sharded["heads"][pc], sharded["kv_heads"][pc],
-                               s.head_dim[pc], dev, c, sw)["seconds"]
-    out["attn_prefill"] = s.sum(pf) * s.layers
+    out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(s.tokens * s.hidden * BF16_BYTES, s.tp, dev, c, sw)["seconds"]
     out["allreduce"] = ALLREDUCES_PER_LAYER * ar * s.layers
     return out
 
 
+def prefill_attention_seconds(s: Steps, dev: Device, c: dict, sw: Switches) -> np.ndarray:
+    """Per cell and layer: one prefill kernel whose CTAs are every request's (``heads`` times
+    the request count, as a measured point of ``batch`` requests is timed on the home)."""
+    sharded, out = s.sharded(), np.zeros(s.n)
+    cells, n, q, ctx = prefill_kernel(s)
+    out[cells] = ops.prefill_attention(q, ctx, sharded["heads"][cells] * n,
+                                       sharded["kv_heads"][cells] * n, s.head_dim[cells], dev, c,
+                                       sw)["seconds"]
+    return out
+
+
 def decode_attention_seconds(s: Steps, dev: Device, c: dict, sw: Switches) -> np.ndarray:
-    """Per cell and layer. With ``attention`` on, one kernel per power-of-two part of each
-    same-context group, as the ground truth composes it; off, one kernel for the whole batch."""
-    sharded = s.sharded()
-    if not sw.attention:
-        has = s.num_decode > 0
-        mean_ctx = np.where(has, s.decode_ctx / np.maximum(s.num_decode, 1.0), 0.0)
-        t = ops.decode_attention(s.num_decode, mean_ctx, sharded["heads"], sharded["kv_heads"],
-                                 s.head_dim, dev, c, sw)["seconds"]
-        return np.where(has, t, 0.0)
-    cell, count, ctx = decode_groups(s)
-    batches, kernels = ops.binary_parts(count, int(c["attention"]["decode_batch_max"]))
-    # Only the (batch, group) pairs with a kernel are timed: a group has a few of the ~12
-    # batch sizes.
-    pair = np.flatnonzero(kernels != 0)
-    part, group = np.divmod(pair, len(count))
-    on = cell[group]
-    t = ops.decode_attention(batches[part], ctx[group], sharded["heads"][on],
-                             sharded["kv_heads"][on], s.head_dim[on], dev, c, sw)["seconds"]
-    # The pairs run batch by batch, so bincount adds each group's kernels in batch order and
-    # then each cell's groups in group order: the additions, in the same order, of timing one
-    # batch size for every group at a time.
-    per_group = np.bincount(group, weights=kernels.ravel()[pair] * t, minlength=len(count))
-    return np.bincount(cell, weights=per_group, minlength=s.n)
+    """Per cell and layer: one decode kernel over all the step's decode requests."""
+    sharded, out = s.sharded(), np.zeros(s.n)
+    cells, n, ctx = decode_kernel(s)
+    out[cells] = ops.decode_attention(n, ctx, sharded["heads"][cells], sharded["kv_heads"][cells],
+                                      s.head_dim[cells], dev, c, sw)["seconds"]
+    return out
 
 
 def wall_clock_extras(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
