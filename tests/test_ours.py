@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,6 @@ from predictors import registry
 from predictors.base import Home, Reading
 from predictors.ours import FACTORS, LADDER, config
 from predictors.ours.step import blocks
-from predictors.steps import Steps
 
 
 def cells(rows: list[tuple], kind: str = "gpu_block") -> pl.DataFrame:
@@ -177,3 +177,29 @@ def test_predict_ops_times_a_prefill_point_as_prefill():
     model = registry.build("ours").fit(home())
     flops = 4 * 8192 * 4096 * 32 * 128
     assert model.predict_ops(point, load_gpu_specs()["a100_sxm"])[0] >= flops / 312e12 * 1e3
+
+
+def test_ours_reading_asks_for_the_smallest_decode_kernels_and_rescales_attention_floors():
+    """A synthetic reading whose kernels take their modelled work plus twice the modelled floor
+    gives a floor scale of 2: every attention floor constant doubles, nothing else moves."""
+    gpu = load_gpu_specs()["h100_sxm"]
+    model = registry.build("ours_reading", {"reading_points": 2}).fit(home())
+    request = model.request_reading(MIX.drop("gt_kind"), gpu, budget=16)
+    # MIX's pure decode cells: 40 requests at 511/1023 (TP4) and 3 at a mean 733 (70B TP8)
+    assert [p["batch"] for p in request.op_points] == [3, 40]
+    assert {p["op"] for p in request.op_points} == {"attn_decode"}
+    before = {k: dict(v) for k, v in model.constants_.items() if isinstance(v, dict)}
+    points = pl.DataFrame([{k: v for k, v in p.items() if k != "op"} for p in request.op_points]
+                          ).with_columns(q_len=pl.lit(1))  # as the lineage's key holds it
+    probe = points.with_columns(op_family=pl.lit("attention"), phase=pl.lit("attn_decode"),
+                                **{c: pl.lit(None, pl.Int64) for c in ("m", "n", "k")})
+    dev = model.device(gpu)
+    work = model.op_seconds(probe, replace(dev, floor_scale=0.0))
+    floor = model.op_seconds(probe, dev) - work
+    model.take_reading(Reading(pl.DataFrame(), {"attn_decode": points.with_columns(
+        latency_ms=pl.Series((work + 2 * floor) * 1e3))}), gpu)
+    assert model.floor_scale_ == pytest.approx(2.0)
+    for key, value in model.constants_["attention"].items():
+        factor = 2.0 if key.endswith("floor_s") else 1.0
+        assert value == pytest.approx(before["attention"][key] * factor), key
+    assert model.constants_["gemm"] == before["gemm"]

@@ -84,7 +84,7 @@ class Ours(Predictor):
 
     def components(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
         """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
-        dev = Device.of(gpu, self.constants_)
+        dev = self.device(gpu)
         parts = [self._block_components(cells.slice(lo, hi - lo), dev)
                  for lo, hi in blocks(cells["num_requests"].to_numpy())]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -108,10 +108,17 @@ class Ours(Predictor):
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         return sum(self.components(cells, gpu).values()) * 1e3
 
+    def device(self, gpu: GpuSpec) -> Device:
+        """The target as the model sees it: its datasheet through the frozen constants."""
+        return Device.of(gpu, self.constants_)
+
     def predict_ops(self, points: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         """One measured kernel per point (``<sku>_ops``): a GEMM, or an attention kernel over
         ``batch`` equal requests, timed by the same op functions a step sums."""
-        dev, c, sw = Device.of(gpu, self.constants_), self.constants_, self.switches
+        return self.op_seconds(points, self.device(gpu)) * 1e3
+
+    def op_seconds(self, points: pl.DataFrame, dev: Device) -> np.ndarray:
+        c, sw = self.constants_, self.switches
         col = lambda name: points[name].fill_null(1).to_numpy().astype(np.float64)  # noqa: E731
         gemm = (points["op_family"] == "gemm").to_numpy()
         # The harness names op phases attn_prefill / attn_decode (leaderboard.op_level).
@@ -123,7 +130,7 @@ class Ours(Predictor):
             col("q_len"), 0.0 * b, heads * b, kv_heads * b, d, dev, c, sw)["seconds"], 0.0)
         seconds += np.where(~gemm & ~prefill, ops.decode_attention(
             b, col("kv_len"), heads, kv_heads, d, dev, c, sw)["seconds"], 0.0)
-        return seconds * 1e3
+        return seconds
 
     def request_reading(self, cells: pl.DataFrame, gpu: GpuSpec, budget: int
                         ) -> ReadingRequest | None:
