@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from leaderboard import homes
@@ -59,7 +60,8 @@ class Supplier:
         return found
 
     def _op_points(self, wanted: list[dict]) -> tuple[dict[str, pl.DataFrame], set[str]]:
-        """Each wanted point with its latency, and the cells whose sum contains one of them."""
+        """Each wanted point with its latency, and the cells whose sum contains that measured
+        row, under any op name (one GEMM row can be one cell's QKV and another's O)."""
         ops, touched = {}, set()
         for want in wanted:
             shape = {k: v for k, v in want.items() if k != "op"}
@@ -72,8 +74,9 @@ class Supplier:
                                      f"{0 if hit is None else len(hit)} measured points, not 1")
             ops[want["op"]] = pl.concat([ops[want["op"]], hit]) if want["op"] in ops else hit
             keys = rows["key"].str.json_decode(infer_schema_length=None).struct.unnest()
-            touched |= set(keys.with_columns(rows["cell_id"]).filter(pl.all_horizontal(
-                pl.col(k) == v for k, v in shape.items()))["cell_id"])
+            same = np.logical_and.reduce([(keys[k] == v).to_numpy() for k, v in shape.items()])
+            read = rows.filter(pl.Series(same)).select("table_name", "key").unique()
+            touched |= set(self.lineage.join(read, on=["table_name", "key"])["cell_id"])
         return ops, touched
 
     def scored(self) -> pl.DataFrame:

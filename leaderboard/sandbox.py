@@ -11,6 +11,7 @@ wants one, predicts and writes the predictions. The parent keeps the ground trut
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -44,10 +45,16 @@ def jobs_dir() -> Path:
     return paths.home() / "sandbox"
 
 
-def predictor_cache() -> Path:
-    """The one folder a predictor may keep files in across runs (fitted models): no ground
-    truth is ever written there."""
-    return paths.home() / "predictor-cache"
+def predictor_cache(name: str, params: dict, home_folder: Path) -> Path:
+    """The one folder a predictor may keep files in across runs (fitted models), its own for one
+    fit input: only the same predictor, with the same parameters, fitted on the same home bundle
+    ever sees it again. A fit that stashed a home's rows there can thus never hand them to a run
+    on another home, where that home's GPU is an unseen target."""
+    digest = hashlib.sha256(json.dumps([name, params], sort_keys=True, default=str).encode())
+    for file in sorted(f for f in home_folder.rglob("*") if f.is_file()):
+        digest.update(file.relative_to(home_folder).as_posix().encode())
+        digest.update(file.read_bytes())
+    return paths.home() / "predictor-cache" / f"{name}-{digest.hexdigest()[:16]}"
 
 
 # ----------------------------------------------------------------------------- the bundle
@@ -115,25 +122,28 @@ def job_folder():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def child_env(folder: Path) -> dict[str, str]:
+def child_env(folder: Path, cache: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
-    predictor_cache().mkdir(parents=True, exist_ok=True)
-    return {**env, "HOME": str(folder / "out"), "TMPDIR": str(folder / "out"),
-            "XDG_CACHE_HOME": str(predictor_cache()), "PYTHONDONTWRITEBYTECODE": "1"}
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = str(folder / "out")
+    return {**env, "HOME": scratch, "TMPDIR": scratch, "JOBLIB_TEMP_FOLDER": scratch,
+            "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def readable(cls: type) -> list[str]:
     """What the child may read: the Python installation, the suite's code and conf, the
     predictor's own module folder. The repository root itself only as a listing (it also holds
-    results/ and datasets/)."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix,
-             *(p for p in sys.path if p and Path(p).resolve() != paths.REPO_ROOT)}
+    results/ and datasets/). Of ``sys.path`` only the entries inside the Python installation:
+    the working folder and ``PYTHONPATH`` may hold the store."""
+    install = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
+    roots = {*map(str, install), *(p for p in sys.path if p and any(
+        Path(p).resolve().is_relative_to(root) for root in install))}
     code = [paths.REPO_ROOT / "leaderboard", paths.REPO_ROOT / "predictors", paths.CONF_DIR,
             Path(sys.modules[cls.__module__].__file__).parent]
     return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
 
 
-def job(cls: type, params: dict, level: str, budget: int, folder: Path) -> dict:
+def job(cls: type, params: dict, level: str, budget: int, folder: Path, cache: Path) -> dict:
     return {"predictor": {"module": cls.__module__, "qualname": cls.__qualname__,
                           "name": cls.name},
             "params": params, "level": level, "budget": budget,
@@ -141,7 +151,7 @@ def job(cls: type, params: dict, level: str, budget: int, folder: Path) -> dict:
             "sys_path": [p for p in sys.path if p],
             "read": [*readable(cls), str(folder / "in")],
             "list": [str(paths.REPO_ROOT)],
-            "write": [str(folder / "out"), str(predictor_cache()), "/dev/null", "/dev/shm"]}
+            "write": [str(folder / "out"), str(cache), "/dev/null"]}
 
 
 def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
@@ -153,9 +163,10 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
         write_home(home, folder / "in" / "home")
         write_frame(blind, folder / "in" / "blind.arrow")
         (folder / "in" / "gpu.json").write_text(json.dumps(_gpu_json(gpu), default=str))
+        cache = predictor_cache(cls.name, params, folder / "in" / "home")
         (folder / "in" / "job.json").write_text(json.dumps(
-            job(cls, params, level, budget, folder), default=str))
-        unscored, refused = _talk(folder, supply)
+            job(cls, params, level, budget, folder, cache), default=str))
+        unscored, refused = _talk(folder, cache, supply)
         facts_file = folder / "out" / "facts.json"
         if not facts_file.is_file():
             return None, unscored, {"invalid_reasons": [refused or "the predictor's process "
@@ -168,14 +179,14 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
     return pred, unscored, facts
 
 
-def _talk(folder: Path, supply) -> tuple[list[str], str | None]:
+def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], str | None]:
     """Run the child, answering its reading request; the cells taken out and a refusal."""
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     command = [sys.executable, "-m", "leaderboard.sandbox_child", str(folder), str(to_child_r),
                str(from_child_w)]
     # stdout and stderr are inherited, so a long fit's progress reaches the user's terminal.
-    child = subprocess.Popen(command, env=child_env(folder), cwd=folder / "out",
+    child = subprocess.Popen(command, env=child_env(folder, cache), cwd=folder / "out",
                              pass_fds=(to_child_r, from_child_w))
     os.close(to_child_r)
     os.close(from_child_w)

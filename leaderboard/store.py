@@ -31,7 +31,7 @@ from leaderboard.tables import TABLES, conform
 from leaderboard.versioning import code_version, content_hash
 
 # Bump when ingestion changes what lands in the store: every version below changes with it.
-BUILDER_VERSION = "3"
+BUILDER_VERSION = "4"
 
 stderr = Console(stderr=True)
 

@@ -30,12 +30,16 @@ def probes(monkeypatch, store_home):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     for name, cls in PROBES.items():
         registry.register(name)(cls)
-    shutil.rmtree(SPY(store_home), ignore_errors=True)
+    for old in (store_home.home / "predictor-cache").glob("*/llm-leaderboard/spy"):
+        shutil.rmtree(old, ignore_errors=True)
     return store_home
 
 
 def SPY(real_store):  # noqa: N802 - where the child's spy wrote, seen from the parent
-    return real_store.home / "predictor-cache" / "llm-leaderboard" / "spy"
+    """The spy's cache folder of its latest run (one folder per predictor and fit input)."""
+    found = sorted((real_store.home / "predictor-cache").glob("*/llm-leaderboard/spy"),
+                   key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else real_store.home / "predictor-cache" / "none"
 
 
 def seen(real_store, name: str) -> pl.DataFrame:

@@ -10,6 +10,7 @@ import pytest
 
 from leaderboard import data, sources, store
 from leaderboard.ingest import ADAPTERS
+from leaderboard.specs import load_gpu_specs
 from leaderboard.tables import TABLES
 
 EXPECTED = {
@@ -197,3 +198,18 @@ def test_store_is_reused_when_fresh(store_home):
     assert store.is_fresh()
     assert store.ensure() == store_home.path
     assert store_home.path.stat().st_mtime_ns == before
+
+
+def test_sliding_window_decode_points_are_flagged_on_the_window_they_read(real_store):
+    """A decode kernel under a sliding window streams min(kv_len, window) cached tokens, so it is
+    flagged only when faster than DRAM allows for that many (recomputed here from the rows)."""
+    rows = real_store.sql(
+        "SELECT a.batch, a.kv_len, a.window_size, a.num_kv_heads, a.head_dim, a.kv_dtype, "
+        "a.latency_ms, a.flags, a.sku FROM attention a WHERE a.phase = 'decode' "
+        "AND a.window_size > 0 AND a.source = 'aiconfigurator'")
+    assert rows, "the store should hold sliding-window decode points"
+    gpus = load_gpu_specs()
+    for batch, kv, window, kv_heads, d, kv_dtype, ms, flags, sku in rows:
+        width = 1.0 if "8" in kv_dtype else 2.0
+        floor_ms = batch * min(kv, window) * d * 2 * width * kv_heads / gpus[sku].mem_bw_bytes_per_s * 1e3
+        assert (flags == "faster_than_dram") == (ms < floor_ms), (sku, batch, kv, window)

@@ -53,15 +53,18 @@ def _warm(bytes_moved: pl.Expr, gpu) -> pl.Expr:
     return pl.when(pl.col("latency") < dram_floor_ms).then(pl.lit(WARM_FLAG))
 
 
-def _attention_bytes(prefill: bool) -> pl.Expr:
+def _attention_bytes(prefill: bool, columns: list[str]) -> pl.Expr:
     """The cold working set: prefill reads Q, K, V and writes O of every prompt token; decode
-    reads the whole KV cache (K and V) of every request."""
+    reads the KV cache (K and V) of every request, its last ``window_size`` tokens only under
+    sliding-window attention."""
     kv = pl.col("kv_cache_dtype").replace_strict(KV_BYTES, default=2.0)
     heads, kv_heads, d = pl.col("num_heads"), pl.col("num_key_value_heads"), pl.col("head_dim")
     kv_heads = pl.when(kv_heads == 0).then(heads).otherwise(kv_heads)
     if prefill:
         return pl.col("batch_size") * pl.col("isl") * d * (2.0 * 2 * heads + 2 * kv * kv_heads)
-    return pl.col("batch_size") * pl.col("step") * d * 2 * kv * kv_heads
+    window = pl.col("window_size") if "window_size" in columns else pl.lit(0)
+    read = pl.when(window > 0).then(pl.min_horizontal(pl.col("step"), window)).otherwise(pl.col("step"))
+    return pl.col("batch_size") * read * d * 2 * kv * kv_heads
 
 
 def _attention(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
@@ -78,7 +81,7 @@ def _attention(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]
         # A key listed with 0 KV heads means "same as query heads" (MHA): normalize it.
         num_kv_heads=pl.when(pl.col("num_key_value_heads") == 0).then(pl.col("num_heads"))
         .otherwise(pl.col("num_key_value_heads")),
-        head_dim="head_dim", latency_ms="latency", flags=_warm(_attention_bytes(prefill), gpu),
+        head_dim="head_dim", latency_ms="latency", flags=_warm(_attention_bytes(prefill, df.columns), gpu),
         window_size=optional.get("window_size", pl.lit(0)),
         power_w=optional.get("power", pl.lit(None)),
         power_limit_w=optional.get("power_limit", pl.lit(None)),

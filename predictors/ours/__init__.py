@@ -20,7 +20,7 @@ import polars as pl
 
 from leaderboard.specs import GpuSpec
 from predictors.base import Home, Predictor, PredictorCard, Reading, ReadingRequest
-from predictors.ours import config, factors, ops
+from predictors.ours import calibrate, config, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 from predictors.ours.step import block_times, blocks, wall_clock_extras
@@ -63,7 +63,9 @@ class Ours(Predictor):
         on the home's training steps only (with a home S(N) that is then discarded: each target
         calibrates its own from its deploy reading)."""
         self.constants_ = config.load_constants()
-        self.trained_on_ = self.constants_["home"]["sku"]
+        if len(home.gpus) > 1:  # several homes: the home-fitted constants are refitted on all
+            self.constants_ = calibrate.fit_constants(home, self.constants_)
+        self.trained_on_ = "+".join(home.gpus) if len(home.gpus) > 1 else self.constants_["home"]["sku"]
         self.profiled_rows_ = int(self.constants_["home"]["op_rows"])
         self.host_floor_, self.alpha_ = (0.0, 0.0), 1.0
         wall = home.cells.filter(pl.col("gt_kind") == "wall_clock")
