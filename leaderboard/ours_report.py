@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -28,7 +29,7 @@ EXPLAINED = ("ours", "h200_vidur")
 def ladder(runs: pl.DataFrame) -> list[str]:
     home, unseen = datasets_of(runs, "vidur")
     mapes = PhaseMapes(runs, unseen)
-    rungs = sorted(n for n in registry.names() if n.startswith("ours_r"))
+    rungs = sorted(n for n in registry.names() if re.fullmatch(r"ours_r\d+_\w+", n))
     rows, before = [], None
     for rung in rungs:
         now = mapes.unseen_mean(rung, "all")
