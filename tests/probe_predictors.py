@@ -197,6 +197,15 @@ class RawUpstream(Cheat):
         raise AssertionError(f"read {len(raw)} bytes of raw target measurements")
 
 
+class TwoMsSteps(Predictor):
+    """Every step takes 2 ms: a serving replay's TTFT/TPOT can then be worked out by hand."""
+
+    card = PredictorCard("analytical", "test", "every step 2 ms", False)
+
+    def predict(self, cells, gpu):
+        return np.full(len(cells), 2.0)
+
+
 CHEATS = {"env_store": EnvStore, "home_store": HomeStore, "thread_store": ThreadStore,
           "constructor_store": ConstructorStore, "stack_frame": StackFrame,
           "gc_objects": GcObjects, "raw_upstream": RawUpstream}
