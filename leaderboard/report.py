@@ -23,10 +23,8 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import atlas, ours_report, paths, ranking, report_protocols, rerun, results
-from leaderboard.homes import family
-from leaderboard.metrics import PHASES
-from leaderboard.op_level import OP_PHASES
+from leaderboard import atlas, families, ours_report, paths, ranking, report_protocols, rerun, results
+from leaderboard.families import suffix_of as family
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, seal_columns, table
 from leaderboard.serving import report as serving_report
 from leaderboard.split import default_split
@@ -67,20 +65,22 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "measured target rows the predictor read on any GPU of the family (its deploy "
              "reading, never scored; 0 for a zero-reading predictor). `sandbox`: how its fit "
              "and predict were confined (`landlock`, or `process` where the kernel lacks it).", ""]
-    for fam in rerun.LEADERBOARD_FAMILIES:
-        homes, unseen = datasets_of(runs, fam)
+    for fam in families.where(leaderboard=True):
+        if fam.level == "serving":
+            continue  # tabled by leaderboard.serving.report
+        homes, unseen = datasets_of(runs, fam.suffix)
         mapes = PhaseMapes(runs, unseen)
         mine = runs.filter(pl.col("dataset").is_in(homes + unseen))
         predictors = sorted(set(mine["predictor"]), key=lambda p: (
             mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
-        for phase in OP_PHASES if fam == "ops" else PHASES:
+        for phase in fam.phases:
             if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
                 continue  # the family has no cells of this phase (splitwise: no mixed steps)
             rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
                      fmt(mapes.unseen_mean(p, phase)), *seal_columns(mine, p)] for p in predictors]
             header = ["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean",
                       "target rows", "sandbox"]
-            title = "op level (`<sku>_ops`, one measured kernel per row)" if fam == "ops" else fam
+            title = fam.suffix if fam.level == "step" else fam.title
             lines += [f"### {title}: {phase}", "", *table(header, rows)]
     invalid = runs.filter(~pl.col("valid"))
     if len(invalid):
@@ -91,8 +91,12 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
     return lines
 
 
+def _of_families(suffixes: tuple[str, ...]) -> pl.Expr:
+    return pl.col("dataset").map_elements(family, pl.String).is_in(suffixes)
+
+
 def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
-    vidur = predictions.filter(pl.col("dataset").map_elements(family, pl.String) == "vidur")
+    vidur = predictions.filter(_of_families(families.suffixes(ranking=True)))
     ranks = ranking.ranking_table(ranking.sku_pairs(vidur))
     lines = ["## SKU ranking (tie-aware, `_vidur` GPUs)", "",
              f"Per workload, every pair of GPUs with a prediction is compared: measured order "
@@ -200,11 +204,11 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     current = results.current(fresh, versions).pl()
     runs = leaderboard_runs(current, datasets)
-    is_serving = pl.col("dataset").map_elements(family, pl.String).is_in(rerun.SERVING_FAMILIES)
+    is_serving = _of_families(families.suffixes(level="serving"))
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
-    predictions = results.load_predictions(runs.filter(
-        pl.col("dataset").map_elements(family, pl.String).is_in(rerun.STEP_FAMILIES)))
+    predictions = results.load_predictions(runs.filter(_of_families(families.suffixes(
+        level="step", leaderboard=True))))
     body = [f"Regenerate: `python -m leaderboard.report --rerun` (reruns every registered "
             f"predictor on {', '.join(datasets)}, then writes this); "
             "without `--rerun` it tables the current stored runs.", ""]

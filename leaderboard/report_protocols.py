@@ -12,11 +12,12 @@ import json
 
 import polars as pl
 
+from leaderboard import families
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
 
-TWO_HOMES = ("a100_vidur", "h100_vidur")
+TWO_HOMES = families.get("vidur").two_homes
 # (predictor, its published error, where it is stated), paraphrased from the sources that
 # docs/baselines.md cites; None: the authors published no error figure for this use.
 PUBLISHED = (
