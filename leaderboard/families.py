@@ -27,9 +27,9 @@ LEVELS = ("step", "op", "serving")
 class DatasetFamily:
     """What every dataset ``<sku>_<suffix>`` of one family shares.
 
-    ``builder``: ``"module:function"`` taking the store connection (and the GPU specs, with
-    ``builder_takes_gpus``) and returning ``CellSet``s; several families may share one builder,
-    which then runs once. None where the store builds the
+    ``builder``: ``"module:function"`` (or the function itself) taking the store connection
+    (and the GPU specs, with ``builder_takes_gpus``) and returning ``CellSet``s; several
+    families may share one builder, which then runs once. None where the store builds the
     family elsewhere (op grids, serving targets). ``home``: the dataset a member fits on when
     its conf file names none; None means the A100 dataset of the family. ``two_homes``: the
     homes of the two-home protocol, run beside the one-home one (empty: not run). ``ranking``:
@@ -41,7 +41,7 @@ class DatasetFamily:
     level: str
     gt_kind: str
     title: str
-    builder: str | None = None
+    builder: str | Callable | None = None
     builder_takes_gpus: bool = False
     phases: tuple[str, ...] = STEP_PHASES
     home: str | None = None
@@ -62,8 +62,10 @@ class DatasetFamily:
         return self.card_template.format(name=name, sku=sku, title=self.title)
 
     def build(self, con, gpus) -> list:
-        module, _, function = self.builder.partition(":")
-        builder: Callable = getattr(importlib.import_module(module), function)
+        builder = self.builder
+        if isinstance(builder, str):
+            module, _, function = builder.partition(":")
+            builder = getattr(importlib.import_module(module), function)
         return builder(con, gpus) if self.builder_takes_gpus else builder(con)
 
 
@@ -115,7 +117,7 @@ def suffixes(**wanted) -> tuple[str, ...]:
 
 def builders() -> list[DatasetFamily]:
     """One family per distinct builder, in registration order."""
-    seen: dict[str, DatasetFamily] = {}
+    seen: dict[str | Callable, DatasetFamily] = {}
     for fam in _FAMILIES.values():
         if fam.builder and fam.builder not in seen:
             seen[fam.builder] = fam
