@@ -130,3 +130,6 @@ def run_task(cfg: DictConfig) -> None:
 
 # Undecorated ``run_task`` stays importable by name, so launchers pickle it by reference.
 main = hydra.main(config_path=str(paths.CONF_DIR), config_name="config", version_base="1.3")(run_task)
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

@@ -121,3 +121,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

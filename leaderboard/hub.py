@@ -37,13 +37,12 @@ from leaderboard import guard, paths
 from leaderboard.cells.ops import COLLECTIVE_SCHEMA
 from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
+from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
 from leaderboard.tables import TABLES
 
 # The store holds its categorical provenance columns as VARCHAR; a read gives String.
 COEFFICIENT_SCHEMA = {c: pl.String if t == pl.Categorical else t
                       for c, t in TABLES["coefficients"].schema.items()}
-CATALOG_SCHEMA = {"name": pl.String, "kind": pl.String, "sku": pl.String, "version": pl.String,
-                  "backend_versions": pl.List(pl.String), "rows": pl.Int64}
 # Without a bound the Hugging Face client retries an unreachable hub for about 20 s.
 PROBE_TIMEOUT_S = 3.0
 PUSH_COMMAND = "hf upload <owner>/<name> {path} . --repo-type dataset"
@@ -53,14 +52,6 @@ stderr = Console(stderr=True)
 
 class HubError(ValueError):
     """A hub dataset cannot be read; the message names the repo, the endpoint and the fix."""
-
-
-def lineage_config(name: str) -> str:
-    return f"{name}_lineage"
-
-
-def collectives_config(sku: str) -> str:
-    return f"{sku}_collectives"
 
 
 def cache_dir() -> Path:

@@ -87,3 +87,6 @@ def baseline_strength(runs: pl.DataFrame) -> list[str]:
             "own data and models, so it is a yardstick of strength, not a target to match.", "",
             *table(["baseline", "home MAPE % here", "home points", "published error", "source"],
                    rows, "lrlll")]
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

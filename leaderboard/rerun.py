@@ -112,3 +112,6 @@ def last_rerun(runs_dir: Path) -> dict | None:
         return None
     timing = json.loads(path.read_text())
     return timing if timing.get("code_hash") == code_hash() else None
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True
