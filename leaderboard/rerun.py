@@ -14,6 +14,7 @@ Python-bound work.
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -76,6 +77,12 @@ def _run_one(spec: RunSpec) -> Outcome:
     return Outcome(spec.predictor, spec.dataset, status, time.perf_counter() - started)
 
 
+def _worker_setup() -> None:
+    """A worker draws no bar of its own and never builds the store (built once above)."""
+    progress.show(False)
+    os.environ[store.STALE_ENV] = "refuse"
+
+
 def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
     """Run everything, ``jobs`` processes at a time; records the wall time in ``TIMING_FILE``."""
     Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
@@ -88,7 +95,7 @@ def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
         # spawn, not fork: forking a process that already started Polars' thread pool can
         # deadlock. The workers draw no bars of their own: this one owns the terminal.
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                                 initializer=progress.show, initargs=(False,)) as pool:
+                                 initializer=_worker_setup) as pool:
             for future in as_completed([pool.submit(_run_one, spec) for spec in specs]):
                 done = future.result()
                 outcomes.append(done)
