@@ -222,3 +222,6 @@ def write_run(predictions: pl.DataFrame, dominant: pl.DataFrame, dataset: str, p
     cells = predictions.with_columns(dataset=pl.lit(dataset), group=pl.lit(dataset))
     return draw(f"Error atlas: {dataset}", batch_context_table(cells, ("group",)),
                 op_family_table(cells, dominant, ("group",)), [dataset], [dataset], path)
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

@@ -22,6 +22,7 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
+from leaderboard.metrics import registered as registered_metrics
 from leaderboard.sources import SourceError
 from leaderboard.specs import SpecError
 from predictors import registry
@@ -89,12 +90,12 @@ def print_metrics(metrics: dict, folder) -> None:
     homes = "+".join(metrics["home_datasets"])
     table = Table(title=f"{metrics['predictor']} on {metrics['dataset']} ({metrics['split']}, "
                         f"home {homes}, {metrics['home_points_used']}): {status}")
-    for col in ("phase", "n", "MAPE %", "median APE %", "P90 APE %", "bias %"):
+    columns = registered_metrics(metrics.get("level", "step"))
+    for col in ("phase", "n", *(m.label for m in columns)):
         table.add_column(col, justify="left" if col == "phase" else "right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for phase, m in metrics["phases"].items():
-        table.add_row(phase, str(m["n"]), fmt(m["mape"]), fmt(m["median_ape"]), fmt(m["p90_ape"]),
-                      fmt(m["bias"]))
+        table.add_row(phase, str(m["n"]), *(fmt(m.get(c.name)) for c in columns))
     Console().print(table)
     for reason in metrics["invalid_reasons"]:
         stderr.print(f"[red]invalid:[/] {reason}", highlight=False)
@@ -129,3 +130,6 @@ def run_task(cfg: DictConfig) -> None:
 
 # Undecorated ``run_task`` stays importable by name, so launchers pickle it by reference.
 main = hydra.main(config_path=str(paths.CONF_DIR), config_name="config", version_base="1.3")(run_task)
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from leaderboard import paths
 from predictors import registry
@@ -27,3 +29,30 @@ def load_config(overrides: list[str] | None = None, with_hydra: bool = False) ->
     with initialize_config_dir(config_dir=str(paths.CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides or [],
                        return_hydra_config=with_hydra)
+
+
+def command_config(argv: list[str], prog: str, doc: str, section: str,
+                   old_flags: dict[str, str]) -> DictConfig:
+    """The composed config of a ``python -m leaderboard.<command> key=value ...`` call.
+
+    ``--help`` prints ``doc`` and the ``section`` keys with their defaults, then exits. A flag of
+    ``old_flags`` (``"--out": "report.out"``; a flag mapped to ``"key=value"`` takes no value) is
+    turned into its override with a one-line deprecation notice; kept for one release.
+    """
+    if {"-h", "--help"} & set(argv):
+        print(f"usage: {prog} [key=value ...]\n\n{doc.strip()}\n\noverrides ({section}.*):\n"
+              + OmegaConf.to_yaml(load_config()[section]).rstrip())
+        raise SystemExit(0)
+    overrides, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        flag, _, value = arg.partition("=")
+        if flag not in old_flags:
+            overrides.append(arg)
+            continue
+        key = old_flags[flag]
+        override = key if "=" in key else f"{key}={value or rest.pop(0)}"
+        print(f"{prog}: {flag} is deprecated and goes in the next release; use {override}",
+              file=sys.stderr)
+        overrides.append(override)
+    return load_config(overrides)

@@ -220,7 +220,7 @@ def run(spec: RunSpec) -> RunResult:
         "predict_cells_per_s": (facts.get("steps", len(target)) / facts["predict_seconds"]
                                 if facts.get("predict_seconds") else None),
         "level": inputs.level,
-        "phases": metrics.by_phase(predictions, phases) if pred is not None else {},
+        "phases": metrics.by_phase(predictions, phases, inputs.level) if pred is not None else {},
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     folder = _write(spec, result, predictions, inputs.target_lineage)

@@ -1,4 +1,4 @@
-"""``python -m leaderboard.explain predictor=ours dataset=h200_vidur cell=<cell_id>``: one cell,
+"""``python -m leaderboard.explain predictor=ours dataset=h200_vidur explain.cell=<cell_id>``: one cell,
 term by term.
 
 Prints each op of the step (per layer, as ``ours`` times it): its FLOPs and bytes, its bound
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leaderboard import metrics
+from leaderboard.config import command_config
 from leaderboard.evaluate import RunSpec, load_inputs
 from leaderboard.readings import take_in_process
 from predictors import registry
@@ -108,16 +109,26 @@ def render(model: Ours, cell: pl.DataFrame, gpu, console: Console) -> None:
                       f" + {model.host_floor_[1] * 1e3:.4f} (N-1) ms (deploy reading)")
 
 
+def arguments(argv: list[str]) -> tuple[str, str, str | None]:
+    """(predictor, dataset, cell) from Hydra overrides; the old ``cell=ID`` still works."""
+    cfg = command_config(argv, "python -m leaderboard.explain", __doc__, "explain",
+                         {"cell": "explain.cell"})
+    return cfg.predictor.name, cfg.dataset.name, cfg.explain.cell
+
+
 def main(argv: list[str]) -> None:
-    args = dict(a.split("=", 1) for a in argv)
-    model, cells, gpu = load(args.get("predictor", "ours"), args["dataset"])
-    wanted = args.get("cell") or cells["cell_id"][0]
+    predictor, dataset, wanted = arguments(argv)
+    model, cells, gpu = load(predictor, dataset)
+    wanted = wanted or cells["cell_id"][0]
     cell = cells.filter(pl.col("cell_id") == wanted)
     if cell.is_empty():
-        raise SystemExit(f"no cell '{wanted}' in {args['dataset']} (deploy-reading rows are "
+        raise SystemExit(f"no cell '{wanted}' in {dataset} (deploy-reading rows are "
                          "not explained: they are not scored)")
     render(model, cell, gpu, Console(width=200))
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

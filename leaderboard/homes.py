@@ -17,13 +17,10 @@ from __future__ import annotations
 import polars as pl
 import yaml
 
-from leaderboard import home_grid, paths
+from leaderboard import families, home_grid, paths
+from leaderboard.families import suffix_of as family
 from predictors.base import Home
 from predictors.registry import suggestion
-
-
-def family(name: str) -> str:
-    return name.rsplit("_", 1)[-1]
 
 
 def conf_home(name: str) -> str | None:
@@ -41,8 +38,9 @@ def require_dataset(rows: dict[str, dict], name: str) -> dict:
 
 def home_of(name: str, named_home: str | None, rows: dict[str, dict]) -> str:
     """``named_home`` (a ``dataset.home=`` override), else the home the dataset's conf file
-    names, else the A100 dataset of its family."""
-    named_home = named_home or conf_home(name)
+    names, else its family's default home (``families``), else the A100 dataset of its family."""
+    fam = families.of(name)
+    named_home = named_home or conf_home(name) or (fam.home if fam else None)
     if named_home:
         return require_dataset(rows, named_home)["name"]
     a100 = sorted(n for n in rows if family(n) == family(name) and n.startswith("a100"))

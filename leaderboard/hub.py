@@ -1,7 +1,8 @@
 """The datasets as a Hugging Face dataset: export the store to a folder, read one back.
 
-``python -m leaderboard.hub export PATH [--only NAME ...] [--overwrite]`` writes every cell and op
-dataset of the store (``--only``: those named, plus each one's home) as a dataset folder:
+``python -m leaderboard.hub hub.export=PATH [hub.only=[NAME,...]] [hub.overwrite=true]`` writes
+every cell and op dataset of the store (``hub.only``: those named, plus each one's home) as a
+dataset folder:
 
     PATH/README.md                         the card; its YAML ``configs:`` lists every config
     PATH/catalog/catalog.parquet           config ``catalog``: name, kind, sku, version per dataset
@@ -23,7 +24,6 @@ Pushing it needs a write token (``hf auth login`` or ``HF_TOKEN``); the suite ne
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import urllib.error
@@ -37,13 +37,12 @@ from leaderboard import guard, paths
 from leaderboard.cells.ops import COLLECTIVE_SCHEMA
 from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
+from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
 from leaderboard.tables import TABLES
 
 # The store holds its categorical provenance columns as VARCHAR; a read gives String.
 COEFFICIENT_SCHEMA = {c: pl.String if t == pl.Categorical else t
                       for c, t in TABLES["coefficients"].schema.items()}
-CATALOG_SCHEMA = {"name": pl.String, "kind": pl.String, "sku": pl.String, "version": pl.String,
-                  "backend_versions": pl.List(pl.String), "rows": pl.Int64}
 # Without a bound the Hugging Face client retries an unreachable hub for about 20 s.
 PROBE_TIMEOUT_S = 3.0
 PUSH_COMMAND = "hf upload <owner>/<name> {path} . --repo-type dataset"
@@ -55,14 +54,6 @@ class HubError(ValueError):
     """A hub dataset cannot be read; the message names the repo, the endpoint and the fix."""
 
 
-def lineage_config(name: str) -> str:
-    return f"{name}_lineage"
-
-
-def collectives_config(sku: str) -> str:
-    return f"{sku}_collectives"
-
-
 def cache_dir() -> Path:
     """Where ``load_dataset`` keeps its prepared Arrow files: under the suite's home, like all
     else it writes (hub downloads themselves stay in Hugging Face's own hub cache)."""
@@ -72,8 +63,8 @@ def cache_dir() -> Path:
 def _unreachable(what: str, endpoint: str, reason: str) -> HubError:
     return HubError(
         f"cannot reach the Hugging Face Hub at {endpoint} to load {what} ({reason}). Either "
-        "export the datasets to a local folder (python -m leaderboard.hub export PATH, where the "
-        "store is) and pass dataset.repo=PATH, or set HF_HUB_OFFLINE=1 before starting to read a "
+        "export the datasets to a local folder (python -m leaderboard.hub hub.export=PATH, where "
+        "the store is) and pass dataset.repo=PATH, or set HF_HUB_OFFLINE=1 before starting to read a "
         "copy already in the local Hugging Face cache.")
 
 
@@ -112,7 +103,7 @@ class HubCatalog:
             self.repo = str(folder.resolve())
         elif repo.startswith(("/", ".", "~")):
             raise HubError(f"no exported dataset folder at {folder}; write one with "
-                           f"python -m leaderboard.hub export {repo}")
+                           f"python -m leaderboard.hub hub.export={repo}")
         else:
             require_reachable(repo)
         self._rows: dict[str, dict] | None = None
@@ -184,35 +175,53 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def legacy_overrides(argv: list[str]) -> list[str]:
+    """``export PATH [--only NAME ...] [--overwrite] [k=v ...]`` (the old form) as overrides."""
+    path, rest = argv[1], argv[2:]
+    out, only = [f"hub.export={path}"], []
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--overwrite":
+            out.append("hub.overwrite=true")
+        elif arg == "--only":
+            while rest and not rest[0].startswith("-") and "=" not in rest[0]:
+                only.append(rest.pop(0))
+        else:
+            out.append(arg)
+    new = out + ([f"hub.only=[{','.join(only)}]"] if only else [])
+    print(f"python -m leaderboard.hub: 'export PATH --only/--overwrite' is deprecated and goes in "
+          f"the next release; use {' '.join(new)}", file=sys.stderr)
+    return new
+
+
 def main(argv: list[str] | None = None) -> int:
-    from leaderboard.config import load_config
+    from leaderboard.config import command_config
     from leaderboard.hub_export import export
     from leaderboard.ingest import BuildError
     from leaderboard.sources import SourceError
     from leaderboard.specs import SpecError
 
-    parser = argparse.ArgumentParser(prog="python -m leaderboard.hub", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-    exporting = commands.add_parser("export", help="write the datasets as a Hugging Face folder")
-    exporting.add_argument("path", type=Path)
-    exporting.add_argument("overrides", nargs="*", help="config overrides, e.g. sources.root=/data")
-    exporting.add_argument("--only", nargs="+", metavar="NAME",
-                           help="export these datasets (and their homes) only")
-    exporting.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.overrides)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"] and len(argv) > 1:
+        argv = legacy_overrides(argv)
+    cfg = command_config(argv, "python -m leaderboard.hub", __doc__, "hub", {})
+    if not cfg.hub.export:
+        stderr.print("[bold red]error:[/] name the folder to export to: hub.export=PATH",
+                     highlight=False)
+        return 2
+    path = Path(cfg.hub.export)
     started = time.perf_counter()
     try:
-        rows = export(args.path, only=args.only, overwrite=args.overwrite,
-                      sources_root=cfg.sources.root, gpu_specs=cfg.gpu_specs)
+        rows = export(path, only=list(cfg.hub.only) if cfg.hub.only else None,
+                      overwrite=cfg.hub.overwrite, sources_root=cfg.sources.root,
+                      gpu_specs=cfg.gpu_specs)
     except (SourceError, SpecError, BuildError, ValueError, FileExistsError) as exc:
         stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     stderr.print(f"[bold]exported[/] {len(rows)} configs, {sum(rows.values()):,} rows, "
-                 f"{folder_bytes(args.path) / 2**20:.1f} MiB to {args.path} in "
+                 f"{folder_bytes(path) / 2**20:.1f} MiB to {path} in "
                  f"{time.perf_counter() - started:.1f} s. Push it with:\n  "
-                 + PUSH_COMMAND.format(path=args.path), highlight=False, soft_wrap=True)
+                 + PUSH_COMMAND.format(path=path), highlight=False, soft_wrap=True)
     return 0
 
 

@@ -1,13 +1,64 @@
-"""Per-phase error statistics of a run: n, MAPE, median and P90 APE, signed bias (percent)."""
+"""Per-phase error statistics of a run, from a registry of metrics (as lm-eval registers them).
+
+A ``Metric`` names itself, says whether higher is better, how it aggregates the signed
+percentage errors of a phase, the levels (``families.LEVELS``) it applies to and its column
+label. ``summarize``, ``by_phase``, the CLI table (``cli.print_metrics``) and ``metrics.json``
+are generated from the registry in registration order; ``n`` always comes first.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
+from predictors.registry import suggestion
+
 PHASES = ("all", "all_cold", "prefill", "decode", "mixed")
 # Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
 COLD = "all_cold"
+ALL_LEVELS = ("step", "op", "serving")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    aggregate: Callable[[np.ndarray], float]  # signed percentage errors -> one number
+    higher_is_better: bool = False
+    levels: tuple[str, ...] = ALL_LEVELS
+
+
+_METRICS: dict[str, Metric] = {}
+
+
+def register_metric(metric: Metric) -> Metric:
+    """Add a metric; a second one of the same name is refused."""
+    if metric.name in _METRICS or metric.name == "n":
+        raise ValueError(f"metric '{metric.name}' is already registered; pick another name "
+                         f"({suggestion(metric.name, ['n', *_METRICS])})")
+    _METRICS[metric.name] = metric
+    return metric
+
+
+def unregister_metric(name: str) -> None:
+    _METRICS.pop(name, None)
+
+
+def registered(level: str = "step") -> list[Metric]:
+    """The metrics that apply at ``level``, in registration order."""
+    return [m for m in _METRICS.values() if level in m.levels]
+
+
+for _metric in (
+    Metric("mape", "MAPE %", lambda s: float(np.abs(s).mean())),
+    Metric("median_ape", "median APE %", lambda s: float(np.median(np.abs(s)))),
+    Metric("p90_ape", "P90 APE %", lambda s: float(np.percentile(np.abs(s), 90))),
+    Metric("bias", "bias %", lambda s: float(s.mean())),
+):
+    register_metric(_metric)
 
 
 def errors(pred_ms, gt_ms):
@@ -16,24 +67,24 @@ def errors(pred_ms, gt_ms):
     return (pred_ms - gt_ms) / gt_ms * 100.0
 
 
-def summarize(signed_pct: np.ndarray) -> dict[str, float | int | None]:
-    if len(signed_pct) == 0:
-        return {"n": 0, "mape": None, "median_ape": None, "p90_ape": None, "bias": None}
-    ape = np.abs(signed_pct)
-    return {"n": int(len(ape)), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
-            "p90_ape": float(np.percentile(ape, 90)), "bias": float(signed_pct.mean())}
+def summarize(signed_pct: np.ndarray, level: str = "step") -> dict[str, float | int | None]:
+    """``n`` and every metric that applies at ``level``; None for each metric when ``n`` is 0."""
+    empty = len(signed_pct) == 0
+    return {"n": int(len(signed_pct)),
+            **{m.name: None if empty else m.aggregate(signed_pct) for m in registered(level)}}
 
 
-def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES) -> dict[str, dict]:
+def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES,
+             level: str = "step") -> dict[str, dict]:
     """Statistics over all rows (when ``groups`` names "all"), over the cold cells where the rows
     carry ``warm_share``, and per value of ``phase`` (in ``groups`` order, then any other)."""
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
     present = [g for g in groups if g not in ("all", COLD)] + sorted(set(phase) - set(groups))
-    out = {"all": summarize(signed)} if "all" in groups else {}
+    out = {"all": summarize(signed, level)} if "all" in groups else {}
     warm = predictions.get_column("warm_share") if "warm_share" in predictions.columns else None
     if COLD in groups and warm is not None and warm.null_count() < len(warm):
-        out[COLD] = summarize(signed[(warm == 0).fill_null(False).to_numpy()])
+        out[COLD] = summarize(signed[(warm == 0).fill_null(False).to_numpy()], level)
     for g in present:
-        out[g] = summarize(signed[phase == g])
+        out[g] = summarize(signed[phase == g], level)
     return out

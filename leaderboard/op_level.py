@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from leaderboard import families
 from leaderboard.cells.schema import CELL_SCHEMA
 from leaderboard.split import split
 from predictors.base import Home, NotSupported
 
-OP_PHASES = ("all", "gemm", "attn_prefill", "attn_decode")
+OP_PHASES = families.get("ops").phases
 SHAPE = ("op_family", "phase", "dtype", "kv_dtype", "m", "n", "k", "batch", "q_len", "kv_len",
          "num_heads", "num_kv_heads", "head_dim", "window_size")
 # Not shown to predict_ops: the latency, and the flag derived from it.

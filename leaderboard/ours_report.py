@@ -115,3 +115,6 @@ def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
             f"{bench['code_version']}, {bench['date']}.", "",
             *table(["predictor", "kind", "fit s", "cells", "cells/s", "target", "met"], rows,
                    "llrrrrl")]
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

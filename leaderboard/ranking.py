@@ -114,3 +114,6 @@ def bootstrap_places(predictions: pl.DataFrame, samples: int = BOOTSTRAP_SAMPLES
     highs = table["ci_high"].to_numpy()
     place = [1 + int((highs < low).sum()) for low in table["ci_low"]]
     return table.with_columns(place=pl.Series(place)).sort("place", "mape", "predictor")
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

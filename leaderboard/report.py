@@ -1,9 +1,11 @@
-"""``python -m leaderboard.report [--runs-dir results/runs] [--out RESULTS.md] [--rerun]``.
+"""``python -m leaderboard.report [report.rerun=true] [runs_dir=...] [report.out=...]``.
 
 Regenerates the leaderboard part of RESULTS.md from the stored runs: the main leaderboard (MAPE
 per phase on the home's held-out cells and on every unseen GPU), the tie-aware SKU ranking and
-the bootstrap places, the error atlases, performance and provenance. ``--rerun`` first reruns
-every registered predictor on every leaderboard dataset (``leaderboard.rerun``).
+the bootstrap places, the error atlases, performance and provenance. ``report.rerun=true`` first reruns
+every registered predictor on every leaderboard dataset (``leaderboard.rerun``). Over a partial
+set of runs it names the missing ones and, unless ``report.partial=replace``, leaves RESULTS.md
+and the tracked atlases alone, writing the report to ``<runs_dir>/partial-report.md``.
 
 Only the block between ``BEGIN`` and ``END`` is rewritten; the rest of RESULTS.md (the store
 build benchmark and dataset counts, written from ``benchmarks/build_store.py``) is kept as is.
@@ -15,18 +17,17 @@ runs with other parameters stay queryable (``leaderboard.results``) but are not 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 
-from leaderboard import atlas, ours_report, paths, ranking, report_protocols, rerun, results
-from leaderboard.homes import family
-from leaderboard.metrics import PHASES
-from leaderboard.op_level import OP_PHASES
+from leaderboard import atlas, families, ours_report, paths, ranking, report_protocols, rerun, results
+from leaderboard.config import command_config
+from leaderboard.families import suffix_of as family
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, seal_columns, table
 from leaderboard.serving import report as serving_report
 from leaderboard.split import default_split
@@ -67,20 +68,22 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "measured target rows the predictor read on any GPU of the family (its deploy "
              "reading, never scored; 0 for a zero-reading predictor). `sandbox`: how its fit "
              "and predict were confined (`landlock`, or `process` where the kernel lacks it).", ""]
-    for fam in rerun.LEADERBOARD_FAMILIES:
-        homes, unseen = datasets_of(runs, fam)
+    for fam in families.where(leaderboard=True):
+        if fam.level == "serving":
+            continue  # tabled by leaderboard.serving.report
+        homes, unseen = datasets_of(runs, fam.suffix)
         mapes = PhaseMapes(runs, unseen)
         mine = runs.filter(pl.col("dataset").is_in(homes + unseen))
         predictors = sorted(set(mine["predictor"]), key=lambda p: (
             mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
-        for phase in OP_PHASES if fam == "ops" else PHASES:
+        for phase in fam.phases:
             if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
                 continue  # the family has no cells of this phase (splitwise: no mixed steps)
             rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
                      fmt(mapes.unseen_mean(p, phase)), *seal_columns(mine, p)] for p in predictors]
             header = ["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean",
                       "target rows", "sandbox"]
-            title = "op level (`<sku>_ops`, one measured kernel per row)" if fam == "ops" else fam
+            title = fam.suffix if fam.level == "step" else fam.title
             lines += [f"### {title}: {phase}", "", *table(header, rows)]
     invalid = runs.filter(~pl.col("valid"))
     if len(invalid):
@@ -91,8 +94,12 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
     return lines
 
 
+def _of_families(suffixes: tuple[str, ...]) -> pl.Expr:
+    return pl.col("dataset").map_elements(family, pl.String).is_in(suffixes)
+
+
 def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
-    vidur = predictions.filter(pl.col("dataset").map_elements(family, pl.String) == "vidur")
+    vidur = predictions.filter(_of_families(families.suffixes(ranking=True)))
     ranks = ranking.ranking_table(ranking.sku_pairs(vidur))
     lines = ["## SKU ranking (tie-aware, `_vidur` GPUs)", "",
              f"Per workload, every pair of GPUs with a prediction is compared: measured order "
@@ -178,7 +185,7 @@ def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path) -> li
              f"report written at `{code_version()}`.",
              f"- Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC."]
     if timing:
-        lines.append(f"- Last full rerun (`python -m leaderboard.report --rerun`): "
+        lines.append(f"- Last full rerun (`python -m leaderboard.report report.rerun=true`): "
                      f"{len(timing['outcomes'])} runs in {timing['seconds']:.0f} s with "
                      f"{timing['jobs']} worker processes on {os.cpu_count()} cores.")
     lines.append("")
@@ -200,14 +207,14 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     current = results.current(fresh, versions).pl()
     runs = leaderboard_runs(current, datasets)
-    is_serving = pl.col("dataset").map_elements(family, pl.String).is_in(rerun.SERVING_FAMILIES)
+    is_serving = _of_families(families.suffixes(level="serving"))
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
-    predictions = results.load_predictions(runs.filter(
-        pl.col("dataset").map_elements(family, pl.String).is_in(rerun.STEP_FAMILIES)))
-    body = [f"Regenerate: `python -m leaderboard.report --rerun` (reruns every registered "
+    predictions = results.load_predictions(runs.filter(_of_families(families.suffixes(
+        level="step", leaderboard=True))))
+    body = [f"Regenerate: `python -m leaderboard.report report.rerun=true` (reruns every registered "
             f"predictor on {', '.join(datasets)}, then writes this); "
-            "without `--rerun` it tables the current stored runs.", ""]
+            "without `report.rerun=true` it tables the current stored runs.", ""]
     body += main_leaderboard(runs)
     body += report_protocols.two_home_leaderboard(report_protocols.two_home_runs(current, runs))
     body += report_protocols.baseline_strength(runs)
@@ -233,25 +240,59 @@ def splice(existing: str, block: str) -> str:
     return f"{title}\n\n{block}\n\n{rest.lstrip()}" if existing else f"# Results\n\n{block}\n"
 
 
+OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "report.atlas_dir",
+             "--rerun": "report.rerun=true", "--jobs": "report.jobs"}
+PARTIAL = ("keep", "replace")
+
+
+def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list[str]:
+    """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir``, less those
+    the last rerun found the predictor cannot score."""
+    versions = results.store_versions() if versions is None else versions
+    current = results.current(results.up_to_date(results.load_runs(runs_dir), versions),
+                              versions).pl()
+    have = {(p, d, tuple(sorted(h)) if len(h or []) > 1 else None)
+            for p, d, h in current.select("predictor", "dataset", "home_datasets").iter_rows()}
+    timing = Path(runs_dir) / rerun.TIMING_FILE
+    unsupported = set()
+    if timing.is_file():
+        unsupported = {(o["predictor"], o["dataset"]) for o in json.loads(timing.read_text())
+                       ["outcomes"] if o["status"].startswith("not supported")}
+    return [f"{s.predictor} on {s.dataset}" + (f" (homes {'+'.join(s.home)})" if s.home else "")
+            for s in rerun.run_specs(Path(runs_dir))
+            if (s.predictor, s.dataset, tuple(sorted(s.home)) if s.home else None) not in have
+            and (s.predictor, s.dataset) not in unsupported]
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m leaderboard.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-dir", type=Path, default=Path("results/runs"))
-    parser.add_argument("--out", type=Path, default=paths.REPO_ROOT / "RESULTS.md")
-    parser.add_argument("--atlas-dir", type=Path, default=ATLAS_DIR)
-    parser.add_argument("--rerun", action="store_true",
-                        help="first rerun every registered predictor on every leaderboard dataset")
-    parser.add_argument("--jobs", type=int, default=2, help="worker processes for --rerun")
-    args = parser.parse_args(argv)
-    if args.rerun:
-        for outcome in rerun.rerun_all(args.runs_dir, args.jobs):
+    cfg = command_config(sys.argv[1:] if argv is None else argv, "python -m leaderboard.report",
+                         __doc__, "report", OLD_FLAGS)
+    opts = cfg.report
+    if opts.partial not in PARTIAL:
+        raise SystemExit(f"report.partial={opts.partial}: choose one of {', '.join(PARTIAL)}")
+    runs_dir, out = Path(cfg.runs_dir), paths.REPO_ROOT / opts.out
+    atlas_dir = paths.REPO_ROOT / opts.atlas_dir
+    if opts.rerun:
+        for outcome in rerun.rerun_all(runs_dir, opts.jobs):
             print(f"{outcome.predictor} on {outcome.dataset}: {outcome.status} "
                   f"({outcome.seconds:.1f} s)")
-    block = render(args.runs_dir, args.out, args.atlas_dir)
-    existing = args.out.read_text() if args.out.exists() else ""
-    args.out.write_text(splice(existing, block))
-    print(f"wrote {args.out}")
+    missing = missing_runs(runs_dir)
+    if missing:
+        print(f"{len(missing)} leaderboard runs missing: {'; '.join(missing[:8])}"
+              + (" ..." if len(missing) > 8 else ""), file=sys.stderr)
+        if opts.partial == "keep":
+            out, atlas_dir = runs_dir / "partial-report.md", runs_dir / "partial-atlas"
+            print(f"kept {opts.out} and {opts.atlas_dir}; the partial report goes to {out} "
+                  "(report.partial=replace overwrites them)", file=sys.stderr)
+    block = render(runs_dir, out, atlas_dir)
+    existing = out.read_text() if out.exists() else ""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(splice(existing, block))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
     main()
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

@@ -12,11 +12,12 @@ import json
 
 import polars as pl
 
+from leaderboard import families
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
 
-TWO_HOMES = ("a100_vidur", "h100_vidur")
+TWO_HOMES = families.get("vidur").two_homes
 # (predictor, its published error, where it is stated), paraphrased from the sources that
 # docs/baselines.md cites; None: the authors published no error figure for this use.
 PUBLISHED = (
@@ -86,3 +87,6 @@ def baseline_strength(runs: pl.DataFrame) -> list[str]:
             "own data and models, so it is a yardstick of strength, not a target to match.", "",
             *table(["baseline", "home MAPE % here", "home points", "published error", "source"],
                    rows, "lrlll")]
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

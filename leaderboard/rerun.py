@@ -1,10 +1,11 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
-The leaderboard datasets are the six ``_vidur`` GPUs (same workloads everywhere, A100 home; and
-again with the A100 and H100 as two homes), the version-matched ``_vidur19`` sets (H100 home),
-Vidur's own profiles (``_vidurprof``: A100 home, H100 and A40 unseen), the splitwise pair, the
-op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the serving sets
-(``<sku>_silicon``, ``rtx4090_serving``). Each run is what ``python -m leaderboard predictor=P
+The leaderboard datasets are the store's datasets of every family registered with
+``leaderboard=True`` (``leaderboard.families``): today the six ``_vidur`` GPUs (A100 home; and
+again with the family's ``two_homes``), the version-matched ``_vidur19`` sets (H100 home),
+Vidur's own profiles (``_vidurprof``), the splitwise pair, the op-level ``<sku>_ops`` sets (for
+predictors with ``predict_ops``) and the serving sets (``<sku>_silicon``, ``rtx4090_serving``).
+Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
 dataset's configured home), run in a pool of worker processes because a run is single-threaded,
 Python-bound work.
@@ -13,6 +14,7 @@ Python-bound work.
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -21,19 +23,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leaderboard import progress, store
+from leaderboard import families, progress, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.homes import family
 from leaderboard.op_level import predicts_ops
-from leaderboard.report_protocols import TWO_HOMES
 from leaderboard.versioning import code_hash
 from predictors import registry
 from predictors.base import NotSupported
 
-LEADERBOARD_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise", "ops")
-SERVING_FAMILIES = ("silicon", "serving")  # TTFT/TPOT of replayed loads (leaderboard.serving)
-STEP_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise")
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
 
@@ -51,20 +48,21 @@ def leaderboard_datasets() -> list[str]:
     sources directory (which has no ``conf/dataset`` file)."""
     with StoreCatalog() as catalog:
         return sorted(n for n in catalog.datasets()
-                      if family(n) in (*LEADERBOARD_FAMILIES, *SERVING_FAMILIES))
+                      if (fam := families.of(n)) is not None and fam.leaderboard)
 
 
 def run_specs(runs_dir: Path) -> list[RunSpec]:
     specs = []
     for dataset in leaderboard_datasets():
+        fam = families.of(dataset)
         # Op-level datasets are scored by the predictors that predict single kernels.
         names = [n for n in registry.names()
-                 if family(dataset) != "ops" or predicts_ops(registry.get(n))]
+                 if fam.level != "op" or predicts_ops(registry.get(n))]
         specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir)
                   for name in names]
-        if family(dataset) == "vidur":  # the two-home protocol, beside the one-home one
+        if fam.two_homes:  # the two-home protocol, beside the one-home one
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
-                              home=list(TWO_HOMES)) for name in names]
+                              home=list(fam.two_homes)) for name in names]
     return specs
 
 
@@ -79,6 +77,12 @@ def _run_one(spec: RunSpec) -> Outcome:
     return Outcome(spec.predictor, spec.dataset, status, time.perf_counter() - started)
 
 
+def _worker_setup() -> None:
+    """A worker draws no bar of its own and never builds the store (built once above)."""
+    progress.show(False)
+    os.environ[store.STALE_ENV] = "refuse"
+
+
 def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
     """Run everything, ``jobs`` processes at a time; records the wall time in ``TIMING_FILE``."""
     Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
@@ -91,7 +95,7 @@ def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
         # spawn, not fork: forking a process that already started Polars' thread pool can
         # deadlock. The workers draw no bars of their own: this one owns the terminal.
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                                 initializer=progress.show, initargs=(False,)) as pool:
+                                 initializer=_worker_setup) as pool:
             for future in as_completed([pool.submit(_run_one, spec) for spec in specs]):
                 done = future.result()
                 outcomes.append(done)
@@ -115,3 +119,6 @@ def last_rerun(runs_dir: Path) -> dict | None:
         return None
     timing = json.loads(path.read_text())
     return timing if timing.get("code_hash") == code_hash() else None
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

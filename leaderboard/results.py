@@ -126,3 +126,6 @@ def load_predictions(runs: pl.DataFrame) -> pl.DataFrame:
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

@@ -230,12 +230,30 @@ def is_fresh(sources_root=None, gpu_specs=None) -> bool:
     return meta.get("inputs_fingerprint") == inputs_fingerprint(sources_root, gpu_specs)
 
 
+# Set to "refuse" where a build must not start (the rerun's worker processes, a read-only
+# deployment): a stale store then raises ``StaleStore`` naming the command to run instead.
+STALE_ENV = "LEADERBOARD_STALE_STORE"
+BUILD_COMMAND = "python -m leaderboard.data build"
+
+
+class StaleStore(BuildError):
+    """The store is missing or stale and building it here was refused."""
+
+
 def ensure(sources_root: str | None = None, gpu_specs: str | None = None) -> Path:
-    """The store's path, building it first when it is missing or stale."""
+    """The store's path. A missing or stale store is never rebuilt silently: it is announced on
+    stderr and built with its progress bar, or, with ``LEADERBOARD_STALE_STORE=refuse``,
+    refused with the command that builds it."""
     if not is_fresh(sources_root, gpu_specs):
         with _build_lock():  # another process may be building it right now: wait, then look again
             fresh = is_fresh(sources_root, gpu_specs)
         if not fresh:
+            state = "stale (its inputs changed)" if paths.store_path().exists() else "missing"
+            if os.environ.get(STALE_ENV) == "refuse":
+                raise StaleStore(f"the store {paths.store_path()} is {state} and {STALE_ENV}="
+                                 f"refuse forbids building it here; run `{BUILD_COMMAND}` first")
+            stderr.print(f"[bold]the store {paths.store_path()} is {state}:[/] building it now "
+                         f"(`{BUILD_COMMAND}` does this ahead of a run)", highlight=False)
             build(sources_root, gpu_specs)
     return paths.store_path()
 

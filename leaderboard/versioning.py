@@ -30,19 +30,22 @@ def code_version() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-# Modules that present or move results but never change a run's numbers: editing them must not
-# make every stored run stale.
-PRESENTATION = {"report.py", "report_tables.py", "ours_report.py", "atlas.py", "ranking.py",
-                "results.py", "rerun.py", "explain.py", "hub_export.py", "data.py", "cli.py",
-                "__main__.py"}
+# A module that presents or moves results but never changes a run's numbers says so with this
+# line at module level; editing it must not make every stored run stale.
+PRESENTATION_MARKER = "PRESENTATION = True"
+
+
+def is_presentation(text: str) -> bool:
+    return any(line.rstrip() == PRESENTATION_MARKER for line in text.splitlines())
 
 
 @cache
 def code_hash() -> str:
     """A hash of the code and configs that decide a run's numbers (Python and YAML under
-    leaderboard/, predictors/ and conf/, less the presentation modules). Runs with another hash
-    are stale, as in asv; edits to docs, tests or the report leave it unchanged."""
+    leaderboard/, predictors/ and conf/, less the modules marked ``PRESENTATION = True``). Runs
+    with another hash are stale, as in asv; edits to docs, tests or the report leave it unchanged."""
     files = sorted(p for d in ("leaderboard", "predictors", "conf") for p in (paths.REPO_ROOT / d)
-                   .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
-                   and not (p.parent.name == "leaderboard" and p.name in PRESENTATION))
-    return content_hash([(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files])
+                   .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)
+    texts = [(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files]
+    return content_hash([(rel, text) for rel, text in texts
+                         if not (rel.endswith(".py") and is_presentation(text))])

@@ -164,3 +164,13 @@ def real_home(real_store) -> RealHome:
     finally:
         os.environ["LEADERBOARD_HOME"] = saved or ""
     return RealHome(home, target, gpus["h200_sxm"])
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that builds or reads the full store, or launches a multirun, is ``slow``:
+    ``pytest -m "not slow"`` is the fast path, ``make test`` runs everything."""
+    for item in items:
+        uses_store = {"real_store", "store_home", "real_home"} & set(
+            getattr(item, "fixturenames", ()))
+        if uses_store or item.path.name == "test_multirun.py":
+            item.add_marker(pytest.mark.slow)

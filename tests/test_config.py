@@ -88,3 +88,12 @@ def test_hf_without_repo_and_name_says_what_to_pass(tmp_path):
                           cwd=paths.REPO_ROOT)
     assert done.returncode == 2
     assert "dataset=hf needs dataset.name and dataset.repo" in " ".join(done.stderr.split())
+
+
+def test_explain_takes_overrides_and_the_old_cell_form(capsys):
+    from leaderboard.explain import arguments
+
+    assert arguments(["predictor=rf_scaled", "dataset=a100_vidur", "explain.cell=c1"]) == (
+        "rf_scaled", "a100_vidur", "c1")
+    assert arguments(["dataset=h100_vidur", "cell=c2"]) == ("ours", "h100_vidur", "c2")
+    assert "cell is deprecated and goes in the next release; use explain.cell=c2" in capsys.readouterr().err

@@ -159,7 +159,7 @@ def test_an_unreachable_hub_fails_within_seconds(tmp_path, closed_url):
     out, elapsed = run_isolated(FAIL_ON_HUB_ID, tmp_path, HF_ENDPOINT=closed_url)
     assert elapsed < 10, f"took {elapsed:.1f} s; the Hugging Face client alone retries ~20 s"
     assert f"cannot reach the Hugging Face Hub at {closed_url}" in out
-    assert "'someone/llm-steps'" in out and "leaderboard.hub export" in out
+    assert "'someone/llm-steps'" in out and "leaderboard.hub hub.export=PATH" in out
     assert "HF_HUB_OFFLINE=1" in out
 
 
@@ -189,3 +189,21 @@ def test_offline_fails_at_once_and_still_reads_a_local_export(tmp_path, closed_u
     assert failed_in < 1.0 and elapsed < 10  # no retries against the closed endpoint
     (version,), = real_store.sql("SELECT version FROM datasets WHERE name = 'h200_vidur'")
     assert out.strip().endswith(version)
+
+
+def test_the_old_export_form_becomes_overrides_with_a_notice(capsys):
+    from leaderboard.hub import legacy_overrides
+
+    assert legacy_overrides(["export", "/tmp/x", "--only", "a", "b", "--overwrite",
+                             "sources.root=/s"]) == [
+        "hub.export=/tmp/x", "hub.overwrite=true", "sources.root=/s", "hub.only=[a,b]"]
+    assert "is deprecated" in capsys.readouterr().err
+
+
+def test_hub_help_lists_its_overrides(capsys):
+    from leaderboard import hub
+
+    with pytest.raises(SystemExit):
+        hub.main(["--help"])
+    out = capsys.readouterr().out
+    assert "overrides (hub.*)" in out and "overwrite: false" in out

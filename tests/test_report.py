@@ -211,3 +211,42 @@ def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
     assert rows["| tiny"].endswith("| 10.0 | 0 | landlock |")
     assert rows["| reader"].endswith("| 10.0 | 16 | landlock/process |")
+
+
+@pytest.fixture
+def two_specs(tmp_path, monkeypatch):
+    """Two leaderboard runs expected (tiny on h100 and h200); only the h100 one is written."""
+    from leaderboard import rerun
+    from leaderboard.evaluate import RunSpec
+
+    monkeypatch.setattr(results, "store_versions", lambda: VERSIONS)
+    monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: [
+        RunSpec(predictor="tiny", dataset=d, params={}, runs_dir=runs_dir)
+        for d in ("h100_vidur", "h200_vidur")])
+    monkeypatch.setattr(report, "render", lambda runs_dir, out, atlas_dir: f"block {atlas_dir}")
+    runs = tmp_path / "runs"
+    write_run(runs, "h100")
+    (tmp_path / "RESULTS.md").write_text("# Results\n\nthe full tables\n")
+    return runs
+
+
+def test_a_partial_report_names_the_missing_runs_and_keeps_results(two_specs, tmp_path, capsys):
+    report.main([f"runs_dir={two_specs}", f"report.out={tmp_path / 'RESULTS.md'}"])
+    err = capsys.readouterr().err
+    assert "1 leaderboard runs missing: tiny on h200_vidur" in err
+    assert (tmp_path / "RESULTS.md").read_text() == "# Results\n\nthe full tables\n"
+    assert "partial-atlas" in (two_specs / "partial-report.md").read_text()
+
+
+def test_replace_and_the_old_flags_still_write_results(two_specs, tmp_path, capsys):
+    report.main(["--runs-dir", str(two_specs), f"--out={tmp_path / 'RESULTS.md'}",
+                 "report.partial=replace"])
+    assert "--runs-dir is deprecated" in capsys.readouterr().err
+    assert "block" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_report_help_lists_its_overrides(capsys):
+    with pytest.raises(SystemExit):
+        report.main(["--help"])
+    out = capsys.readouterr().out
+    assert "report.rerun=true" in out and "partial: keep" in out and "jobs: 2" in out

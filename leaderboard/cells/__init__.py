@@ -7,20 +7,19 @@ import json
 import duckdb
 import polars as pl
 
+from leaderboard import families
 from leaderboard.cells.ops import op_datasets
-from leaderboard.cells.profiles import build_llmservingsim, build_vidurprof
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA, CellSet
-from leaderboard.cells.vidur_method import CONFIG, build_vidur
-from leaderboard.cells.wallclock import build_splitwise
+from leaderboard.cells.vidur_method import CONFIG
 from leaderboard.specs import GpuSpec
 from leaderboard.versioning import content_hash
 
 
 def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str
               ) -> tuple[list[CellSet], list[dict]]:
-    """Every cell dataset, and the datasets-table entries for them and for ``<sku>_ops``."""
-    sets = [*build_vidur(con, gpus), *build_splitwise(con), *build_vidurprof(con),
-            *build_llmservingsim(con)]
+    """Every cell dataset (one run of each registered family builder), and the datasets-table
+    entries for them and for ``<sku>_ops``."""
+    sets = [s for fam in families.builders() for s in fam.build(con, gpus)]
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cell dataset names: {sorted(names)}")
@@ -37,7 +36,7 @@ def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_
             "backend_versions": json.dumps(sorted(set(s.cells["backend_version"].drop_nulls()))),
             "files": json.dumps([]), "pinned": True,
             "phases": json.dumps({p: phases.get(p, 0) for p in ("prefill", "decode", "mixed")}),
-            "card": s.card,
+            "card": s.card or families.of(s.name).card(s.name, s.sku),
         })
     for op in op_datasets(con):
         entries.append({

@@ -15,10 +15,10 @@ import time
 import numpy as np
 import polars as pl
 
-from leaderboard import guard
+from leaderboard import families, guard
 from leaderboard.serving.simulate import predict_targets
 
-SERVING_PHASES = ("ttft", "tpot")
+SERVING_PHASES = families.get("silicon").phases
 GROUND_TRUTH = ("gt_ttft_ms", "gt_tpot_ms")  # what the sandboxed replay never receives
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "phase", "backend",
                       "isl", "osl", "concurrency", "gt_kind", "gt_ms")

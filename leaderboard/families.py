@@ -1,0 +1,148 @@
+"""Dataset families as data: one ``DatasetFamily`` per family, in a registry every part reads.
+
+A family is the set of datasets ``<sku>_<suffix>`` built the same way (``h200_vidur`` is of the
+``vidur`` family). Its entry says how it is built, what its ground truth is, which phases and
+metrics apply, where a dataset of it fits by default and which protocols it joins: the store
+build (``cells.build_all``), the homes (``homes.home_of``), the rerun, the report and the hub
+export all read it from here. A new family is one ``register_family`` call (in its builder's
+module or a test) plus a ``conf/dataset/<name>.yaml`` per dataset that needs a config node.
+
+The builder is named by a ``"module:function"`` string and imported only when the store builds,
+so reading the registry imports no builder (and no cycle through ``leaderboard.cells``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from leaderboard.metrics import PHASES as STEP_PHASES
+from predictors.registry import suggestion
+
+LEVELS = ("step", "op", "serving")
+
+
+@dataclass(frozen=True)
+class DatasetFamily:
+    """What every dataset ``<sku>_<suffix>`` of one family shares.
+
+    ``builder``: ``"module:function"`` (or the function itself) taking the store connection
+    (and the GPU specs, with ``builder_takes_gpus``) and returning ``CellSet``s; several
+    families may share one builder, which then runs once. None where the store builds the
+    family elsewhere (op grids, serving targets). ``home``: the dataset a member fits on when
+    its conf file names none; None means the A100 dataset of the family. ``two_homes``: the
+    homes of the two-home protocol, run beside the one-home one (empty: not run). ``ranking``:
+    whether its GPUs are ranked against each other per workload. ``card_template``: the card of
+    a dataset whose builder wrote none.
+    """
+
+    suffix: str
+    level: str
+    gt_kind: str
+    title: str
+    builder: str | Callable | None = None
+    builder_takes_gpus: bool = False
+    phases: tuple[str, ...] = STEP_PHASES
+    home: str | None = None
+    leaderboard: bool = True
+    two_homes: tuple[str, ...] = ()
+    ranking: bool = False
+    card_template: str = "{name}: {title} dataset on the {sku}."
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"family {self.suffix}: level '{self.level}' is not one of "
+                             f"{', '.join(LEVELS)}")
+
+    def matches(self, dataset: str) -> bool:
+        return dataset.endswith(f"_{self.suffix}")
+
+    def card(self, name: str, sku: str) -> str:
+        return self.card_template.format(name=name, sku=sku, title=self.title)
+
+    def build(self, con, gpus) -> list:
+        builder = self.builder
+        if isinstance(builder, str):
+            module, _, function = builder.partition(":")
+            builder = getattr(importlib.import_module(module), function)
+        return builder(con, gpus) if self.builder_takes_gpus else builder(con)
+
+
+_FAMILIES: dict[str, DatasetFamily] = {}
+
+
+def register_family(fam: DatasetFamily) -> DatasetFamily:
+    """Add a family; a second family of the same suffix is refused."""
+    if fam.suffix in _FAMILIES:
+        raise ValueError(f"dataset family '{fam.suffix}' is already registered; pick another "
+                         f"suffix ({suggestion(fam.suffix, names())})")
+    _FAMILIES[fam.suffix] = fam
+    return fam
+
+
+def unregister_family(suffix: str) -> None:
+    """Drop a family (tests that register a toy one undo it)."""
+    _FAMILIES.pop(suffix, None)
+
+
+def names() -> list[str]:
+    return list(_FAMILIES)
+
+
+def get(suffix: str) -> DatasetFamily:
+    if suffix not in _FAMILIES:
+        raise ValueError(f"unknown dataset family '{suffix}'; {suggestion(suffix, names())}")
+    return _FAMILIES[suffix]
+
+
+def suffix_of(dataset: str) -> str:
+    """The family suffix of a dataset name (``h200_vidur19`` -> ``vidur19``)."""
+    return dataset.rsplit("_", 1)[-1]
+
+
+def of(dataset: str) -> DatasetFamily | None:
+    """The registered family of a dataset, or None (``hf`` and other one-off names)."""
+    return _FAMILIES.get(suffix_of(dataset))
+
+
+def where(**wanted) -> list[DatasetFamily]:
+    """The families whose fields equal ``wanted`` (``where(level="step", leaderboard=True)``)."""
+    return [f for f in _FAMILIES.values() if all(getattr(f, k) == v for k, v in wanted.items())]
+
+
+def suffixes(**wanted) -> tuple[str, ...]:
+    return tuple(f.suffix for f in where(**wanted))
+
+
+def builders() -> list[DatasetFamily]:
+    """One family per distinct builder, in registration order."""
+    seen: dict[str | Callable, DatasetFamily] = {}
+    for fam in _FAMILIES.values():
+        if fam.builder and fam.builder not in seen:
+            seen[fam.builder] = fam
+    return list(seen.values())
+
+
+_VIDUR = "leaderboard.cells.vidur_method:build_vidur"
+_PROFILES = "leaderboard.cells.profiles"
+for _fam in (
+    DatasetFamily("vidur", "step", "cells", "Vidur-composed steps over aiconfigurator's ops",
+                  builder=_VIDUR, builder_takes_gpus=True, two_homes=("a100_vidur", "h100_vidur"),
+                  ranking=True),
+    DatasetFamily("vidur19", "step", "cells", "Vidur-composed steps at one vLLM version",
+                  builder=_VIDUR, builder_takes_gpus=True),
+    DatasetFamily("vidurprof", "step", "cells", "steps over Vidur's own profiles",
+                  builder=f"{_PROFILES}:build_vidurprof"),
+    DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",
+                  builder="leaderboard.cells.wallclock:build_splitwise"),
+    DatasetFamily("llmservingsim", "step", "cells", "steps over LLMServingSim's profiles",
+                  builder=f"{_PROFILES}:build_llmservingsim", leaderboard=False),
+    DatasetFamily("ops", "op", "ops", "op level (`<sku>_ops`, one measured kernel per row)",
+                  phases=("all", "gemm", "attn_prefill", "attn_decode")),
+    DatasetFamily("silicon", "serving", "serving", "aiconfigurator's measured serving runs",
+                  phases=("ttft", "tpot")),
+    DatasetFamily("serving", "serving", "serving", "recorded serving runs",
+                  phases=("ttft", "tpot")),
+):
+    register_family(_fam)
