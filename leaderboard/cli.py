@@ -17,15 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import paths
 from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
-from leaderboard.specs import SpecError
+from leaderboard_core import paths
+from leaderboard_core.contract import NotSupported
+from leaderboard_core.specs import SpecError
 from predictors import registry
-from predictors.base import NotSupported
 
 stderr = Console(stderr=True)
 

@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from leaderboard import paths
+from leaderboard_core import paths
 from predictors import registry
 
 

@@ -19,8 +19,8 @@ from rich.table import Table
 from leaderboard import metrics
 from leaderboard.evaluate import RunSpec, load_inputs
 from leaderboard.readings import take_in_process
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 from predictors import registry
-from predictors.base import GROUND_TRUTH_COLUMNS
 from predictors.ours import Ours, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.step import decode_kernel, gemm_shapes, prefill_kernel

@@ -17,8 +17,9 @@ from __future__ import annotations
 import polars as pl
 import yaml
 
-from leaderboard import home_grid, paths
-from predictors.base import Home
+from leaderboard import home_grid
+from leaderboard_core import paths
+from leaderboard_core.contract import Home
 from predictors.registry import suggestion
 
 

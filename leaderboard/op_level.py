@@ -12,7 +12,7 @@ import polars as pl
 
 from leaderboard.cells.schema import CELL_SCHEMA
 from leaderboard.split import split
-from predictors.base import Home, NotSupported
+from leaderboard_core.contract import Home, NotSupported
 
 OP_PHASES = ("all", "gemm", "attn_prefill", "attn_decode")
 SHAPE = ("op_family", "phase", "dtype", "kv_dtype", "m", "n", "k", "batch", "q_len", "kv_len",

@@ -15,8 +15,8 @@ from pathlib import Path
 import polars as pl
 from rich.console import Console
 
-from leaderboard import paths
 from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard_core import paths
 from predictors import registry
 
 THROUGHPUT_JSON = paths.REPO_ROOT / "benchmarks" / "predict_throughput.json"

@@ -21,15 +21,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leaderboard import progress, store
+from leaderboard import store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.homes import family
 from leaderboard.op_level import predicts_ops
 from leaderboard.report_protocols import TWO_HOMES
-from leaderboard.versioning import code_hash
+from leaderboard_core import progress
+from leaderboard_core.contract import NotSupported
+from leaderboard_core.versioning import code_hash
 from predictors import registry
-from predictors.base import NotSupported
 
 LEADERBOARD_FAMILIES = ("vidur", "vidur19", "vidurprof", "splitwise", "ops")
 SERVING_FAMILIES = ("silicon", "serving")  # TTFT/TPOT of replayed loads (leaderboard.serving)

@@ -7,8 +7,9 @@ import polars as pl
 import pytest
 
 from leaderboard.op_level import predicts_ops
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, PredictorCard
 from predictors import registry
-from predictors.base import GROUND_TRUTH_COLUMNS, Predictor, PredictorCard
+from predictors.base import Predictor
 
 CARD = PredictorCard("analytical", "test", "a constant", False)
 

@@ -12,8 +12,8 @@ from leaderboard.cells.profiles import build_llmservingsim, build_vidurprof
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA, CellSet
 from leaderboard.cells.vidur_method import CONFIG, build_vidur
 from leaderboard.cells.wallclock import build_splitwise
-from leaderboard.specs import GpuSpec
-from leaderboard.versioning import content_hash
+from leaderboard_core.specs import GpuSpec
+from leaderboard_core.versioning import content_hash
 
 
 def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import polars as pl
 
-from leaderboard import guard
 from leaderboard.serving.simulate import predict_targets
+from leaderboard_core import guard
 
 SERVING_PHASES = ("ttft", "tpot")
 GROUND_TRUTH = ("gt_ttft_ms", "gt_tpot_ms")  # what the sandboxed replay never receives

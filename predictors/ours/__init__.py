@@ -18,8 +18,9 @@ import inspect
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import GpuSpec
-from predictors.base import Home, Predictor, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import Home, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.specs import GpuSpec
+from predictors.base import Predictor
 from predictors.ours import config, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches

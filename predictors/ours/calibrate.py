@@ -18,7 +18,7 @@ import polars as pl
 import yaml
 from scipy.optimize import least_squares
 
-from predictors.base import Home
+from leaderboard_core.contract import Home
 from predictors.ours import config, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches

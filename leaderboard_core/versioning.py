@@ -7,7 +7,7 @@ import json
 import subprocess
 from functools import cache
 
-from leaderboard import paths
+from leaderboard_core import paths
 
 
 def content_hash(*parts: object, length: int = 16) -> str:
@@ -40,9 +40,9 @@ PRESENTATION = {"report.py", "report_tables.py", "ours_report.py", "atlas.py", "
 @cache
 def code_hash() -> str:
     """A hash of the code and configs that decide a run's numbers (Python and YAML under
-    leaderboard/, predictors/ and conf/, less the presentation modules). Runs with another hash
-    are stale, as in asv; edits to docs, tests or the report leave it unchanged."""
-    files = sorted(p for d in ("leaderboard", "predictors", "conf") for p in (paths.REPO_ROOT / d)
+    the code packages and conf/, less the presentation modules). Runs with another hash are
+    stale, as in asv; edits to docs, tests or the report leave it unchanged."""
+    files = sorted(p for d in (*paths.CODE_PACKAGES, "conf") for p in (paths.REPO_ROOT / d)
                    .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
                    and not (p.parent.name == "leaderboard" and p.name in PRESENTATION))
     return content_hash([(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files])
