@@ -23,14 +23,14 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import atlas, ours_report, ranking, report_protocols, rerun, results
+from leaderboard import atlas, ranking, report_protocols, report_sections, rerun, results
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
 from leaderboard.op_level import OP_PHASES
-from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, seal_columns, table
 from leaderboard.serving import report as serving_report
 from leaderboard.split import default_split
 from leaderboard_core import paths
+from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, seal_columns, table
 from leaderboard_core.versioning import code_hash, code_version
 from predictors import registry
 
@@ -200,6 +200,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     fresh = results.up_to_date(every, versions)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     current = results.current(fresh, versions).pl()
+    current = current.with_columns(family=pl.col("dataset").map_elements(family, pl.String))
     runs = leaderboard_runs(current, datasets)
     is_serving = pl.col("dataset").map_elements(family, pl.String).is_in(rerun.SERVING_FAMILIES)
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
@@ -212,15 +213,14 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += main_leaderboard(runs)
     body += report_protocols.two_home_leaderboard(report_protocols.two_home_runs(current, runs))
     body += report_protocols.baseline_strength(runs)
-    body += ours_report.ladder(runs) + ours_report.targets(runs) + ours_report.wall_clock(runs)
+    body += report_sections.predictor_sections(runs)
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(predictions["dataset"]))), atlas_dir)
         body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
-    if "ours" in set(runs["predictor"]):
-        body += ours_report.explain_example()
+    body += report_sections.explain_examples(runs)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir)
-    body += ours_report.throughput() + performance(runs)
+    body += report_sections.throughput() + performance(runs)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
     return "\n".join([BEGIN, "", *body, END])
 

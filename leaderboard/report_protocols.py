@@ -14,7 +14,7 @@ import polars as pl
 
 from leaderboard.homes import family
 from leaderboard.metrics import PHASES
-from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, table
 
 TWO_HOMES = ("a100_vidur", "h100_vidur")
 # (predictor, its published error, where it is stated), paraphrased from the sources that

@@ -32,9 +32,10 @@ def code_version() -> str:
 
 # Modules that present or move results but never change a run's numbers: editing them must not
 # make every stored run stale.
-PRESENTATION = {"report.py", "report_tables.py", "ours_report.py", "atlas.py", "ranking.py",
-                "results.py", "rerun.py", "explain.py", "hub_export.py", "data.py", "cli.py",
-                "__main__.py"}
+PRESENTATION = {*(f"leaderboard/{name}" for name in (
+    "report.py", "report_sections.py", "atlas.py", "ranking.py", "results.py", "rerun.py",
+    "explain.py", "hub_export.py", "data.py", "cli.py", "__main__.py", "calibrate.py")),
+    "leaderboard_core/report_tables.py", "predictors/ours/report.py", "predictors/ours/explain.py"}
 
 
 @cache
@@ -44,5 +45,5 @@ def code_hash() -> str:
     stale, as in asv; edits to docs, tests or the report leave it unchanged."""
     files = sorted(p for d in (*paths.CODE_PACKAGES, "conf") for p in (paths.REPO_ROOT / d)
                    .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts
-                   and not (p.parent.name == "leaderboard" and p.name in PRESENTATION))
+                   and p.relative_to(paths.REPO_ROOT).as_posix() not in PRESENTATION)
     return content_hash([(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files])

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from leaderboard_core.contract import Home, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import Home, NotSupported, PredictorCard, Reading, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 
 
@@ -61,6 +61,33 @@ class Predictor:
 
     def take_reading(self, reading: Reading, gpu: GpuSpec) -> None:
         """Take the deploy reading asked for by ``request_reading``."""
+
+    # Optional hooks the harness calls for any predictor, as it calls ``predict_ops``.
+
+    def explain(self, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict] | None:
+        """One blind cell's prediction term by term (``python -m leaderboard.explain``), as
+        tables: dicts of ``title``, ``rows`` (each a dict of column to printed value) and an
+        optional ``note`` printed above; None (the default) when the predictor offers none."""
+        return None
+
+    @classmethod
+    def report_sections(cls, runs: pl.DataFrame) -> list[str]:
+        """Markdown sections of its own for RESULTS.md, from the current leaderboard ``runs``
+        (one row per run, with its dataset ``family``); the report calls each distinct
+        implementation once. None by default."""
+        return []
+
+    @classmethod
+    def calibration_home(cls) -> dict[str, str] | None:
+        """The home ``calibrate_constants`` fits on, as run fields (``dataset``,
+        ``home_points``); None (the default) for a predictor without frozen constants."""
+        return None
+
+    @classmethod
+    def calibrate_constants(cls, home: Home) -> dict[str, Any]:
+        """Refit the predictor's frozen constants on ``home`` and write them where ``fit`` reads
+        them (``python -m leaderboard.calibrate predictor=<name>``); returns the fitted values."""
+        raise NotSupported(f"predictor '{cls.name}' has no constants to calibrate")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
