@@ -109,6 +109,8 @@ def run_task(cfg: DictConfig) -> None:
     if missing:
         _fail(f"dataset=hf needs {' and '.join(missing)}: "
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
+    if cfg.predictors_path:  # a multirun worker is a fresh process: register them there too
+        registry.include(cfg.predictors_path)
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
     home = cfg.dataset.home  # one name, or a list of homes: dataset.home=[a100_vidur,h100_vidur]
