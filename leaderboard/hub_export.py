@@ -16,9 +16,10 @@ import polars as pl
 import yaml
 from rich.progress import Progress
 
-from leaderboard import homes, paths, store
+from leaderboard import homes, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import CATALOG_SCHEMA, collectives_config, lineage_config, stderr
+from leaderboard_core import paths
 
 TITLE = "LLM step-latency ground truth"
 TAGS = ["llm", "inference", "latency", "gpu", "benchmark"]
