@@ -27,6 +27,12 @@ def family(name: str) -> str:
     return name.rsplit("_", 1)[-1]
 
 
+def with_family(runs: pl.DataFrame) -> pl.DataFrame:
+    """``runs`` with each run's dataset ``family``: what report tables group by (and the sections
+    a predictor offers read)."""
+    return runs.with_columns(family=pl.col("dataset").map_elements(family, pl.String))
+
+
 def conf_home(name: str) -> str | None:
     """The home ``conf/dataset/<name>.yaml`` names (the llmservingsim family names the A6000), or
     None: then the home is the A100 dataset of the same family (``home_of``)."""

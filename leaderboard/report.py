@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from leaderboard import atlas, ranking, report_protocols, report_sections, rerun, results
-from leaderboard.homes import family
+from leaderboard.homes import family, with_family
 from leaderboard.metrics import PHASES
 from leaderboard.op_level import OP_PHASES
 from leaderboard.serving import report as serving_report
@@ -51,7 +51,7 @@ def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame
             for name, params, seed, fraction, dataset, points, homes in current.select(
                 "predictor", "params", "split_seed", "test_fraction", "dataset", "home_points",
                 "home_datasets").iter_rows()]
-    return current.filter(pl.Series(keep, dtype=pl.Boolean))
+    return with_family(current.filter(pl.Series(keep, dtype=pl.Boolean)))
 
 
 def main_leaderboard(runs: pl.DataFrame) -> list[str]:
@@ -200,7 +200,6 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     fresh = results.up_to_date(every, versions)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     current = results.current(fresh, versions).pl()
-    current = current.with_columns(family=pl.col("dataset").map_elements(family, pl.String))
     runs = leaderboard_runs(current, datasets)
     is_serving = pl.col("dataset").map_elements(family, pl.String).is_in(rerun.SERVING_FAMILIES)
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
