@@ -36,11 +36,12 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from build_store import cpu_model  # noqa: E402 - the sibling benchmark, on sys.path as a script
 
-from leaderboard import evaluate, guard, readings  # noqa: E402
+from leaderboard import evaluate, readings  # noqa: E402
 from leaderboard.evaluate import RunSpec  # noqa: E402
-from leaderboard.versioning import code_hash, code_version  # noqa: E402
+from leaderboard_core import guard  # noqa: E402
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS  # noqa: E402
+from leaderboard_core.versioning import code_hash, code_version  # noqa: E402
 from predictors import registry  # noqa: E402
-from predictors.base import GROUND_TRUTH_COLUMNS  # noqa: E402
 
 TARGET_CELLS_PER_S = {"analytical": 1e6, "learned": 1e5}
 # A card's kind does not give the cost class: "profiled" covers DistServe's closed-form

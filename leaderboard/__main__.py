@@ -2,10 +2,13 @@
 
 import sys
 
-from leaderboard.cli import check_choices, main
+from leaderboard.cli import _fail, check_choices, main
 from leaderboard.config import register_predictor_nodes
 
-register_predictor_nodes()
+try:
+    register_predictor_nodes(sys.argv[1:])
+except (ValueError, ImportError) as exc:  # a bad predictors_path: say which, and stop
+    _fail(str(exc))
 check_choices(sys.argv[1:])
 main()
 

@@ -17,16 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import paths
 from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
 from leaderboard.metrics import registered as registered_metrics
 from leaderboard.sources import SourceError
-from leaderboard.specs import SpecError
+from leaderboard_core import paths
+from leaderboard_core.contract import NotSupported
+from leaderboard_core.specs import SpecError
 from predictors import registry
-from predictors.base import NotSupported
 
 stderr = Console(stderr=True)
 
@@ -110,6 +110,8 @@ def run_task(cfg: DictConfig) -> None:
     if missing:
         _fail(f"dataset=hf needs {' and '.join(missing)}: "
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
+    if cfg.predictors_path:  # a multirun worker is a fresh process: register them there too
+        registry.include(cfg.predictors_path)
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
     home = cfg.dataset.home  # one name, or a list of homes: dataset.home=[a100_vidur,h100_vidur]

@@ -8,12 +8,23 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from leaderboard import paths
+from leaderboard_core import paths
 from predictors import registry
 
 
-def register_predictor_nodes() -> None:
-    """One ``predictor/<name>`` node per registered predictor, its keys the constructor's."""
+def include_predictors(overrides) -> None:
+    """Register the predictors of ``predictors_path=DIR`` (a folder outside the repo) before
+    Hydra composes, so that ``predictor=<name>`` finds their nodes."""
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key == "predictors_path" and value not in ("", "null"):
+            registry.include(value)
+
+
+def register_predictor_nodes(overrides=()) -> None:
+    """One ``predictor/<name>`` node per registered predictor (those of ``predictors_path``
+    included), its keys the constructor's."""
+    include_predictors(overrides)
     store = ConfigStore.instance()
     for name in registry.names():
         store.store(group="predictor", name=name,
@@ -25,7 +36,7 @@ def dataset_names() -> list[str]:
 
 
 def load_config(overrides: list[str] | None = None, with_hydra: bool = False) -> DictConfig:
-    register_predictor_nodes()
+    register_predictor_nodes(overrides or [])
     with initialize_config_dir(config_dir=str(paths.CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides or [],
                        return_hydra_config=with_hydra)

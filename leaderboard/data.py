@@ -16,7 +16,7 @@ from leaderboard import store
 from leaderboard.config import load_config
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
-from leaderboard.specs import SpecError
+from leaderboard_core.specs import SpecError
 
 
 def skipped_files(**where) -> list[tuple[str, str]]:

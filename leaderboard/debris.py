@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leaderboard import paths
+from leaderboard_core import paths
 
 # .leaderboard.duckdb.<pid>.tmp(.wal), .<run_id>.<pid>.partial, sandbox/<pid>-<hex>
 PATTERNS = (re.compile(r"^\..*\.(\d+)\.tmp(\.wal)?$"), re.compile(r"^\..*\.(\d+)\.partial$"),

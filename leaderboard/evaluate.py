@@ -22,11 +22,11 @@ from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
 from leaderboard.serving import scoring as serving_api
-from leaderboard.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard.split import default_split, split
-from leaderboard.versioning import code_hash, code_version
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Home, NotSupported
+from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
+from leaderboard_core.versioning import code_hash, code_version
 from predictors import registry
-from predictors.base import GROUND_TRUTH_COLUMNS, Home, NotSupported
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
                       "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from leaderboard.specs import tp_shapes
+from leaderboard_core.specs import tp_shapes
 
 HOME_POINTS = ("full_grid", "behind_cells")
 GEMM_OPS = {"gemm_qkv": "qkv", "gemm_o": "o", "gemm_gate_up": "gate_up", "gemm_down": "down"}

@@ -17,10 +17,17 @@ from __future__ import annotations
 import polars as pl
 import yaml
 
-from leaderboard import families, home_grid, paths
+from leaderboard import families, home_grid
 from leaderboard.families import suffix_of as family
-from predictors.base import Home
+from leaderboard_core import paths
+from leaderboard_core.contract import Home
 from predictors.registry import suggestion
+
+
+def with_family(runs: pl.DataFrame) -> pl.DataFrame:
+    """``runs`` with each run's dataset ``family``: what report tables group by (and the sections
+    a predictor offers read)."""
+    return runs.with_columns(family=pl.col("dataset").map_elements(family, pl.String))
 
 
 def conf_home(name: str) -> str | None:

@@ -33,12 +33,12 @@ from pathlib import Path
 import polars as pl
 from rich.console import Console
 
-from leaderboard import guard, paths
 from leaderboard.cells.ops import COLLECTIVE_SCHEMA
 from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
 from leaderboard.tables import TABLES
+from leaderboard_core import guard, paths
 
 # The store holds its categorical provenance columns as VARCHAR; a read gives String.
 COEFFICIENT_SCHEMA = {c: pl.String if t == pl.Categorical else t
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from leaderboard.hub_export import export
     from leaderboard.ingest import BuildError
     from leaderboard.sources import SourceError
-    from leaderboard.specs import SpecError
+    from leaderboard_core.specs import SpecError
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"] and len(argv) > 1:

@@ -17,9 +17,10 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import homes, paths, store
+from leaderboard import homes, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
+from leaderboard_core import paths
 
 stderr = Console(stderr=True)
 

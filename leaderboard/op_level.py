@@ -13,7 +13,7 @@ import polars as pl
 from leaderboard import families
 from leaderboard.cells.schema import CELL_SCHEMA
 from leaderboard.split import split
-from predictors.base import Home, NotSupported
+from leaderboard_core.contract import Home, NotSupported
 
 OP_PHASES = families.get("ops").phases
 SHAPE = ("op_family", "phase", "dtype", "kv_dtype", "m", "n", "k", "batch", "q_len", "kv_len",

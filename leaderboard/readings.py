@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard import homes
-from predictors.base import GROUND_TRUTH_COLUMNS, Reading, ReadingRequest
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Reading, ReadingRequest
 
 MAX_POINTS = 16  # defaults of conf/config.yaml's ``reading``
 MAX_FRACTION = 0.01

@@ -13,9 +13,9 @@ import json
 import polars as pl
 
 from leaderboard import families
-from leaderboard.homes import family
+from leaderboard.homes import family, with_family
 from leaderboard.metrics import PHASES
-from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, table
 
 TWO_HOMES = families.get("vidur").two_homes
 # (predictor, its published error, where it is stated), paraphrased from the sources that
@@ -44,7 +44,7 @@ def two_home_runs(current: pl.DataFrame, one_home: pl.DataFrame) -> pl.DataFrame
                          & (pl.col("split_seed") == one_home["split_seed"].first())
                          & (pl.col("test_fraction") == one_home["test_fraction"].first())
                          & (pl.col("home_points") == one_home["home_points"].first()))
-    return two.join(keys, on=["predictor", "params"], how="semi")
+    return with_family(two.join(keys, on=["predictor", "params"], how="semi"))
 
 
 def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:

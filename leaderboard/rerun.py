@@ -23,13 +23,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leaderboard import families, progress, store
+from leaderboard import families, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.op_level import predicts_ops
-from leaderboard.versioning import code_hash
+from leaderboard_core import progress
+from leaderboard_core.contract import NotSupported
+from leaderboard_core.versioning import code_hash
 from predictors import registry
-from predictors.base import NotSupported
 
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"

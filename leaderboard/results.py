@@ -20,8 +20,8 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
-from leaderboard.specs import load_gpu_specs, load_models, spec_hash
-from leaderboard.versioning import code_hash
+from leaderboard_core.specs import load_gpu_specs, load_models, spec_hash
+from leaderboard_core.versioning import code_hash
 
 # The metrics.json fields the store exposes, with their DuckDB types. Nested fields stay JSON so
 # predictors with different parameters share one schema.

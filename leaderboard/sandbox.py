@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import guard, paths, progress
 from leaderboard.readings import ReadingRefused
 from leaderboard.serving.scoring import simulate
-from leaderboard.specs import GpuSpec
-from predictors.base import Home, NotSupported, Reading, ReadingRequest
+from leaderboard_core import guard, paths, progress
+from leaderboard_core.contract import Home, NotSupported, Reading, ReadingRequest
+from leaderboard_core.specs import GpuSpec
 
 # Passed through to the child: locale, terminal and thread-count settings, nothing that names a
 # path of the suite.
@@ -138,7 +138,7 @@ def readable(cls: type) -> list[str]:
     install = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
     roots = {*map(str, install), *(p for p in sys.path if p and any(
         Path(p).resolve().is_relative_to(root) for root in install))}
-    code = [paths.REPO_ROOT / "leaderboard", paths.REPO_ROOT / "predictors", paths.CONF_DIR,
+    code = [*(paths.REPO_ROOT / package for package in paths.CODE_PACKAGES), paths.CONF_DIR,
             Path(sys.modules[cls.__module__].__file__).parent]
     return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
 

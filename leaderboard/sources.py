@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from leaderboard import paths
+from leaderboard_core import paths
 
 PINS_FILE = paths.DATASETS_DIR / "upstream_pins.json"
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com"

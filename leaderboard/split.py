@@ -8,7 +8,7 @@ from functools import cache
 import polars as pl
 import yaml
 
-from leaderboard import paths
+from leaderboard_core import paths
 
 
 @cache

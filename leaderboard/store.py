@@ -22,13 +22,14 @@ import polars as pl
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import cells, debris, guard, paths, progress, sources
+from leaderboard import cells, debris, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
 from leaderboard.serving import datasets as serving_datasets
-from leaderboard.specs import load_gpu_specs, load_models
 from leaderboard.tables import TABLES, conform
-from leaderboard.versioning import code_version, content_hash
+from leaderboard_core import guard, paths, progress
+from leaderboard_core.specs import load_gpu_specs, load_models
+from leaderboard_core.versioning import code_version, content_hash
 
 # Bump when ingestion changes what lands in the store: every version below changes with it.
 BUILDER_VERSION = "4"

@@ -16,8 +16,8 @@ from typing import Any
 import joblib
 import sklearn
 
-from leaderboard import paths
-from leaderboard.versioning import content_hash
+from leaderboard_core import paths
+from leaderboard_core.versioning import content_hash
 
 # Bump when what is stored changes shape, so old files are never read as new ones.
 FORMAT = 1

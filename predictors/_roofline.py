@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leaderboard.specs import GpuSpec
+from leaderboard_core.specs import GpuSpec
 
 BF16_BYTES = 2.0
 # Megatron TP: one all-reduce after the attention block, one after the MLP (baselines.md §8.5).

@@ -9,95 +9,13 @@ returns one step time in milliseconds per cell.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import GpuSpec
-
-# Columns a predictor never receives at predict time.
-GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed", "warm_share")
-KINDS = ("analytical", "learned", "profiled")
-
-
-@dataclass(frozen=True)
-class PredictorCard:
-    """What a predictor is, for the leaderboard's tables and the run's metrics.json."""
-
-    kind: str  # analytical | learned | profiled
-    reference: str  # paper or repository it re-implements
-    description: str
-    needs_profiled_rows: bool  # does fit read measured rows at all
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"card kind '{self.kind}' is not one of {KINDS}")
-
-
-@dataclass(frozen=True)
-class Home:
-    """Everything ``fit`` may read: the home GPU's training rows, never a held-out or unseen row.
-
-    ``ops`` holds, per lineage op (``gemm_qkv``, ``attn_prefill``, ``attn_decode``,
-    ``allreduce``...), the measured points the training cells were composed from. ``published``
-    is the store's table of coefficients that upstream tools released (DistServe's fits): an
-    artifact of those tools, not any GPU's ground truth here.
-
-    A home of several GPUs (``dataset.home=[a,b]``) has every row tagged with its ``sku`` (a
-    column of the cells and of each op frame) and each GPU's datasheet in ``gpus``; ``sku``,
-    ``gpu`` and ``dataset`` name the first. A predictor normalises what it fits from each row by
-    that row's GPU (``gpu_of``).
-    """
-
-    sku: str
-    gpu: GpuSpec
-    dataset: str
-    cells: pl.DataFrame
-    ops: dict[str, pl.DataFrame] = field(default_factory=dict)
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    published: pl.DataFrame = field(default_factory=pl.DataFrame)
-    gpus: dict[str, GpuSpec] = field(default_factory=dict)
-
-    def __post_init__(self):
-        if not self.gpus:
-            object.__setattr__(self, "gpus", {self.sku: self.gpu})
-
-    def by_gpu(self, frame: pl.DataFrame):
-        """(GPU spec, its rows) per home GPU of ``frame``, in ``gpus`` order. With several homes
-        the rows are told apart by their ``sku`` column; one home takes them all."""
-        if len(self.gpus) == 1:
-            return [(self.gpu, frame)]
-        return [(gpu, rows) for sku, gpu in self.gpus.items()
-                if not (rows := frame.filter(pl.col("sku") == sku)).is_empty()]
-
-
-@dataclass(frozen=True)
-class ReadingRequest:
-    """Target rows a predictor asks to read: cells by ``cell_id``, and op points, each a dict of
-    the lineage op and its shape (``{"op": "attn_decode", "batch": 8, "kv_len": 512, ...}``;
-    every key but ``op`` must match the point's field)."""
-
-    cells: tuple[str, ...] = ()
-    op_points: tuple[dict[str, Any], ...] = ()
-
-    @property
-    def size(self) -> int:
-        return len(self.cells) + len(self.op_points)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """The rows of a ``ReadingRequest`` with their ground truth: the cells (``gt_ms``
-    included) and, per op, the points (``latency_ms`` included)."""
-
-    cells: pl.DataFrame
-    ops: dict[str, pl.DataFrame] = field(default_factory=dict)
-
-
-class NotSupported(ValueError):
-    """The predictor cannot score this input (say which, and what it does support)."""
+from leaderboard_core.contract import Home, NotSupported, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.specs import GpuSpec
 
 
 class Predictor:
@@ -143,6 +61,33 @@ class Predictor:
 
     def take_reading(self, reading: Reading, gpu: GpuSpec) -> None:
         """Take the deploy reading asked for by ``request_reading``."""
+
+    # Optional hooks the harness calls for any predictor, as it calls ``predict_ops``.
+
+    def explain(self, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict] | None:
+        """One blind cell's prediction term by term (``python -m leaderboard.explain``), as
+        tables: dicts of ``title``, ``rows`` (each a dict of column to printed value) and an
+        optional ``note`` printed above; None (the default) when the predictor offers none."""
+        return None
+
+    @classmethod
+    def report_sections(cls, runs: pl.DataFrame) -> list[str]:
+        """Markdown sections of its own for RESULTS.md, from the current leaderboard ``runs``
+        (one row per run, with its dataset ``family``); the report calls each distinct
+        implementation once. None by default."""
+        return []
+
+    @classmethod
+    def calibration_home(cls) -> dict[str, str] | None:
+        """The home ``calibrate_constants`` fits on, as run fields (``dataset``,
+        ``home_points``); None (the default) for a predictor without frozen constants."""
+        return None
+
+    @classmethod
+    def calibrate_constants(cls, home: Home) -> dict[str, Any]:
+        """Refit the predictor's frozen constants on ``home`` and write them where ``fit`` reads
+        them (``python -m leaderboard.calibrate predictor=<name>``); returns the fitted values."""
+        raise NotSupported(f"predictor '{cls.name}' has no constants to calibrate")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())

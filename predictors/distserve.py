@@ -27,8 +27,9 @@ import json
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import GpuSpec
-from predictors.base import Home, NotSupported, Predictor, PredictorCard
+from leaderboard_core.contract import Home, NotSupported, PredictorCard
+from leaderboard_core.specs import GpuSpec
+from predictors.base import Predictor
 from predictors.registry import register
 from predictors.steps import Steps
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import GpuSpec
+from leaderboard_core.contract import Home, NotSupported, PredictorCard
+from leaderboard_core.specs import GpuSpec
 from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
     BF16_BYTES,
@@ -39,7 +40,7 @@ from predictors._roofline import (
     peak_flops,
     ring_allreduce_s,
 )
-from predictors.base import Home, NotSupported, Predictor, PredictorCard
+from predictors.base import Predictor
 from predictors.registry import register
 from predictors.steps import Steps
 

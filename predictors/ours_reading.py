@@ -17,8 +17,8 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import GpuSpec
-from predictors.base import PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import PredictorCard, Reading, ReadingRequest
+from leaderboard_core.specs import GpuSpec
 from predictors.ours import Ours
 from predictors.registry import register
 from predictors.steps import Steps

@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from predictors.base import Predictor
@@ -45,6 +47,26 @@ def discover() -> None:
     for info in pkgutil.iter_modules(predictors.__path__):
         if info.name not in ("base", "registry") and not info.name.startswith("_"):
             importlib.import_module(f"predictors.{info.name}")
+
+
+def include(folder: str | Path) -> list[str]:
+    """Register every predictor module in ``folder``, a directory outside the repository (as
+    lm-eval's ``--include_path`` adds tasks): each ``*.py`` not starting with ``_`` is imported
+    by its own name with ``folder`` on ``sys.path``, so that the sandboxed child, which inherits
+    the path, imports it the same way. Returns the module names."""
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise ValueError(f"predictors_path={folder} is not a directory; pass a folder of "
+                         "predictor modules (*.py files that @register a Predictor)")
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))  # appended: a module there never shadows an installed one
+    modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    for name in modules:
+        module = importlib.import_module(name)
+        if Path(getattr(module, "__file__", "") or "").resolve().parent != folder:
+            raise ValueError(f"predictors_path: {folder / name}.py is shadowed by the installed "
+                             f"module '{name}' ({module.__file__}); rename the file")
+    return modules
 
 
 def names() -> list[str]:

@@ -40,11 +40,12 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.metrics import get_scorer
 from sklearn.model_selection import GridSearchCV, ParameterGrid
 
-from leaderboard import progress
-from leaderboard.specs import tp_shapes
+from leaderboard_core import progress
+from leaderboard_core.contract import Home, NotSupported, PredictorCard
+from leaderboard_core.specs import tp_shapes
 from predictors import _model_cache, rf_tokens
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES, link_gbs_per_direction, peak_flops
-from predictors.base import Home, NotSupported, Predictor, PredictorCard
+from predictors.base import Predictor
 from predictors.registry import register
 from predictors.steps import Steps
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from leaderboard.cells.profiles import VIDUR_OPS
-from predictors.base import Home, NotSupported
+from leaderboard_core.contract import VIDUR_OPS, Home, NotSupported
 
 AS_GEMM = {"attn_pre_proj": "gemm_qkv", "attn_post_proj": "gemm_o", "mlp_up_proj": "gemm_gate_up",
            "mlp_down_proj": "gemm_down"}

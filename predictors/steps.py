@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import load_models
+from leaderboard_core.specs import load_models
 
 MODEL_FIELDS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads",
                 "kv_heads": "num_kv_heads", "head_dim": "head_dim", "ffn": "intermediate_size",

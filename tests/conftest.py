@@ -16,8 +16,9 @@ import duckdb
 import polars as pl
 import pytest
 
-from leaderboard import paths, sources, store
+from leaderboard import sources, store
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
+from leaderboard_core import paths
 
 ENV_VARS = ("LEADERBOARD_HOME", "LEADERBOARD_SOURCES", "LEADERBOARD_GPU_SPECS",
             "LEADERBOARD_SOURCES_URL")
@@ -148,8 +149,8 @@ def real_home(real_store) -> RealHome:
     """The a100_vidur home (default split) and the h200_vidur target, read from the real store."""
     from leaderboard import homes
     from leaderboard.catalog import StoreCatalog
-    from leaderboard.specs import load_gpu_specs, load_models
     from leaderboard.split import split
+    from leaderboard_core.specs import load_gpu_specs, load_models
 
     saved = os.environ.get("LEADERBOARD_HOME")
     os.environ["LEADERBOARD_HOME"] = str(real_store.home)

@@ -18,8 +18,10 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from leaderboard import paths, store
-from predictors.base import Predictor, PredictorCard, ReadingRequest
+from leaderboard import store
+from leaderboard_core import paths
+from leaderboard_core.contract import PredictorCard, ReadingRequest
+from predictors.base import Predictor
 
 CARD = PredictorCard("analytical", "test", "probe", False)
 

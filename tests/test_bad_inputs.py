@@ -14,12 +14,13 @@ import polars as pl
 import pytest
 import yaml
 
-from leaderboard import data, paths, sources, store
+from leaderboard import data, sources, store
 from leaderboard.ingest import BuildError
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
 from leaderboard.quarantine import DUPLICATE_TOLERANCE
 from leaderboard.sources import SourceError
-from leaderboard.specs import SpecError
+from leaderboard_core import paths
+from leaderboard_core.specs import SpecError
 
 AIC = ["aiconfigurator"]
 

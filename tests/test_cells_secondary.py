@@ -10,12 +10,13 @@ import duckdb
 import polars as pl
 import pytest
 
-from leaderboard import paths
 from leaderboard.cells.ops import op_datasets, op_points
-from leaderboard.cells.profiles import VIDUR_OPS, build_llmservingsim, build_vidurprof
+from leaderboard.cells.profiles import build_llmservingsim, build_vidurprof
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
 from leaderboard.cells.wallclock import build_splitwise
 from leaderboard.tables import TABLES
+from leaderboard_core import paths
+from leaderboard_core.contract import VIDUR_OPS
 
 BUILDERS = (build_splitwise, build_vidurprof, build_llmservingsim)
 UPSTREAM = paths.SHARED_UPSTREAM

@@ -14,8 +14,8 @@ from leaderboard.cells.grid import Grid, Point
 from leaderboard.cells.scheduler import Replay, Request, requests_from_trace
 from leaderboard.cells.snapping import Snapped, StepShape, nearest_log, snap
 from leaderboard.cells.traces import TraceError, check_rows
-from leaderboard.specs import load_models
 from leaderboard.tables import TABLES
+from leaderboard_core.specs import load_models
 
 SIX = ["a100_vidur", "h100_vidur", "h200_vidur", "l40s_vidur", "b200_vidur", "gb200_vidur"]
 FOUR = ["h100_vidur19", "h200_vidur19", "b200_vidur19", "gb200_vidur19"]

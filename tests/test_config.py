@@ -8,9 +8,9 @@ import sys
 import pytest
 from hydra.core.config_store import ConfigStore
 
-from leaderboard import paths
 from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
+from leaderboard_core import paths
 from predictors import registry
 
 LAUNCHERS = sorted(p.stem for p in (paths.CONF_DIR / "hydra" / "launcher").glob("*.yaml"))

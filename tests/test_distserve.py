@@ -7,9 +7,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard.specs import load_gpu_specs
+from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.specs import load_gpu_specs
 from predictors import registry
-from predictors.base import Home, NotSupported
 from predictors.distserve import DistServe, DistServeScaled, relative_lstsq
 
 SPECS = load_gpu_specs()

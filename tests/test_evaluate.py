@@ -11,11 +11,12 @@ import polars as pl
 import probe_predictors
 import pytest
 
-from leaderboard import landlock, paths
+from leaderboard import landlock
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
+from leaderboard_core import paths
+from leaderboard_core.contract import NotSupported
 from predictors import registry
-from predictors.base import NotSupported
 
 PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors.Peek,
           "negative": probe_predictors.Negative, "reads_prefill": probe_predictors.ReadsPrefill,

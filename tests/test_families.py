@@ -9,11 +9,12 @@ import shutil
 import polars as pl
 import pytest
 
-from leaderboard import config, data, families, homes, paths, rerun
+from leaderboard import config, data, families, homes, rerun
 from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.common import cell_set
 from leaderboard.families import DatasetFamily, register_family
 from leaderboard.report import main_leaderboard
+from leaderboard_core import paths
 from predictors import registry
 from tests.conftest import TinySources
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from leaderboard import sources
-from leaderboard.specs import load_gpu_specs
+from leaderboard_core.specs import load_gpu_specs
 from predictors import registry
 from predictors.rf import GRIDS, TOKEN_ROUNDING, fit_forest
 from tests.test_rooflines import cells

@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 
 from leaderboard.evaluate import RunSpec, load_inputs, run
-from leaderboard.specs import load_gpu_specs, load_models, tp_shapes
 from leaderboard.split import split
+from leaderboard_core.contract import Home
+from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes
 from predictors import registry
-from predictors.base import Home
 from predictors.rf import in_first_home_units
 from tests.test_rooflines import MIXED_STEPS, cells
 

@@ -17,8 +17,9 @@ import yaml
 from leaderboard import evaluate, hub_export
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog, HubError
+from leaderboard_core.contract import PredictorCard
 from predictors import registry
-from predictors.base import Predictor, PredictorCard
+from predictors.base import Predictor
 
 ONLY = ["h200_vidur", "h100_splitwise", "h200_sxm_ops"]
 HOMES = ["a100_vidur", "a100_splitwise", "a100_sxm_ops"]  # added by --only, to fit on

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from leaderboard import paths
+from leaderboard_core import paths
 
 
 def _sweep(tmp_path, *overrides) -> tuple[list[dict], str]:

@@ -9,9 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard.specs import GpuSpec, load_gpu_specs
+from leaderboard_core.contract import Home, Reading
+from leaderboard_core.specs import GpuSpec, load_gpu_specs
 from predictors import registry
-from predictors.base import Home, Reading
 from predictors.ours import FACTORS, LADDER, config
 from predictors.ours.step import blocks
 

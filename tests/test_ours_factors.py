@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from leaderboard.specs import GpuSpec
+from leaderboard_core.specs import GpuSpec
 from predictors.ours import factors
 
 HOPPER = {"f_clk": None, "clusters": True, "cluster_size": 2}

@@ -11,7 +11,8 @@ import pytest
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import GridSearchCV
 
-from leaderboard import paths, progress, store
+from leaderboard import store
+from leaderboard_core import paths, progress
 from predictors import rf
 from predictors.rf import VidurRandomForest
 from tests.test_rf import synthetic_home

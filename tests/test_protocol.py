@@ -7,8 +7,10 @@ import polars as pl
 import pytest
 
 from leaderboard.op_level import predicts_ops
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, PredictorCard
 from predictors import registry
-from predictors.base import GROUND_TRUTH_COLUMNS, Predictor, PredictorCard
+from predictors.base import Predictor
+from predictors.checks import check_predictor
 
 CARD = PredictorCard("analytical", "test", "a constant", False)
 
@@ -115,3 +117,45 @@ def test_op_level_contract(name, real_store, real_home):
     timed = estimator.predict_ops(big, real_home.gpu)
     work = (big["m"] * big["n"] * big["k"]).to_numpy()
     assert timed[np.argmax(work)] > timed[np.argmin(work)], "more GEMM work must take longer"
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_check_predictor_passes_on_synthetic_data(name):
+    """The public contract check, with no store and no ../shared."""
+    done = check_predictor(registry.get(name))
+    assert done[:2] == ["parameters", "fit"] or done[1].startswith("NotSupported")
+
+
+class _Broken(Predictor):
+    card = CARD
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def predict(self, cells, gpu):
+        # each call depends on the batch it is given: not one value per cell on its own
+        return np.full(len(cells), float(len(cells)) * self.scale)
+
+
+def test_check_predictor_catches_a_prediction_that_depends_on_the_batch():
+    with pytest.raises(AssertionError, match="subset"):
+        check_predictor(_Broken)
+
+
+def test_check_predictor_catches_fit_not_returning_self():
+    class NoSelf(_Broken):
+        def fit(self, home):
+            self.fitted_ = True
+
+    with pytest.raises(AssertionError, match="must return self"):
+        check_predictor(NoSelf)
+
+
+def test_check_predictor_catches_unnamed_learned_state():
+    class Leaky(_Broken):
+        def fit(self, home):
+            self.mean = 1.0
+            return self
+
+    with pytest.raises(AssertionError, match="end in _"):
+        check_predictor(Leaky)

@@ -9,9 +9,10 @@ import polars as pl
 import pytest
 
 from leaderboard import atlas, ranking, report, results
-from leaderboard.versioning import code_hash
+from leaderboard_core.contract import PredictorCard
+from leaderboard_core.versioning import code_hash
 from predictors import registry
-from predictors.base import Predictor, PredictorCard
+from predictors.base import Predictor
 from predictors.rf import VidurRandomForest
 
 VERSIONS = {"a100_vidur": "va100", "h100_vidur": "vh100", "h200_vidur": "vh200"}

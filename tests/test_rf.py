@@ -16,10 +16,10 @@ import pytest
 from leaderboard import homes
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.specs import GpuSpec, load_gpu_specs, load_models
 from leaderboard.split import split
+from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models
 from predictors import _model_cache
-from predictors.base import Home, NotSupported
 from predictors.rf import GEMMS, VidurRandomForest, VidurRandomForestScaled, peaks, roofline_ratios
 from predictors.steps import Steps
 

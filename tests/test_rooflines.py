@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 
 from leaderboard.cells.schema import derive
-from leaderboard.specs import load_gpu_specs
+from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.specs import load_gpu_specs
 from predictors import registry
 from predictors._roofline import ring_allreduce_s
-from predictors.base import Home, NotSupported
 from predictors.genz import operator_table
 from predictors.liminal import Liminal
 from predictors.llm_viewer import cell_ops, prefill_request_ops

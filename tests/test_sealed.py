@@ -10,9 +10,10 @@ import sys
 import pytest
 import yaml
 
-from leaderboard import debris, paths
+from leaderboard import debris
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.specs import SpecError, load_gpu_specs
+from leaderboard_core import paths
+from leaderboard_core.specs import SpecError, load_gpu_specs
 from predictors import registry
 
 

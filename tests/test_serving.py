@@ -15,7 +15,7 @@ from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
 from leaderboard.serving.replay import closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
 from leaderboard.sources import SourceFile
-from leaderboard.specs import load_gpu_specs, load_models, model_by_alias
+from leaderboard_core.specs import load_gpu_specs, load_models, model_by_alias
 from predictors import registry
 
 PREFILL_MS, DECODE_MS = 10.0, 1.0

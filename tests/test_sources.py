@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import SHARED, requires_shared
 
-from leaderboard import data, paths, sources
+from leaderboard import data, sources
 from leaderboard.ingest import ADAPTERS
 from leaderboard.sources import SourceError
+from leaderboard_core import paths
 
 PIN_FIELDS = ("repo", "commit", "path", "sha256", "bytes", "license")
 BLACKHOLE_URL = "http://10.255.255.1"  # non-routable: connects hang until the probe times out
@@ -221,8 +222,8 @@ def test_cli_offline_subprocess(tmp_path, closed_url):
     script = textwrap.dedent("""
         import runpy, sys
         from pathlib import Path
-        import leaderboard.paths
-        leaderboard.paths.SHARED_UPSTREAM = Path(sys.argv[1])
+        import leaderboard_core.paths
+        leaderboard_core.paths.SHARED_UPSTREAM = Path(sys.argv[1])
         sys.argv = ["leaderboard.data", "build"]
         runpy.run_module("leaderboard.data", run_name="__main__", alter_sys=True)
     """)

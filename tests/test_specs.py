@@ -8,14 +8,14 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from leaderboard import paths, specs
 from leaderboard.config import load_config
 from leaderboard.ingest import aiconfigurator, distserve, llmservingsim, neusight, splitwise, vidur
+from leaderboard_core import paths, specs
 
 GPU_FILES = sorted((paths.CONF_DIR / "gpu").glob("*.yaml"))
 MODEL_FILES = sorted((paths.CONF_DIR / "model").glob("*.yaml"))
 NUMERIC = ("bf16_dense_tflops", "mem_bw_gbs", "l2_mb", "sm_count", "boost_clock_mhz", "mem_gb")
-# Data directories read by leaderboard.specs, not Hydra config groups.
+# Data directories read by leaderboard_core.specs, not Hydra config groups.
 NOT_GROUPS = {"gpu", "model"}
 
 

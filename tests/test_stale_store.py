@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from leaderboard import paths, store
+from leaderboard import store
+from leaderboard_core import paths
 
 ROW = {"m": 8, "n": 1024, "k": 1024, "gemm_dtype": "bfloat16", "latency": 1.0}
 

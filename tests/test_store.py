@@ -10,8 +10,8 @@ import pytest
 
 from leaderboard import data, sources, store
 from leaderboard.ingest import ADAPTERS
-from leaderboard.specs import load_gpu_specs
 from leaderboard.tables import TABLES
+from leaderboard_core.specs import load_gpu_specs
 
 EXPECTED = {
     "aiconfigurator": ["a100_sxm", "h100_sxm", "h200_sxm", "l40s", "b200_sxm", "gb200"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from leaderboard import paths, versioning
+from leaderboard_core import paths, versioning
 
 
 def _hash_of(root, monkeypatch) -> str:

@@ -11,8 +11,8 @@ from leaderboard import families
 from leaderboard.cells.ops import op_datasets
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA, CellSet
 from leaderboard.cells.vidur_method import CONFIG
-from leaderboard.specs import GpuSpec
-from leaderboard.versioning import content_hash
+from leaderboard_core.specs import GpuSpec
+from leaderboard_core.versioning import content_hash
 
 
 def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import duckdb
 import polars as pl
 
-from leaderboard import paths
 from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive
 from leaderboard.tables import TABLES
+from leaderboard_core import paths
 
 PHASES = ("prefill", "decode", "mixed")
 

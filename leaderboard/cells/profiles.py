@@ -21,14 +21,11 @@ from leaderboard.cells.common import (
     source_lines,
 )
 from leaderboard.cells.schema import CellSet, workload_id
-from leaderboard.specs import load_models
+from leaderboard_core.contract import VIDUR_OPS
+from leaderboard_core.specs import load_models
 
 VIDUR_DATASETS = {"a100_80gb_pcie": "a100_vidurprof", "a40": "a40_vidurprof",
                   "h100_sxm": "h100_vidurprof"}
-# One layer's token-level ops in Vidur's mlp.csv; emb is outside the layers (docs/baselines.md
-# §0.2) and phi-2's parallel block has no post_attention_layernorm.
-VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
-             "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 LSS_DATASETS = {"h100_sxm": "h100_llmservingsim", "rtx_a6000": "a6000_llmservingsim",
                 "rtx3090": "rtx3090_llmservingsim", "rtx4090": "rtx4090_llmservingsim"}
 # One decoder layer per profiler file, with how often a layer runs each op. Embedding, final

@@ -17,14 +17,14 @@ from collections import Counter
 import duckdb
 import yaml
 
-from leaderboard import paths
 from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
 from leaderboard.cells.schema import CellSet, is_decode, workload_id
 from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, uniform_steps
 from leaderboard.cells.traces import has_traces, replayed_steps
-from leaderboard.specs import GpuSpec, load_models, tp_shapes
+from leaderboard_core import paths
+from leaderboard_core.specs import GpuSpec, load_models, tp_shapes
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2

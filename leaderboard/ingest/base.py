@@ -11,7 +11,7 @@ import polars as pl
 
 from leaderboard.quarantine import Quarantine
 from leaderboard.sources import SourceFile
-from leaderboard.specs import GpuSpec, require_gpu, resolve_model
+from leaderboard_core.specs import GpuSpec, require_gpu, resolve_model
 
 
 class BuildError(RuntimeError):

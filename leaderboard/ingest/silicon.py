@@ -18,7 +18,7 @@ import polars as pl
 
 from leaderboard.ingest.base import Adapter, BuildError, IngestContext, provenance, read_table
 from leaderboard.sources import SourceFile
-from leaderboard.specs import model_by_alias
+from leaderboard_core.specs import model_by_alias
 
 SOURCE = "aiconfigurator_silicon"
 PATTERN = "ai-dynamo__aiconfigurator/aic-core/src/aiconfigurator_core/systems/silicon_sample.csv"

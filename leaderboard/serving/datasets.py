@@ -16,8 +16,8 @@ import duckdb
 import polars as pl
 
 from leaderboard.cells.common import render_card, source_lines
-from leaderboard.specs import GpuSpec
-from leaderboard.versioning import content_hash
+from leaderboard_core.specs import GpuSpec
+from leaderboard_core.versioning import content_hash
 
 SUPPORTED_PRECISIONS = ("bf16",)
 SERVING_RUN = "RTX4090/Llama-3.1-8B"  # the LLMServingSim run with recorded arrivals

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from leaderboard.cells.schema import CELL_SCHEMA
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
-from predictors.base import GROUND_TRUTH_COLUMNS
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 
 StepTimer = Callable[[pl.DataFrame], np.ndarray]  # cells -> ms per cell
 LOOKAHEAD_STEPS = 64

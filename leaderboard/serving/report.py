@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 
 from leaderboard import ranking, results
-from leaderboard.report_tables import fmt, table
 from leaderboard.rerun import last_rerun
+from leaderboard_core.report_tables import fmt, table
 
 # Same model, precision, TP and load: the serving analogue of a workload id.
 LOAD_KEY = ("model", "precision", "tp", "isl", "osl", "concurrency")

@@ -15,8 +15,9 @@ import time
 import numpy as np
 import polars as pl
 
-from leaderboard import families, guard
+from leaderboard import families
 from leaderboard.serving.simulate import predict_targets
+from leaderboard_core import guard
 
 SERVING_PHASES = families.get("silicon").phases
 GROUND_TRUTH = ("gt_ttft_ms", "gt_tpot_ms")  # what the sandboxed replay never receives

@@ -13,10 +13,10 @@ import numpy as np
 import polars as pl
 import yaml
 
-from leaderboard import paths
 from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
-from leaderboard.specs import GpuSpec
+from leaderboard_core import paths
+from leaderboard_core.specs import GpuSpec
 
 CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
 

@@ -3,7 +3,7 @@
 Step time = T_blocks (+ light kernels + LM head + S(N) on wall-clock targets). T_blocks sums
 per-op rooflines, each slowed by named factors (predictors/ours/factors.py) whose constants are
 physical or were fitted once on the home A100's op points and frozen in conf/ours/constants.yaml
-(``python -m predictors.ours.calibrate`` re-derives them). ``fit`` reads no rows.
+(``python -m leaderboard.calibrate predictor=ours`` re-derives them). ``fit`` reads no rows.
 
 The ladder ``ours_r0_roofline`` ... ``ours_r7_collectives`` switches the factors on one rung at
 a time; ``ours`` is the last rung plus the wall-clock terms. On ``gpu_block`` targets (the
@@ -18,8 +18,9 @@ import inspect
 import numpy as np
 import polars as pl
 
-from leaderboard.specs import GpuSpec
-from predictors.base import Home, Predictor, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import Home, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.specs import GpuSpec
+from predictors.base import Predictor
 from predictors.ours import calibrate, config, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
@@ -164,6 +165,30 @@ class Ours(Predictor):
         design = np.column_stack([np.ones_like(n), n - 1.0])[:, :1 + (np.unique(n).size > 1)]
         fitted = np.linalg.lstsq(design, rest, rcond=None)[0]
         self.host_floor_ = (float(fitted[0]), float(fitted[1]) if len(fitted) > 1 else 0.0)
+
+    # The hooks' modules are imported when called: they import this package's submodules.
+
+    def explain(self, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
+        from predictors.ours.explain import explain
+
+        return explain(self, cell, gpu)
+
+    @classmethod
+    def report_sections(cls, runs: pl.DataFrame) -> list[str]:
+        from predictors.ours.report import sections
+
+        return sections(runs)
+
+    @classmethod
+    def calibration_home(cls) -> dict[str, str]:
+        # The points behind the training cells: the protocol the frozen constants were fitted under.
+        return {"dataset": config.load_constants()["home"]["dataset"], "home_points": "behind_cells"}
+
+    @classmethod
+    def calibrate_constants(cls, home: Home) -> dict:
+        from predictors.ours.calibrate import calibrate
+
+        return calibrate(home)
 
 
 def _rung(name: str, enabled: tuple[str, ...]) -> type[Ours]:

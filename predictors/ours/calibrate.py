@@ -1,24 +1,24 @@
 """Re-derive the fitted constants of ``ours`` from the home GPU's op points, and freeze them.
 
-``python -m predictors.ours.calibrate`` builds the home exactly as a leaderboard run does (the
-a100_vidur training split, seed 0, 30 % held out), fits each family's few constants by least
+``python -m leaderboard.calibrate predictor=ours`` builds the home exactly as a leaderboard run
+does (the a100_vidur training split, seed 0, 30 % held out, the points behind its cells) and
+calls ``Ours.calibrate_constants``, which fits each family's few constants by least
 squares on log time over the home's measured op points (GEMMs, prefill and decode attention,
 all-reduce), and rewrites the ``fitted on home`` leaves of conf/ours/constants.yaml. No cell
 step time and no other GPU is read. ``fit_constants`` is the pure part (no file written).
+This module never imports the harness: the harness hands it the home.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import sys
 
 import numpy as np
 import polars as pl
 import yaml
 from scipy.optimize import least_squares
 
-from predictors.base import Home
+from leaderboard_core.contract import Home
 from predictors.ours import config, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
@@ -154,18 +154,11 @@ def write(fitted: dict, command: str) -> None:
     config.load_constants.cache_clear()
 
 
-def main() -> None:
-    from leaderboard.evaluate import RunSpec, load_inputs  # the harness: only when run as a script
-
-    base = config.load_constants()
-    # The points behind the training cells: the protocol the frozen constants were fitted under.
-    home = load_inputs(RunSpec("ours", base["home"]["dataset"], {},
-                               home_points="behind_cells")).home
-    fitted = fit_constants(home, base)
-    write(fitted, "python -m predictors.ours.calibrate")
-    json.dump({f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}, sys.stdout, indent=1)
-    print()
+COMMAND = "python -m leaderboard.calibrate predictor=ours"
 
 
-if __name__ == "__main__":
-    main()
+def calibrate(home: Home) -> dict[str, float]:
+    """Fit the constants on ``home``, rewrite conf/ours/constants.yaml, return the fitted leaves."""
+    fitted = fit_constants(home, config.load_constants())
+    write(fitted, COMMAND)
+    return {f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from leaderboard import paths
-from leaderboard.specs import TOPOLOGIES, GpuSpec, SpecError
+from leaderboard_core import paths
+from leaderboard_core.specs import TOPOLOGIES, GpuSpec, SpecError
 from predictors._roofline import link_gbs_per_direction, peak_flops
 from predictors.ours import factors
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leaderboard.specs import GpuSpec
+from leaderboard_core.specs import GpuSpec
 from predictors._roofline import ring_allreduce_s
 
 
@@ -100,7 +100,7 @@ def split_kv_floor(batch: np.ndarray, split_kv: bool, extra_s: float) -> np.ndar
 def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str,
                    custom_max_bytes: float) -> tuple[np.ndarray, np.ndarray]:
     """(uses vLLM's custom all-reduce, bandwidth divisor) per message, by topology (one of
-    leaderboard.specs.TOPOLOGIES) and TP degree. vLLM's custom all-reduce needs peer access
+    leaderboard_core.specs.TOPOLOGIES) and TP degree. vLLM's custom all-reduce needs peer access
     between all the GPUs: an NVLink switch, or at most 2 GPUs (a bridge pair, or two GPUs on
     PCIe; vLLM disables it beyond 2 PCIe-only GPUs); larger messages and other groups go to
     NCCL. Where NCCL's group meets only at the CPU root complex (no PCIe switch, or past a

@@ -7,7 +7,7 @@ import json
 import subprocess
 from functools import cache
 
-from leaderboard import paths
+from leaderboard_core import paths
 
 
 def content_hash(*parts: object, length: int = 16) -> str:
@@ -42,9 +42,9 @@ def is_presentation(text: str) -> bool:
 @cache
 def code_hash() -> str:
     """A hash of the code and configs that decide a run's numbers (Python and YAML under
-    leaderboard/, predictors/ and conf/, less the modules marked ``PRESENTATION = True``). Runs
+    the code packages and conf/, less the modules marked ``PRESENTATION = True``). Runs
     with another hash are stale, as in asv; edits to docs, tests or the report leave it unchanged."""
-    files = sorted(p for d in ("leaderboard", "predictors", "conf") for p in (paths.REPO_ROOT / d)
+    files = sorted(p for d in (*paths.CODE_PACKAGES, "conf") for p in (paths.REPO_ROOT / d)
                    .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)
     texts = [(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files]
     return content_hash([(rel, text) for rel, text in texts

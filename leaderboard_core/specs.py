@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from leaderboard import paths
-from leaderboard.versioning import content_hash
+from leaderboard_core import paths
+from leaderboard_core.versioning import content_hash
 
 GPU_REQUIRED = (
     "sku", "short_name", "vendor", "arch", "sm_count", "boost_clock_mhz", "bf16_dense_tflops",

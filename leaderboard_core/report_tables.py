@@ -1,4 +1,8 @@
-"""Markdown building blocks of the report: number formatting, tables, MAPE lookups per family."""
+"""Markdown building blocks of the report: number formatting, tables, MAPE lookups per family.
+
+Shared by the harness's report and the sections a predictor offers (``report_sections``); the
+runs frame they read carries each run's dataset ``family``, added by the harness.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,6 @@ import json
 import statistics
 
 import polars as pl
-
-from leaderboard.homes import family
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -22,7 +24,7 @@ def table(header: list[str], rows: list[list[str]], align: str = "l" + "r" * 20)
 
 def datasets_of(runs: pl.DataFrame, fam: str) -> tuple[list[str], list[str]]:
     """(home datasets, unseen datasets) of a family, in a stable order."""
-    mine = runs.filter(pl.col("dataset").map_elements(family, pl.String) == fam)
+    mine = runs.filter(pl.col("family") == fam)
     home = sorted(set(mine.filter(pl.col("split") == "home_heldout")["dataset"]))
     return home, sorted(set(mine["dataset"]) - set(home))
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import platformdirs
 
-from leaderboard import guard
+from leaderboard_core import guard
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DATASETS_DIR = REPO_ROOT / "datasets"
 SHARED_UPSTREAM = REPO_ROOT.parent / "shared" / "data" / "upstream"
+# The suite's Python packages: the harness, the vocabulary both sides share, the predictors.
+CODE_PACKAGES = ("leaderboard", "leaderboard_core", "predictors")
 
 
 def home() -> Path:

@@ -1,30 +1,20 @@
-"""RESULTS.md sections about ``ours``: its ablation ladder, its targets against ``rf_scaled``, its
-wall-clock mode, one ``explain`` example, and the predict-throughput benchmark of every predictor.
-
-Every number is read from the current leaderboard runs, from a live ``explain`` of the committed
-code, or from ``benchmarks/predict_throughput.json`` (written by
-``python benchmarks/predict_throughput.py --json benchmarks/predict_throughput.json``).
+"""The RESULTS.md sections about ``ours``: its ablation ladder, its targets against the random
+forest, and its wall-clock mode. The report calls ``Ours.report_sections(runs)``; every number is
+read from the current leaderboard runs it passes.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
-from pathlib import Path
 
 import polars as pl
-from rich.console import Console
 
-from leaderboard import paths
-from leaderboard.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, table
 from predictors import registry
 
-THROUGHPUT_JSON = paths.REPO_ROOT / "benchmarks" / "predict_throughput.json"
-# docs/ours.md and the issue: per unseen GPU, MAPE at most this much per phase.
+# Per unseen GPU, MAPE at most this much per phase.
 TARGETS = {"decode": 5.0, "prefill": 10.0, "all": 7.0}
-EXPLAINED = ("ours", "h200_vidur")
-
 
 def ladder(runs: pl.DataFrame) -> list[str]:
     home, unseen = datasets_of(runs, "vidur")
@@ -86,35 +76,8 @@ def wall_clock(runs: pl.DataFrame) -> list[str]:
                    "llrrrr")]
 
 
-def explain_example() -> list[str]:
-    from leaderboard import explain  # reads the store and fits ours: only when a report is made
-
-    predictor, dataset = EXPLAINED
-    model, cells, gpu = explain.load(predictor, dataset)
-    console = Console(record=True, width=170, file=io.StringIO())
-    explain.render(model, cells.head(1), gpu, console)
-    return ["## ours: one cell explained", "",
-            f"`python -m leaderboard.explain predictor={predictor} dataset={dataset}` (its first "
-            "cell):", "", "```", console.export_text().rstrip(), "```", ""]
-
-
-def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
-    if not path.exists():
-        return ["## Predict throughput benchmark", "",
-                f"No benchmark result at `{path.relative_to(paths.REPO_ROOT)}` yet.", ""]
-    bench = json.loads(path.read_text())
-    rows = [[r["predictor"], r.get("kind", "?"), fmt(r.get("fit_s"), 3), f"{r.get('cells', 0):,}",
-             fmt(r.get("cells_per_s"), 0), fmt(r.get("target_cells_per_s"), 0),
-             {True: "yes", False: "**NO**", None: "—"}[r.get("target_met")]]
-            for r in bench["results"]]
-    return ["## Predict throughput benchmark", "",
-            "`python benchmarks/predict_throughput.py --json benchmarks/predict_throughput.json`: "
-            f"fit on {bench['home']}'s training split, predict {bench['target']} cells replicated, "
-            f"one core, best of {bench['repeats']}; load average "
-            f"{bench['load_average_1min'][0]:.1f} → {bench['load_average_1min'][1]:.1f}; code "
-            f"{bench['code_version']}, {bench['date']}.", "",
-            *table(["predictor", "kind", "fit s", "cells", "cells/s", "target", "met"], rows,
-                   "llrrrrl")]
+def sections(runs: pl.DataFrame) -> list[str]:
+    return ladder(runs) + targets(runs) + wall_clock(runs)
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

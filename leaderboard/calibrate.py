@@ -1,0 +1,39 @@
+"""``python -m leaderboard.calibrate predictor=<name>``: refit a predictor's frozen constants.
+
+The harness builds the home the predictor asks for (``calibration_home``: its dataset and which
+op points) exactly as a leaderboard run does, and hands it to the predictor's
+``calibrate_constants``, which writes the constants and returns them (printed as JSON). The
+predictor never opens the store; a predictor without frozen constants says so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from leaderboard.config import load_config
+from leaderboard.evaluate import RunSpec, load_inputs
+from predictors import registry
+
+
+def calibrate(name: str) -> dict:
+    cls = registry.get(name)
+    wanted = cls.calibration_home()
+    if wanted is None:
+        raise SystemExit(f"predictor '{name}' has no frozen constants to calibrate")
+    home = load_inputs(RunSpec(name, wanted["dataset"], {}, **{
+        k: v for k, v in wanted.items() if k != "dataset"})).home
+    return cls.calibrate_constants(home)
+
+
+def main(argv: list[str]) -> None:
+    fitted = calibrate(load_config(argv).predictor.name)
+    json.dump(fitted, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

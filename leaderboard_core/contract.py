@@ -1,0 +1,103 @@
+"""The contract between the harness and every predictor: what ``fit`` gets, what a card says,
+what a deploy reading is, and the columns a predictor never sees.
+
+Both sides import these types from here, so neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from leaderboard_core.specs import GpuSpec
+
+# Columns a predictor never receives at predict time.
+GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed", "warm_share")
+KINDS = ("analytical", "learned", "profiled")
+
+
+@dataclass(frozen=True)
+class PredictorCard:
+    """What a predictor is, for the leaderboard's tables and the run's metrics.json."""
+
+    kind: str  # analytical | learned | profiled
+    reference: str  # paper or repository it re-implements
+    description: str
+    needs_profiled_rows: bool  # does fit read measured rows at all
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"card kind '{self.kind}' is not one of {KINDS}")
+
+
+@dataclass(frozen=True)
+class Home:
+    """Everything ``fit`` may read: the home GPU's training rows, never a held-out or unseen row.
+
+    ``ops`` holds, per lineage op (``gemm_qkv``, ``attn_prefill``, ``attn_decode``,
+    ``allreduce``...), the measured points the training cells were composed from. ``published``
+    is the store's table of coefficients that upstream tools released (DistServe's fits): an
+    artifact of those tools, not any GPU's ground truth here.
+
+    A home of several GPUs (``dataset.home=[a,b]``) has every row tagged with its ``sku`` (a
+    column of the cells and of each op frame) and each GPU's datasheet in ``gpus``; ``sku``,
+    ``gpu`` and ``dataset`` name the first. A predictor normalises what it fits from each row by
+    that row's GPU (``gpu_of``).
+    """
+
+    sku: str
+    gpu: GpuSpec
+    dataset: str
+    cells: pl.DataFrame
+    ops: dict[str, pl.DataFrame] = field(default_factory=dict)
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    published: pl.DataFrame = field(default_factory=pl.DataFrame)
+    gpus: dict[str, GpuSpec] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.gpus:
+            object.__setattr__(self, "gpus", {self.sku: self.gpu})
+
+    def by_gpu(self, frame: pl.DataFrame):
+        """(GPU spec, its rows) per home GPU of ``frame``, in ``gpus`` order. With several homes
+        the rows are told apart by their ``sku`` column; one home takes them all."""
+        if len(self.gpus) == 1:
+            return [(self.gpu, frame)]
+        return [(gpu, rows) for sku, gpu in self.gpus.items()
+                if not (rows := frame.filter(pl.col("sku") == sku)).is_empty()]
+
+
+@dataclass(frozen=True)
+class ReadingRequest:
+    """Target rows a predictor asks to read: cells by ``cell_id``, and op points, each a dict of
+    the lineage op and its shape (``{"op": "attn_decode", "batch": 8, "kv_len": 512, ...}``;
+    every key but ``op`` must match the point's field)."""
+
+    cells: tuple[str, ...] = ()
+    op_points: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.cells) + len(self.op_points)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The rows of a ``ReadingRequest`` with their ground truth: the cells (``gt_ms``
+    included) and, per op, the points (``latency_ms`` included)."""
+
+    cells: pl.DataFrame
+    ops: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+
+class NotSupported(ValueError):
+    """The predictor cannot score this input (say which, and what it does support)."""
+
+
+# One layer's token-level ops in Vidur's profile (mlp.csv), the op names its cells and a home's
+# ops carry; the embedding is outside the layers and phi-2's parallel block has no
+# post_attention_layernorm.
+VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+             "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")

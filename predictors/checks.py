@@ -1,0 +1,95 @@
+"""``check_predictor(cls)``: the contract every predictor keeps, checked on synthetic data, in the
+manner of scikit-learn's ``check_estimator``.
+
+It needs no store: the home and the target are a handful of made-up steps of a configured model
+(prefill, decode and mixed, at TP 1 and 2) timed by a made-up law, on the A100 and H100
+datasheets of ``conf/gpu``. Checked: every hyper-parameter has a default and is stored as given;
+``fit`` returns ``self``, learns only state ending in ``_`` and leaves the hyper-parameters as
+they were; ``predict`` returns one finite positive float per cell, leaves its input unchanged,
+gives the same answer twice and for any subset the same as the subset of the whole. A predictor
+that cannot work from what the synthetic home holds (measured op points, published fits) must
+say so with ``NotSupported``; any other exception fails the check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.specs import load_gpu_specs
+
+MODEL = "llama-3-8b"
+STEPS = ([([q], [0]) for q in (64, 512, 2048)] + [([1] * n, [ctx] * n) for n in (1, 8, 64)
+                                                    for ctx in (256, 2048)]
+         + [([256, 1, 1], [0, 512, 1024])])
+
+
+def synthetic_cells(sku: str, seed: int = 0) -> pl.DataFrame:
+    """Made-up steps with the columns of real cells; ``gt_ms`` grows with tokens and context."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for tp in (1, 2):
+        for i, (q, ctx) in enumerate(STEPS):
+            decode = [c for n, c in zip(q, ctx, strict=True) if n == 1 and c > 0]
+            phase = "decode" if len(decode) == len(q) else "prefill" if not decode else "mixed"
+            gt = (0.5 + 0.002 * sum(q) + 1e-4 * sum(decode)) / tp * rng.uniform(0.95, 1.05)
+            rows.append({"dataset": f"synthetic_{sku}", "cell_id": f"{sku}-tp{tp}-{i}",
+                         "workload_id": f"w{i}", "sku": sku, "model": MODEL, "tp": tp,
+                         "phase": phase, "q_lens": q, "ctx_lens": ctx, "num_requests": len(q),
+                         "num_prefill": len(q) - len(decode), "num_decode": len(decode),
+                         "total_tokens": sum(q), "prefill_tokens": sum(q) - len(decode),
+                         "decode_ctx_sum": sum(decode), "gt_ms": gt, "gt_kind": "gpu_block",
+                         "gt_spread_ms": 0.0, "composed": True, "warm_share": 0.0, "weight": 1})
+    return pl.DataFrame(rows)
+
+
+def synthetic_home() -> tuple[Home, pl.DataFrame, object]:
+    """(the home on the A100, the blind target cells, the target H100's datasheet)."""
+    gpus = load_gpu_specs()
+    home = Home(sku="a100_sxm", gpu=gpus["a100_sxm"], dataset="synthetic_a100_sxm",
+                cells=synthetic_cells("a100_sxm"))
+    blind = synthetic_cells("h100_sxm", seed=1).drop("gt_ms", "gt_spread_ms", "composed",
+                                                      "warm_share")
+    return home, blind, gpus["h100_sxm"]
+
+
+def check_predictor(cls: type) -> list[str]:
+    """Raise ``AssertionError`` naming the broken rule, or return the checks that passed (the
+    last says if the predictor stated a ``NotSupported`` for the synthetic data)."""
+    done = []
+    defaults = cls.default_params()
+    missing = sorted(set(cls.param_names()) - set(defaults))
+    assert not missing, f"{cls.__name__}: every hyper-parameter needs a default: {missing}"
+    estimator = cls()
+    assert estimator.get_params() == defaults, f"{cls.__name__} must store its parameters as given"
+    assert cls(**estimator.get_params()).get_params() == defaults, "a clone must equal the original"
+    done.append("parameters")
+    home, blind, gpu = synthetic_home()
+    before = set(vars(estimator))
+    try:
+        fitted = estimator.fit(home)
+        assert fitted is estimator, f"{cls.__name__}.fit must return self"
+        learned = set(vars(estimator)) - before
+        assert all(a.endswith("_") for a in learned), f"learned state must end in _: {learned}"
+        assert estimator.get_params() == defaults, "fit must not change hyper-parameters"
+        done.append("fit")
+        _check_predict(estimator, blind, gpu)
+    except NotSupported as exc:
+        assert str(exc), "NotSupported must say what is not supported"
+        return [*done, f"NotSupported: {exc}"]
+    return [*done, "predict"]
+
+
+def _check_predict(estimator, blind: pl.DataFrame, gpu) -> None:
+    kept = blind.clone()
+    pred = estimator.predict(blind, gpu)
+    assert isinstance(pred, np.ndarray) and pred.shape == (len(blind),), \
+        f"predict must return one value per cell, got {getattr(pred, 'shape', type(pred))}"
+    assert np.issubdtype(pred.dtype, np.floating), f"predict must return floats, got {pred.dtype}"
+    assert np.isfinite(pred).all() and (pred > 0).all(), "predictions must be finite and positive"
+    assert blind.equals(kept), "predict must not modify its input"
+    np.testing.assert_array_equal(estimator.predict(blind, gpu), pred, "predict must repeat")
+    subset = np.arange(len(blind))[::3]
+    np.testing.assert_allclose(estimator.predict(blind[subset], gpu), pred[subset], rtol=1e-9,
+                               err_msg="a subset's predictions must equal the subset of all")

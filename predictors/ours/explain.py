@@ -1,0 +1,85 @@
+"""``Ours.explain``: one cell's prediction term by term, as ``python -m leaderboard.explain``
+prints it.
+
+Each op of one layer of the step (as ``ours`` times it) with its FLOPs, bytes, bound (compute,
+memory or link), every factor's value and its time; then the step's terms summed over the layers.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from leaderboard_core.specs import GpuSpec
+from predictors.ours import factors, ops
+from predictors.ours.config import Device
+from predictors.ours.step import decode_kernel, gemm_shapes, prefill_kernel
+from predictors.steps import Steps
+
+FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_mem")
+
+
+def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
+    """Every op of one layer of the cell's step, with its factors."""
+    s, dev = Steps.from_cells(cell), Device.of(gpu, model.constants_)
+    c, sw = model.constants_, model.switches
+    rows = []
+    for name, (n, k) in gemm_shapes(s).items():
+        rows.append((f"{name} m={s.tokens[0]:.0f} n={n[0]:.0f} k={k[0]:.0f}", 1,
+                     ops.gemm(s.tokens, n, k, dev, c, sw)))
+    sharded = s.sharded()
+    cells, n, q, ctx = prefill_kernel(s)
+    if len(cells):
+        rows.append((f"attn_prefill batch={n[0]:.0f} q={q[0]:.0f} ctx={ctx[0]:.0f} (one kernel)",
+                     1, ops.prefill_attention(q, ctx, sharded["heads"] * n,
+                                              sharded["kv_heads"] * n, s.head_dim, dev, c, sw)))
+    cells, n, ctx = decode_kernel(s)
+    if len(cells):
+        rows.append((f"attn_decode batch={n[0]:.0f} kv={ctx[0]:.0f} (one kernel)", 1,
+                     ops.decode_attention(n, ctx, sharded["heads"], sharded["kv_heads"],
+                                          s.head_dim, dev, c, sw)))
+    if s.tp[0] > 1:
+        size = s.tokens * s.hidden * 2.0
+        custom, _ = factors.allreduce_path(size, s.tp, dev.topology,
+                                           c["collectives"]["custom_max_bytes"])
+        regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0] else "NCCL")
+        rows.append((f"allreduce tp={s.tp[0]:.0f} {dev.topology} {regime}", 2,
+                     ops.allreduce(size, s.tp, dev, c, sw)))
+    return [{"op": label, "count": count, **{k: float(v[0]) for k, v in r.items()}}
+            for label, count, r in rows]
+
+
+def _printed(r: dict) -> dict[str, str]:
+    bound = ("compute" if r.get("compute_s", 0) >= r.get("memory_s", 0) else "memory") \
+        if "compute_s" in r else "link"
+    return {"op": r["op"], "count": str(r["count"]), "GFLOP": f"{r.get('flops', 0) / 1e9:.3f}",
+            "MB": f"{r['bytes'] / 1e6:.2f}", "bound": bound,
+            **{f: f"{r[f]:.3f}" if f in r else "-" for f in FACTOR_COLUMNS},
+            "floor us": f"{r.get('floor_s', 0) * 1e6:.1f}", "us": f"{r['seconds'] * 1e6:.1f}"}
+
+
+def device_line(dev: Device) -> str:
+    return (f"device: peak {dev.peak_flops / 1e12:.0f} TFLOP/s, DRAM {dev.mem_bw / 1e9:.0f}"
+            f" GB/s, L2 {dev.l2_bytes / 2**20:.0f} MiB, {dev.sms} SMs, CTA cap "
+            f"{dev.cta_cap}, f_clk {dev.f_clk:.3f}, eta_act {dev.eta_act:.2f}, floor scale "
+            f"{dev.floor_scale:.3f} (home clock / this clock), split-KV decode floor "
+            f"{'on' if dev.split_kv else 'off'}, interconnect {dev.topology} at "
+            f"{dev.link_bytes_per_s / 1e9:.0f} GB/s a direction")
+
+
+def explain(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
+    """The tables of ``Predictor.explain`` for one blind cell."""
+    parts = model.components(cell, gpu)
+    terms = [{"term": name, "ms": f"{value[0] * 1e3:.4f}"} for name, value in parts.items()]
+    terms.append({"term": "predicted", "ms": f"{sum(v[0] for v in parts.values()) * 1e3:.4f}"})
+    tables = [{"title": "one layer, per op (x count)", "note": device_line(
+                  Device.of(gpu, model.constants_)),
+               "rows": [_printed(r) for r in op_rows(model, cell, gpu)]},
+              {"title": "step terms, summed over the layers", "rows": terms}]
+    if cell["gt_kind"][0] == "wall_clock":
+        tables[-1]["note"] = (f"alpha {model.alpha_:.3f} (home fit); S(N) = "
+                              f"{model.host_floor_[0] * 1e3:.3f} + {model.host_floor_[1] * 1e3:.4f}"
+                              " (N-1) ms (deploy reading)")
+    return tables
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

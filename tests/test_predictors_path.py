@@ -1,0 +1,57 @@
+"""A predictor from a folder outside the repo (``predictors_path=DIR``) runs as any other, sealed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from leaderboard_core import paths
+
+OUTSIDE = '''
+import numpy as np
+
+from leaderboard_core.contract import PredictorCard
+from predictors.base import Predictor
+from predictors.registry import register
+
+
+@register("toy_outside")
+class ToyOutside(Predictor):
+    card = PredictorCard(kind="analytical", reference="a test", description="a per-token line",
+                         needs_profiled_rows=False)
+
+    def __init__(self, us_per_token: float = 1.0):
+        self.us_per_token = us_per_token
+
+    def predict(self, cells, gpu):
+        return 1.0 + cells["total_tokens"].to_numpy() * self.us_per_token * 1e-3
+'''
+
+
+@pytest.mark.slow
+def test_a_predictor_outside_the_repo_runs_sealed(store_home, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "toy_outside.py").write_text(OUTSIDE)
+    out = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=toy_outside",
+                          "predictor.us_per_token=2.0", f"predictors_path={folder}",
+                          "dataset=h200_vidur", f"runs_dir={tmp_path / 'runs'}"],
+                         capture_output=True, text=True, cwd=paths.REPO_ROOT, timeout=300,
+                         env={**os.environ, "LEADERBOARD_HOME": str(store_home.home)})
+    assert out.returncode == 0, out.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["valid"] and metrics["predictor"] == "toy_outside", metrics["invalid_reasons"]
+    assert metrics["params"] == {"us_per_token": 2.0}
+    assert metrics["sandbox"] in ("landlock", "process")
+
+
+def test_a_missing_predictors_path_names_the_folder(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=toy_outside",
+                          f"predictors_path={tmp_path / 'nowhere'}"], capture_output=True,
+                         text=True, cwd=paths.REPO_ROOT, timeout=120)
+    assert out.returncode == 2 and "nowhere is not a directory" in out.stderr
