@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import polars as pl
 
 from leaderboard import homes
@@ -68,20 +67,26 @@ class Supplier:
             rows = self.lineage.filter(pl.col("op") == want.get("op"))
             points = homes.op_points(rows, rows["cell_id"].unique().to_list()).get(want.get("op"))
             hit = None if points is None or not set(shape) <= set(points.columns) else \
-                points.filter(pl.all_horizontal(pl.col(k) == v for k, v in shape.items()))
+                points.filter(_matches(shape))
             if hit is None or len(hit) != 1:
                 raise ReadingRefused(f"the deploy reading names op point {want}, which matches "
                                      f"{0 if hit is None else len(hit)} measured points, not 1")
             ops[want["op"]] = pl.concat([ops[want["op"]], hit]) if want["op"] in ops else hit
             keys = rows["key"].str.json_decode(infer_schema_length=None).struct.unnest()
-            same = np.logical_and.reduce([(keys[k] == v).to_numpy() for k, v in shape.items()])
-            read = rows.filter(pl.Series(same)).select("table_name", "key").unique()
+            read = rows.filter(keys.select(_matches(shape)).to_series()).select(
+                "table_name", "key").unique()
             touched |= set(self.lineage.join(read, on=["table_name", "key"])["cell_id"])
         return ops, touched
 
     def scored(self) -> pl.DataFrame:
         """The target rows left to score: those no reading touched."""
         return self.target.filter(~pl.col("cell_id").is_in(self.unscored))
+
+
+def _matches(shape: dict) -> pl.Expr:
+    """Rows whose key fields equal ``shape``'s; a null field (no model, no TP) matches null."""
+    return pl.all_horizontal(pl.col(k).is_null() if v is None else pl.col(k) == v
+                             for k, v in shape.items())
 
 
 def take_in_process(estimator, target: pl.DataFrame, lineage: pl.DataFrame, gpu,

@@ -98,7 +98,7 @@ class ReadsOpPoints(Predictor):
         self.points = points
 
     def fit(self, home):
-        shapes = home.ops["attn_decode"].drop("latency_ms", "sku", "version").unique().sort(
+        shapes = home.ops["attn_decode"].drop("latency_ms", "sku", "version", strict=False).unique().sort(
             "batch", "kv_len", "num_heads")
         self.shapes_ = shapes.head(self.points).to_dicts()
         return self

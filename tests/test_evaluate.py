@@ -146,7 +146,8 @@ def test_a_reading_over_the_cap_is_invalid(probes, tmp_path):
 
 
 def test_an_op_point_reading_supplies_exactly_the_requested_points(probes, tmp_path):
-    result = _run(tmp_path, "reads_op_points", "h200_vidur")
+    # behind_cells: the probe names the shapes of the home's cells, which h200's cells share
+    result = _run(tmp_path, "reads_op_points", "h200_vidur", home_points="behind_cells")
     got = seen(probes, "op_reading")
     assert result.metrics["valid"] and result.metrics["profiled_rows"] == 3 == len(got)
     with duckdb.connect(str(probes.path), read_only=True) as con:
@@ -166,7 +167,8 @@ def test_an_op_point_reading_supplies_exactly_the_requested_points(probes, tmp_p
     read_cells = {cell for point, cell in touched if point in received}
     assert set(result.metrics["deploy_row_ids"]) == read_cells
     assert read_cells.isdisjoint(result.predictions["cell_id"])
-    over = _run(tmp_path, "reads_op_points", "h200_vidur", params={"points": 17})
+    over = _run(tmp_path, "reads_op_points", "h200_vidur", params={"points": 17},
+                home_points="behind_cells")
     assert over.metrics["valid"] is False and over.metrics["phases"] == {}
     assert any("asked for 17 target rows; the cap is 16" in r for r in over.metrics["invalid_reasons"])
 
