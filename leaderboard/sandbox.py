@@ -126,7 +126,9 @@ def child_env(folder: Path, cache: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
     cache.mkdir(parents=True, exist_ok=True)
     scratch = str(folder / "out")
+    # No /dev/shm in the child (runs could leave each other notes there): joblib runs serial.
     return {**env, "HOME": scratch, "TMPDIR": scratch, "JOBLIB_TEMP_FOLDER": scratch,
+            "JOBLIB_MULTIPROCESSING": "0",
             "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
