@@ -173,6 +173,19 @@ def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gp
     return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)
 
 
+def require_precisions(name: str, cls: type, inputs: RunInputs) -> None:
+    """NotSupported, before any predictor code runs, when the target's or a home's cells hold a
+    GEMM precision the predictor's card does not list."""
+    frames = {inputs.target_row["name"]: inputs.target,
+              "+".join(r["name"] for r in inputs.home_rows): inputs.home.cells}
+    supported = cls.card.precisions
+    for dataset, cells in frames.items():
+        found = set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else set()
+        if found - set(supported):
+            raise NotSupported(f"predictor '{name}' prices {'/'.join(supported)} GEMMs only; "
+                               f"dataset {dataset} holds {'/'.join(sorted(found))} GEMM steps")
+
+
 def run(spec: RunSpec) -> RunResult:
     cls = registry.get(spec.predictor)
     registry.check_params(spec.predictor, spec.params)
@@ -181,6 +194,7 @@ def run(spec: RunSpec) -> RunResult:
     inputs = load_inputs(spec)
     if inputs.op_level:
         op_level_api.require_op_predictor(cls)
+    require_precisions(spec.predictor, cls, inputs)
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
@@ -200,7 +214,8 @@ def run(spec: RunSpec) -> RunResult:
     result = {
         "predictor": spec.predictor, "params": params,
         "card": {"kind": cls.card.kind, "reference": cls.card.reference,
-                 "trained_on": home_row["sku"], "needs_profiled_rows": cls.card.needs_profiled_rows},
+                 "trained_on": home_row["sku"], "needs_profiled_rows": cls.card.needs_profiled_rows,
+                 "precisions": list(cls.card.precisions)},
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"],

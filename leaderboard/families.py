@@ -97,8 +97,10 @@ def get(suffix: str) -> DatasetFamily:
 
 
 def suffix_of(dataset: str) -> str:
-    """The family suffix of a dataset name (``h200_vidur19`` -> ``vidur19``)."""
-    return dataset.rsplit("_", 1)[-1]
+    """The family suffix of a dataset name (``h200_vidur19`` -> ``vidur19``): the longest
+    registered suffix it ends with (``h200_vidur_fp8`` -> ``vidur_fp8``), else its last word."""
+    known = [s for s in _FAMILIES if dataset.endswith(f"_{s}")]
+    return max(known, key=len) if known else dataset.rsplit("_", 1)[-1]
 
 
 def of(dataset: str) -> DatasetFamily | None:
@@ -132,6 +134,8 @@ for _fam in (
                   ranking=True),
     DatasetFamily("vidur19", "step", "cells", "Vidur-composed steps at one vLLM version",
                   builder=_VIDUR, builder_takes_gpus=True),
+    DatasetFamily("vidur_fp8", "step", "cells", "Vidur-composed steps with FP8 GEMMs",
+                  builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_fp8"),
     DatasetFamily("vidurprof", "step", "cells", "steps over Vidur's own profiles",
                   builder=f"{_PROFILES}:build_vidurprof"),
     DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",

@@ -4,8 +4,9 @@ Vidur profiles its home GPU once, over a full grid of token counts, batch sizes 
 and predicts any step from that. ``home_points=full_grid`` gives ``fit`` the same: every measured
 point of the home GPU (the store's ``gemm``, ``attention`` and ``collective`` tables, at the
 backend version the home dataset was built from) that the home's models can use: the GEMMs at
-their four projection shapes, bf16 attention over a bf16 KV cache at their head counts, and the
-graph-mode custom all-reduce at their TP degrees. The frames have the columns of the lineage
+their four projection shapes and the home cells' precision (``gemm_dtype``), bf16 attention
+over a bf16 KV cache at their head counts, and the graph-mode custom all-reduce at their TP
+degrees. The frames have the columns of the lineage
 keys (``leaderboard.homes.op_points``) plus the dtypes, so predictors read them the same way.
 Then the held-out home cells are in-sample: their points are in the grid, as they are for Vidur.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from leaderboard.cells.grid import GEMM_DTYPES
 from leaderboard_core.specs import tp_shapes
 
 HOME_POINTS = ("full_grid", "behind_cells")
@@ -43,9 +45,10 @@ def grid_version(row: dict) -> str:
     return versions[0]
 
 
-def full_grid(catalog, row: dict, configs: list[tuple[str, int]], models: dict
-              ) -> dict[str, pl.DataFrame]:
-    """Per op (the lineage's names), every measured home point of the (model, TP) configs."""
+def full_grid(catalog, row: dict, configs: list[tuple[str, int]], models: dict,
+              gemm_dtype: str = "bf16") -> dict[str, pl.DataFrame]:
+    """Per op (the lineage's names), every measured home point of the (model, TP) configs, the
+    GEMMs at ``gemm_dtype`` (the home cells' precision)."""
     sku, version = row["sku"], grid_version(row)
     shapes = [tp_shapes(models[name], tp) for name, tp in configs]
     points = catalog.op_points(f"{sku}{OPS_SUFFIX}").filter(backend_version=version).rename(
@@ -53,7 +56,7 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]], models: dict
     if points.is_empty():
         raise ValueError(f"the store has no {sku}_ops points at version {version}, the version "
                          f"home {row['name']} was built from; pass split.home_points=behind_cells")
-    gemm = points.filter(op_family="gemm", dtype=BF16)
+    gemm = points.filter(op_family="gemm", dtype=GEMM_DTYPES[gemm_dtype])
     out = {}
     for op, shape in GEMM_OPS.items():
         nk = pl.DataFrame(sorted({s[shape] for s in shapes}), schema=["n", "k"], orient="row")

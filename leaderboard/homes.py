@@ -100,7 +100,11 @@ def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
     home_grid.require_choice(home_points)
     if home_points == "full_grid" and not train.is_empty():
         configs = sorted(set(train.select("model", "tp").iter_rows()))
-        ops = home_grid.full_grid(catalog, row, configs, models)
+        dtypes = train["gemm_dtype"].unique().to_list()
+        if len(dtypes) != 1:
+            raise ValueError(f"home {row['name']} mixes GEMM precisions {dtypes}; full_grid reads "
+                             "one (pass split.home_points=behind_cells)")
+        ops = home_grid.full_grid(catalog, row, configs, models, dtypes[0])
     else:
         ops = op_points(catalog.lineage(row["name"]), train["cell_id"].to_list())
     return Home(sku=row["sku"], gpu=gpu, dataset=row["name"], cells=train, ops=ops,

@@ -2,9 +2,10 @@
 
 The leaderboard datasets are the store's datasets of every family registered with
 ``leaderboard=True`` (``leaderboard.families``): today the six ``_vidur`` GPUs (A100 home; and
-again with the family's ``two_homes``), the version-matched ``_vidur19`` sets (H100 home),
-Vidur's own profiles (``_vidurprof``), the splitwise pair, the op-level ``<sku>_ops`` sets (for
-predictors with ``predict_ops``) and the serving sets (``<sku>_silicon``, ``rtx4090_serving``).
+again with the family's ``two_homes``), the version-matched ``_vidur19`` sets (H100 home), the
+FP8-GEMM ``_vidur_fp8`` sets (H100 home), Vidur's own profiles (``_vidurprof``), the splitwise
+pair, the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the serving sets
+(``<sku>_silicon``, ``rtx4090_serving``).
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
 dataset's configured home), run in a pool of worker processes because a run is single-threaded,

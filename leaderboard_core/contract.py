@@ -16,6 +16,7 @@ from leaderboard_core.specs import GpuSpec
 # Columns a predictor never receives at predict time.
 GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed", "warm_share")
 KINDS = ("analytical", "learned", "profiled")
+PRECISIONS = ("bf16", "fp8")  # GEMM precisions a cell can have (its ``gemm_dtype``)
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,16 @@ class PredictorCard:
     reference: str  # paper or repository it re-implements
     description: str
     needs_profiled_rows: bool  # does fit read measured rows at all
+    # The GEMM precisions (a cell's ``gemm_dtype``) it prices; the harness answers NotSupported
+    # for a home or target holding any other, so no step is silently scored as bf16.
+    precisions: tuple[str, ...] = ("bf16",)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"card kind '{self.kind}' is not one of {KINDS}")
+        unknown = set(self.precisions) - set(PRECISIONS)
+        if unknown:
+            raise ValueError(f"card precisions {sorted(unknown)} are not among {PRECISIONS}")
 
 
 @dataclass(frozen=True)

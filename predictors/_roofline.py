@@ -13,6 +13,7 @@ import numpy as np
 from leaderboard_core.specs import GpuSpec
 
 BF16_BYTES = 2.0
+FP8_BYTES = 1.0
 # Megatron TP: one all-reduce after the attention block, one after the MLP (baselines.md §8.5).
 ALLREDUCES_PER_LAYER = 2.0
 GENZ_COLLECTIVE_FIXED_S = 5e-6  # GenZ adds 5 µs to every collective

@@ -44,7 +44,13 @@ from leaderboard_core import progress
 from leaderboard_core.contract import Home, NotSupported, PredictorCard
 from leaderboard_core.specs import tp_shapes
 from predictors import _model_cache, rf_tokens
-from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES, link_gbs_per_direction, peak_flops
+from predictors._roofline import (
+    ALLREDUCES_PER_LAYER,
+    BF16_BYTES,
+    FP8_BYTES,
+    link_gbs_per_direction,
+    peak_flops,
+)
 from predictors.base import Predictor
 from predictors.registry import register
 from predictors.steps import Steps
@@ -205,8 +211,14 @@ def in_first_home_units(home: Home) -> dict[str, pl.DataFrame]:
 
 
 def peaks(gpu) -> dict[str, float]:
-    return {"flops": peak_flops(gpu), "mem_bw": gpu.mem_bw_bytes_per_s,
+    """Datasheet peaks; ``fp8_flops`` is NaN on a GPU without FP8 tensor cores."""
+    fp8 = gpu.dense_tflops("fp8") * 1e12 if "fp8_dense_tflops" in gpu.data else np.nan
+    return {"flops": peak_flops(gpu), "fp8_flops": fp8, "mem_bw": gpu.mem_bw_bytes_per_s,
             "link_bw": link_gbs_per_direction(gpu) * 1e9}
+
+
+def gemm_precisions(cells: pl.DataFrame) -> set[str]:
+    return set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else {"bf16"}
 
 
 @register("rf_verbatim")
@@ -215,7 +227,7 @@ class VidurRandomForest(Predictor):
         kind="profiled", reference="Vidur (Agrawal et al., MLSys'24), github.com/microsoft/vidur",
         description="Vidur's per-op random forests fitted on the home GPU's measured op points, "
                     "composed per step as Vidur does; home predictions returned for any GPU",
-        needs_profiled_rows=True)
+        needs_profiled_rows=True, precisions=("bf16", "fp8"))
 
     param_choices = {"grid": tuple(GRIDS), "decode_attention": tuple(DECODE_MODES),
                      "prefill_batches": tuple(PREFILL_BATCHES)}
@@ -263,6 +275,7 @@ class VidurRandomForest(Predictor):
                 bar.advance()
         self.trained_on_ = home.sku
         self.home_peaks_ = peaks(home.gpu)
+        self.precisions_ = gemm_precisions(home.cells)  # the GEMMs its forests learned
         self.profiled_rows_ = sum(len(r) for r in used.values())  # distinct points; configs share some
         return self
 
@@ -283,6 +296,11 @@ class VidurRandomForest(Predictor):
 
     def op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
         """Per op, each cell's predicted home time over all layers (ms)."""
+        unlearned = gemm_precisions(cells) - self.precisions_
+        if unlearned:
+            raise NotSupported(f"rf learned {'/'.join(sorted(self.precisions_))} GEMMs on its home "
+                               f"and cannot price {'/'.join(sorted(unlearned))} steps; fit it on a "
+                               "home of that precision")
         if self.token_level_:
             return self._token_op_ms(cells, steps)
         out = {op: np.zeros(steps.n) for op in (*GEMMS, "attn_prefill", "attn_decode", "allreduce",
@@ -364,12 +382,15 @@ class VidurRandomForestScaled(VidurRandomForest):
                                    "cross-GPU scaling is baselines.md §2.6 (b), not Vidur's",
         description="rf_verbatim's per-op home times, each scaled by its roofline-time ratio "
                     "(target over home datasheet peaks); all-reduce by interconnect bandwidth",
-        needs_profiled_rows=True)
+        needs_profiled_rows=True, precisions=("bf16", "fp8"))
 
     def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
         steps = Steps.from_cells(cells)
         home_ms = self.op_ms(cells, steps)
         target = peaks(gpu)
+        if steps.fp8.any() and np.isnan(target["fp8_flops"]):
+            raise NotSupported(f"{gpu.sku} has no fp8_dense_tflops in its spec: rf_scaled cannot "
+                               "scale FP8 GEMMs to it (add the datasheet FP8 dense peak)")
         ratios = roofline_ratios(steps, self.home_peaks_, target)
         if self.token_level_:
             ratios = rf_tokens.scaled_ratios(ratios, self.home_peaks_, target)
@@ -386,8 +407,8 @@ def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, floa
     s = steps.sharded()
     heads, kv_heads, d, h, t = s["heads"], s["kv_heads"], steps.head_dim, steps.hidden, steps.tokens
 
-    def gemm(k: np.ndarray, n: np.ndarray):
-        return 2 * t * k * n, e * (k * n + t * k + t * n)
+    def gemm(k: np.ndarray, n: np.ndarray):  # FP8 steps: 1-byte inputs, bf16 output
+        return 2 * t * k * n, np.where(steps.fp8, FP8_BYTES, e) * (k * n + t * k) + e * t * n
 
     ffn_up = (1 + steps.gated) * s["ffn"]
     work = {"gemm_qkv": gemm(h, (heads + 2 * kv_heads) * d), "gemm_o": gemm(heads * d, h),
@@ -399,7 +420,10 @@ def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, floa
                            e * (2 * steps.decode_ctx * kv_heads * d + 2 * heads * d * steps.num_decode))
     ratios = {}
     for op, (flop, byte) in work.items():
-        on_home = np.maximum(flop / home["flops"], byte / home["mem_bw"])
-        on_target = np.maximum(flop / target["flops"], byte / target["mem_bw"])
+        fp8 = steps.fp8 if op in GEMMS else False  # an FP8 GEMM runs at the FP8 dense peak
+        on_home = np.maximum(flop / np.where(fp8, home["fp8_flops"], home["flops"]),
+                             byte / home["mem_bw"])
+        on_target = np.maximum(flop / np.where(fp8, target["fp8_flops"], target["flops"]),
+                               byte / target["mem_bw"])
         ratios[op] = np.divide(on_target, on_home, out=np.ones(steps.n), where=on_home > 0)
     return ratios

@@ -51,6 +51,7 @@ class Steps:
     pf_ctx: np.ndarray
     req_ctx: np.ndarray  # every request's context (int64), cell after cell
     req_end: np.ndarray  # per cell: one past its last request in req_ctx
+    fp8: np.ndarray  # per cell: True where its GEMMs run in FP8 (``gemm_dtype``), else bf16
 
     @classmethod
     def from_cells(cls, cells: pl.DataFrame) -> Steps:
@@ -75,6 +76,8 @@ class Steps:
             pf_cell=np.searchsorted(ends, prefill, side="right"),
             pf_q=q[prefill].astype(np.float64), pf_ctx=ctx[prefill].astype(np.float64),
             req_ctx=ctx, req_end=ends,
+            fp8=(cells["gemm_dtype"] == "fp8").fill_null(False).to_numpy()
+            if "gemm_dtype" in cells.columns else np.zeros(len(cells), bool),
         )
 
     def sum(self, per_prefill_request: np.ndarray) -> np.ndarray:

@@ -70,10 +70,10 @@ def test_every_lineage_row_names_exactly_one_measured_row(real_store):
             ("kv_dtype",) if table == "attention" else ())))
 
 
-def _raw(sku: str, version: str):
+def _raw(sku: str, version: str, gemm_dtype: str = "bfloat16"):
     base = AIC / sku
     gemm = pl.read_parquet(base / f"gemm/vllm/{version}/gemm_perf.parquet").filter(
-        gemm_dtype="bfloat16")
+        gemm_dtype=gemm_dtype)
     attn = {p: pl.read_parquet(base / f"attention/vllm/{version}/{p}_attention_perf.parquet")
             .filter(attn_dtype="bfloat16", kv_cache_dtype="bfloat16", head_dim=128)
             for p in ("context", "generation")}

@@ -1,8 +1,9 @@
 """The measured aiconfigurator grid of one GPU, as lookups keyed by exact shape.
 
 Ground truth reads these lookups and nothing else: a shape that is not a key was not measured,
-and the cell that needs it is not built. Only bf16 GEMMs, bf16 attention with a bf16 KV cache,
-head_dim 128, no sliding window, and vLLM's graph-mode custom all-reduce are loaded.
+and the cell that needs it is not built. Only GEMMs of one precision (bf16, or fp8 per-tensor for the
+``_vidur_fp8`` family), bf16 attention with a bf16 KV cache, head_dim 128, no sliding window, and
+vLLM's graph-mode custom all-reduce of bf16 activations are loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from leaderboard.cells.common import fetch
 from leaderboard.ingest.aiconfigurator import WARM_FLAG
 
 HOME_VERSION = "0.14.0"
+# A cell's ``gemm_dtype`` -> aiconfigurator's ``gemm_dtype`` of the points it reads. ``fp8`` is
+# per-tensor scaled FP8 (``fp8_block``, block-scaled, is another kernel and is not used).
+GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 
 
 @dataclass
@@ -55,7 +59,9 @@ def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
     return later[0] if later else None
 
 
-def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> Grid:
+def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str,
+              gemm_dtype: str = "bf16") -> Grid:
+    """The GPU's points at ``version``, its GEMMs at ``gemm_dtype`` (a key of ``GEMM_DTYPES``)."""
     grid = Grid(sku, version)
     where = "source = 'aiconfigurator' AND sku = ? AND backend_version = ?"
 
@@ -66,7 +72,7 @@ def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> Grid:
         grid.files.add((row["file"], row["file_sha256"]))
         return Point(table, row["lineage_key"], row["latency_ms"], row["flags"] == WARM_FLAG)
 
-    for r in rows("gemm", "dtype = 'bfloat16'"):
+    for r in rows("gemm", f"dtype = '{GEMM_DTYPES[gemm_dtype]}'"):
         grid.gemm[(r["m"], r["n"], r["k"])] = point("gemm", r)
     for r in rows("attention", "dtype = 'bfloat16' AND kv_dtype = 'bfloat16' AND head_dim = 128 "
                                "AND coalesce(window_size, 0) = 0"):

@@ -24,8 +24,11 @@ CELL_SCHEMA = {
     "gt_ms": pl.Float64, "gt_kind": pl.String, "gt_spread_ms": pl.Float64,
     "source": pl.String, "backend": pl.String, "backend_version": pl.String,
     "composed": pl.Boolean, "warm_share": pl.Float64, "weight": pl.Int64, "trace": pl.String,
-    "scheduler": pl.String,
+    "scheduler": pl.String, "gemm_dtype": pl.String,
 }
+# A column a builder leaves out is null, except the GEMM precision: every family but the FP8 one
+# runs bf16 GEMMs, and predictors read the column to refuse a precision they cannot price.
+CELL_DEFAULTS = {"gemm_dtype": "bf16"}
 LINEAGE_SCHEMA = {
     "dataset": pl.String, "cell_id": pl.String, "op": pl.String, "table_name": pl.String,
     "key": pl.String, "latency_ms": pl.Float64, "count": pl.Int64,
@@ -76,7 +79,11 @@ def derive(cells: pl.DataFrame) -> pl.DataFrame:
         phase=pl.struct("q_lens", "ctx_lens").map_elements(
             lambda r: phase_of(r["q_lens"], r["ctx_lens"]), return_dtype=pl.String),
     )
-    return cells.select([
-        (pl.col(c) if c in cells.columns else pl.lit(None)).cast(t).alias(c)
-        for c, t in CELL_SCHEMA.items()
-    ])
+    return cells.select(typed_columns(cells.columns))
+
+
+def typed_columns(present: list[str], skip: tuple[str, ...] = ()) -> list[pl.Expr]:
+    """Every CELL_SCHEMA column but ``skip``, cast to its type; one not ``present`` takes its
+    default (``CELL_DEFAULTS``, else null)."""
+    return [(pl.col(c) if c in present else pl.lit(CELL_DEFAULTS.get(c))).cast(t).alias(c)
+            for c, t in CELL_SCHEMA.items() if c not in skip]

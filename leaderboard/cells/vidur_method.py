@@ -1,4 +1,5 @@
-"""``<sku>_vidur`` and ``<sku>_vidur19`` datasets: Vidur's composition over aiconfigurator's ops.
+"""``<sku>_vidur``, ``<sku>_vidur19`` and ``<sku>_vidur_fp8`` datasets: Vidur's composition over
+aiconfigurator's ops (the FP8 family reads the per-tensor FP8 GEMMs, all else as in bf16).
 
 Per layer: the QKV, O, gate/up and down GEMMs at m = the step's tokens (TP-sharded n and k), one
 prefill attention kernel over the step's prompts, one decode attention kernel over its decodes,
@@ -92,7 +93,9 @@ def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> lis
 
 
 def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
-    grids = {sku: load_grid(con, sku, v) for sku in skus if (v := _version(con, sku, fam["version"]))}
+    dtype = fam.get("gemm_dtype", "bf16")
+    grids = {sku: grid for sku in skus if (v := _version(con, sku, fam["version"]))
+             and (grid := load_grid(con, sku, v, dtype)).gemm}  # a GPU without such GEMMs: none
     members = [grids[s] for s in fam["gpus"] if s in grids]
     if not members:
         return []
@@ -145,7 +148,8 @@ def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, short
         total, warm, points = result
         cells.append({**w, "cell_id": w["workload_id"], "sku": grid.sku, "gt_ms": total,
                       "gt_kind": GT_KIND, "source": "aiconfigurator", "backend": "vllm",
-                      "backend_version": grid.version, "composed": False, "warm_share": warm})
+                      "backend_version": grid.version, "composed": False, "warm_share": warm,
+                      "gemm_dtype": fam.get("gemm_dtype", "bf16")})
         lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": p.table, "key": p.key,
                      "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
     name = f"{short_name}_{suffix}"
@@ -159,7 +163,9 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
     warm = [c for c in cells if c["warm_share"] > 0]
     gt = sum(c["gt_ms"] for c in cells) or 1.0
     return render_card(
-        "vidur", name=name, sku=grid.sku, version=grid.version, cells=len(cells), **counts,
+        fam.get("card", "vidur"), name=name, gemm_dtype=fam.get("gemm_dtype", "bf16"),
+        by_config=_by_config(cells), sku=grid.sku, version=grid.version, cells=len(cells),
+        **counts,
         configs=", ".join(f"{c['model']} TP{c['tp']}" for c in cfg["configs"]),
         family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
         missing=missing, distortion=tally.table(), per_phase=cfg["cells_per_phase"],
@@ -181,4 +187,13 @@ def _origin(cells: list[dict]) -> str:
         replayed = [c for c in mine if c["weight"]]
         rows.append(f"| {phase} | {len(replayed)} | {len(mine) - len(replayed)} | "
                     f"{sum(c['weight'] for c in replayed) / total:.1%} |")
+    return "\n".join(rows)
+
+
+def _by_config(cells: list[dict]) -> str:
+    """Markdown: cells per phase and model x TP."""
+    rows = ["| model | TP | prefill | decode | mixed |", "|---|---|---|---|---|"]
+    for model, tp in sorted({(c["model"], c["tp"]) for c in cells}):
+        mine = Counter(c["phase"] for c in cells if (c["model"], c["tp"]) == (model, tp))
+        rows.append(f"| {model} | {tp} | " + " | ".join(str(mine[p]) for p in PHASES) + " |")
     return "\n".join(rows)

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from leaderboard.cells.schema import CELL_SCHEMA
+from leaderboard.cells.schema import typed_columns
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 
@@ -76,8 +76,7 @@ def step_cells(log: dict[str, np.ndarray], model: str, tp: int) -> pl.DataFrame:
         "gt_kind": ["serving"] * n, "weight": np.ones(n, np.int64),
     })
     # The columns of a blind step-level cell, those the replay does not know left null.
-    return cells.select([(pl.col(c) if c in cells.columns else pl.lit(None)).cast(t).alias(c)
-                         for c, t in CELL_SCHEMA.items() if c not in GROUND_TRUTH_COLUMNS])
+    return cells.select(typed_columns(cells.columns, GROUND_TRUTH_COLUMNS))
 
 
 def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,

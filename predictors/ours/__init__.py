@@ -18,7 +18,7 @@ import inspect
 import numpy as np
 import polars as pl
 
-from leaderboard_core.contract import Home, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import Home, NotSupported, PredictorCard, Reading, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 from predictors.base import Predictor
 from predictors.ours import calibrate, config, factors, ops
@@ -43,8 +43,9 @@ class Ours(Predictor):
         description="per-op roofline x named factors (clock, wave/cluster, tensor-core activity, "
                     "duty cycle, L2-reuse memory law, floors, attention, collectives); constants "
                     "physical or frozen from the home A100's op points; S(N) from one deploy "
-                    "reading on wall-clock targets",
-        needs_profiled_rows=False)
+                    "reading on wall-clock targets; FP8 GEMMs at the FP8 dense peak with 1-byte "
+                    "inputs",
+        needs_profiled_rows=False, precisions=("bf16", "fp8"))
 
     def __init__(self, clock: bool = True, waves: bool = True, delivery: bool = True,
                  l2_memory: bool = True, floors: bool = True, attention: bool = True,
@@ -109,6 +110,11 @@ class Ours(Predictor):
         return parts
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
+        dev = self.device(gpu)
+        if dev.fp8_peak_flops is None and "gemm_dtype" in cells.columns and (
+                cells["gemm_dtype"] == "fp8").any():
+            raise NotSupported(f"{gpu.sku} has no fp8_dense_tflops in its spec: ours cannot price "
+                               "its FP8 GEMMs (add the datasheet FP8 dense peak)")
         return sum(self.components(cells, gpu).values()) * 1e3
 
     def device(self, gpu: GpuSpec) -> Device:

@@ -53,6 +53,7 @@ class Device:
     """One GPU as the factors see it: datasheet peaks plus its architecture's constants."""
 
     peak_flops: float
+    fp8_peak_flops: float | None  # the datasheet FP8 dense peak; None: the GPU has no FP8
     mem_bw: float
     l2_bytes: float
     sms: int
@@ -69,7 +70,8 @@ class Device:
         arch = arch_entry(gpu, constants)
         f_clk = factors.clock_factor(arch, constants["clock"]["home_f_clk"])
         home_clock = constants["clock"]["home_boost_mhz"] * constants["clock"]["home_f_clk"]
-        return cls(peak_flops=peak_flops(gpu), mem_bw=gpu.mem_bw_bytes_per_s,
+        fp8 = gpu.dense_tflops("fp8") * 1e12 if "fp8_dense_tflops" in gpu.data else None
+        return cls(peak_flops=peak_flops(gpu), fp8_peak_flops=fp8, mem_bw=gpu.mem_bw_bytes_per_s,
                    l2_bytes=float(gpu["l2_mb"]) * 2**20, sms=int(gpu["sm_count"]),
                    cta_cap=factors.cta_cap(gpu, arch),
                    f_clk=f_clk, eta_act=float(arch["eta_act"]),

@@ -25,7 +25,7 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
     rows = []
     for name, (n, k) in gemm_shapes(s).items():
         rows.append((f"{name} m={s.tokens[0]:.0f} n={n[0]:.0f} k={k[0]:.0f}", 1,
-                     ops.gemm(s.tokens, n, k, dev, c, sw)))
+                     ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)))
     sharded = s.sharded()
     cells, n, q, ctx = prefill_kernel(s)
     if len(cells):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictors._roofline import BF16_BYTES, ring_allreduce_s
+from predictors._roofline import BF16_BYTES, FP8_BYTES, ring_allreduce_s
 from predictors.ours import factors
 from predictors.ours.config import Device
 
@@ -27,11 +27,14 @@ class Switches:
     collectives: bool = True  # all-reduce floors, link efficiency, regimes by topology
 
 
-def gemm(m, n, k, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
-    """One bf16 GEMM (m x k) @ (k x n): max(compute, memory) + floor."""
+def gemm(m, n, k, dev: Device, c: dict, sw: Switches, fp8=False) -> dict[str, np.ndarray]:
+    """One GEMM (m x k) @ (k x n): max(compute, memory) + floor. Where ``fp8`` (per GEMM): FP8
+    inputs (1 byte each) at the FP8 dense peak, the output written in bf16; else all bf16."""
     g = c["gemm"]
     flops = 2.0 * m * n * k
-    moved = BF16_BYTES * (m * k + n * k + m * n)
+    in_bytes = np.where(fp8, FP8_BYTES, BF16_BYTES)
+    moved = in_bytes * (m * k + n * k) + BF16_BYTES * m * n
+    peak = np.where(fp8, dev.fp8_peak_flops or np.nan, dev.peak_flops)
     one = np.ones_like(flops)
     f_clk = dev.f_clk * one if sw.clock else one
     eta_cl = (factors.wave_efficiency(m, n, k, dev.sms, dev.cta_cap, g["tile_m"],
@@ -42,7 +45,7 @@ def gemm(m, n, k, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
     eta_mem = (factors.l2_memory_efficiency(moved, dev.l2_bytes, c["memory_law"])
                if sw.l2_memory else one)
     eta_c = f_clk * eta_cl * eta_act * eta_duty
-    compute_s = flops / (dev.peak_flops * eta_c)
+    compute_s = flops / (peak * eta_c)
     memory_s = moved / (dev.mem_bw * eta_mem)
     floor_s = g["floor_s"] * dev.floor_scale * one if sw.floors else 0.0 * one
     return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,

@@ -67,7 +67,7 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
     """Seconds per cell of each op family, summed over the layers."""
     out = {}
     for name, (n, k) in gemm_shapes(s).items():
-        out[name] = ops.gemm(s.tokens, n, k, dev, c, sw)["seconds"] * s.layers
+        out[name] = ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)["seconds"] * s.layers
     out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(s.tokens * s.hidden * BF16_BYTES, s.tp, dev, c, sw)["seconds"]

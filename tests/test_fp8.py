@@ -1,0 +1,120 @@
+"""FP8 steps: the ``_vidur_fp8`` cells recomputed from the raw upstream parquet rows, their
+lineage's precisions, ours' FP8 GEMM by hand, and NotSupported for a bf16-only predictor."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import requires_shared
+from test_cells_vidur import _cells, _heads, _one, _raw, _recompute
+
+from leaderboard import families
+from leaderboard.cells.schema import CELL_SCHEMA, derive
+from leaderboard.evaluate import RunSpec, run
+from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.specs import load_gpu_specs, load_models
+from predictors.ours import Ours, config, ops
+from predictors.ours.ops import Switches
+
+FP8_SETS = ["h100_vidur_fp8", "h200_vidur_fp8", "l40s_vidur_fp8", "b200_vidur_fp8",
+            "gb200_vidur_fp8"]
+
+
+def test_the_two_word_suffix_is_the_family():
+    assert families.suffix_of("h200_vidur_fp8") == "vidur_fp8"
+    assert families.suffix_of("h200_vidur") == "vidur"
+    assert families.of("l40s_vidur_fp8").home == "h100_vidur_fp8"
+
+
+@requires_shared
+def test_hand_computed_fp8_mixed_cell(real_store):
+    """A Qwen3-8B TP4 mixed cell on H100: FP8 GEMM rows, bf16 attention and all-reduce rows,
+    read from the upstream parquet files by hand."""
+    cell = _cells(real_store, "h100_vidur_fp8").filter(
+        model="qwen3-8b", tp=4, phase="mixed").sort("cell_id").row(0, named=True)
+    gemm, attn, ar = _raw("h100_sxm", "0.14.0", "fp8")
+    t, n_dec, n_pre = cell["total_tokens"], cell["num_decode"], cell["num_prefill"]
+    ctx, length = max(cell["ctx_lens"]), (t - n_dec) // n_pre
+    per_layer = (_one(gemm, m=t, n=1536, k=4096) + _one(gemm, m=t, n=4096, k=1024)
+                 + _one(gemm, m=t, n=6144, k=4096) + _one(gemm, m=t, n=4096, k=3072)
+                 + _one(_heads(attn["generation"], 8, 2), batch_size=n_dec, step=ctx)
+                 + _one(_heads(attn["context"], 8, 2), batch_size=n_pre, isl=length, step=0)
+                 + 2 * _one(ar, num_gpus=4, message_size=t * 4096))
+    assert cell["gt_ms"] == pytest.approx(36 * per_layer, rel=1e-9)
+    assert cell["gemm_dtype"] == "fp8"
+    bf16 = _cells(real_store, "h100_vidur").filter(cell_id=cell["cell_id"])
+    assert bf16.is_empty() or bf16["gt_ms"][0] != pytest.approx(cell["gt_ms"])
+
+
+@requires_shared
+def test_random_fp8_cells_recomputed_from_raw_parquet(real_store):
+    models, rng = load_models(), random.Random(11)
+    for name in FP8_SETS:
+        cells = _cells(real_store, name)
+        assert len(cells) >= 1000, name
+        raw = _raw(cells["sku"][0], cells["backend_version"][0], "fp8")
+        for i in rng.sample(range(len(cells)), 4):
+            cell = cells.row(i, named=True)
+            assert cell["gt_ms"] == pytest.approx(
+                _recompute(cell, raw, models[cell["model"]]), rel=1e-9), (name, cell["cell_id"])
+
+
+@requires_shared
+def test_fp8_lineage_holds_fp8_gemms_and_bf16_attention_only(real_store):
+    for name in FP8_SETS:
+        rows = real_store.sql(f"SELECT op, table_name, key FROM cell_lineage WHERE dataset = '{name}'")
+        seen = set()
+        for op, table, key in rows:
+            k = json.loads(key)
+            if table == "gemm":
+                assert k["dtype"] == "fp8", (name, op, k)
+            else:
+                assert k["dtype"] == "bfloat16", (name, op, k)
+                assert table != "attention" or k["kv_dtype"] == "bfloat16", (name, op, k)
+            seen.add(table)
+        assert seen >= {"gemm", "attention"}, name
+    dtypes = dict(real_store.sql("SELECT dataset LIKE '%_fp8', string_agg(DISTINCT gemm_dtype) "
+                                 "FROM cells GROUP BY ALL"))
+    assert dtypes == {True: "fp8", False: "bf16"}
+
+
+def test_ours_fp8_gemm_by_hand():
+    """Every factor off: max(FLOP / peak, bytes / bandwidth) on H100's datasheet."""
+    h100 = load_gpu_specs()["h100_sxm"]
+    dev, c = config.Device.of(h100, config.load_constants()), config.load_constants()
+    off = Switches(*(False,) * 7)
+    m, n, k = np.array([4096.0, 1.0]), np.array([4096.0, 4096.0]), np.array([4096.0, 4096.0])
+    fp8 = ops.gemm(m, n, k, dev, c, off, np.array([True, True]))["seconds"]
+    bf16 = ops.gemm(m, n, k, dev, c, off)["seconds"]
+    # 2*4096^3 FLOP at 1978.9 TF/s; one token: (4096 + 4096^2) bytes in, 2*4096 out at 3.35 TB/s
+    assert fp8 == pytest.approx([2 * 4096**3 / 1978.9e12, (4096 + 4096**2 + 2 * 4096) / 3.35e12])
+    assert bf16 == pytest.approx([2 * 4096**3 / 989.4e12, 2 * (4096 + 4096**2 + 4096) / 3.35e12])
+
+
+def _fp8_cell() -> pl.DataFrame:
+    return derive(pl.DataFrame({"cell_id": ["c"], "model": ["qwen3-8b"], "tp": [1],
+                                "q_lens": [[1] * 8], "ctx_lens": [[512] * 8],
+                                "gt_kind": ["gpu_block"], "gemm_dtype": ["fp8"]}))
+
+
+def test_ours_refuses_fp8_on_a_gpu_without_an_fp8_peak():
+    gpus = load_gpu_specs()
+    assert "fp8_dense_tflops" not in gpus["a100_sxm"].data
+    model = Ours().fit(Home("a100_sxm", gpus["a100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
+    with pytest.raises(NotSupported, match="a100_sxm has no fp8_dense_tflops"):
+        model.predict(_fp8_cell(), gpus["a100_sxm"])
+    on_h100 = model.predict(_fp8_cell(), gpus["h100_sxm"])
+    bf16 = model.predict(_fp8_cell().with_columns(gemm_dtype=pl.lit("bf16")), gpus["h100_sxm"])
+    assert 0 < on_h100[0] < bf16[0]  # decode GEMMs stream half the weight bytes
+
+
+@requires_shared
+def test_a_bf16_only_predictor_is_not_supported_on_fp8(store_home, tmp_path):
+    with pytest.raises(NotSupported, match=r"'llm_viewer' prices bf16 GEMMs only; dataset "
+                                           r"h200_vidur_fp8 holds fp8"):
+        run(RunSpec("llm_viewer", "h200_vidur_fp8", {}, runs_dir=tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
