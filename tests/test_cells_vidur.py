@@ -117,16 +117,20 @@ def _recompute(cell: dict, raw, model: dict) -> float:
 
 
 @requires_shared
-def test_random_cells_of_every_set_recomputed_from_raw_parquet(real_store):
-    models, rng = load_models(), random.Random(7)
-    for name in SIX + FOUR:
+def check_random_cells(real_store, names: list[str], seed: int, gemm_dtype: str = "bfloat16"):
+    """Four random cells of each set, their ground truth recomputed from the raw parquet rows."""
+    models, rng = load_models(), random.Random(seed)
+    for name in names:
         cells = _cells(real_store, name)
-        sku, version = cells["sku"][0], cells["backend_version"][0]
-        raw = _raw(sku, version)
+        raw = _raw(cells["sku"][0], cells["backend_version"][0], gemm_dtype)
         for i in rng.sample(range(len(cells)), 4):
             cell = cells.row(i, named=True)
             assert cell["gt_ms"] == pytest.approx(
                 _recompute(cell, raw, models[cell["model"]]), rel=1e-9), (name, cell["cell_id"])
+
+
+def test_random_cells_of_every_set_recomputed_from_raw_parquet(real_store):
+    check_random_cells(real_store, SIX + FOUR, seed=7)
 
 
 @requires_shared
