@@ -25,6 +25,7 @@ from leaderboard.metrics import registered as registered_metrics
 from leaderboard.sources import SourceError
 from leaderboard_core import paths
 from leaderboard_core.contract import NotSupported
+from leaderboard_core.naming import suggestion
 from leaderboard_core.specs import SpecError
 from predictors import registry
 
@@ -57,7 +58,7 @@ def check_choices(argv: list[str]) -> None:
                                                  node={"name": choice, "home": None})
                     continue
             if choice not in valid:
-                _fail(f"unknown {key} '{choice}'; {registry.suggestion(choice, valid)}")
+                _fail(f"unknown {key} '{choice}'; {suggestion(choice, valid)}")
     check_parameters(argv)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from leaderboard.metrics import PHASES as STEP_PHASES
-from predictors.registry import suggestion
+from leaderboard_core.naming import Registry
 
 LEVELS = ("step", "op", "serving")
 
@@ -69,48 +69,42 @@ class DatasetFamily:
         return builder(con, gpus) if self.builder_takes_gpus else builder(con)
 
 
-_FAMILIES: dict[str, DatasetFamily] = {}
+_FAMILIES: Registry[DatasetFamily] = Registry("dataset family", what="suffix")
 
 
 def register_family(fam: DatasetFamily) -> DatasetFamily:
     """Add a family; a second family of the same suffix is refused."""
-    if fam.suffix in _FAMILIES:
-        raise ValueError(f"dataset family '{fam.suffix}' is already registered; pick another "
-                         f"suffix ({suggestion(fam.suffix, names())})")
-    _FAMILIES[fam.suffix] = fam
-    return fam
+    return _FAMILIES.add(fam.suffix, fam)
 
 
 def unregister_family(suffix: str) -> None:
     """Drop a family (tests that register a toy one undo it)."""
-    _FAMILIES.pop(suffix, None)
+    _FAMILIES.drop(suffix)
 
 
 def names() -> list[str]:
-    return list(_FAMILIES)
+    return _FAMILIES.names()
 
 
 def get(suffix: str) -> DatasetFamily:
-    if suffix not in _FAMILIES:
-        raise ValueError(f"unknown dataset family '{suffix}'; {suggestion(suffix, names())}")
-    return _FAMILIES[suffix]
+    return _FAMILIES.get(suffix)
 
 
 def suffix_of(dataset: str) -> str:
     """The family suffix of a dataset name (``h200_vidur19`` -> ``vidur19``): the longest
     registered suffix it ends with (``h200_vidur_fp8`` -> ``vidur_fp8``), else its last word."""
-    known = [s for s in _FAMILIES if dataset.endswith(f"_{s}")]
+    known = [s for s in _FAMILIES.names() if dataset.endswith(f"_{s}")]
     return max(known, key=len) if known else dataset.rsplit("_", 1)[-1]
 
 
 def of(dataset: str) -> DatasetFamily | None:
     """The registered family of a dataset, or None (``hf`` and other one-off names)."""
-    return _FAMILIES.get(suffix_of(dataset))
+    return _FAMILIES.find(suffix_of(dataset))
 
 
 def where(**wanted) -> list[DatasetFamily]:
     """The families whose fields equal ``wanted`` (``where(level="step", leaderboard=True)``)."""
-    return [f for f in _FAMILIES.values() if all(getattr(f, k) == v for k, v in wanted.items())]
+    return [f for f in _FAMILIES if all(getattr(f, k) == v for k, v in wanted.items())]
 
 
 def suffixes(**wanted) -> tuple[str, ...]:
@@ -120,7 +114,7 @@ def suffixes(**wanted) -> tuple[str, ...]:
 def builders() -> list[DatasetFamily]:
     """One family per distinct builder, in registration order."""
     seen: dict[str | Callable, DatasetFamily] = {}
-    for fam in _FAMILIES.values():
+    for fam in _FAMILIES:
         if fam.builder and fam.builder not in seen:
             seen[fam.builder] = fam
     return list(seen.values())

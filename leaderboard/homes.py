@@ -21,7 +21,7 @@ from leaderboard import families, home_grid
 from leaderboard.families import suffix_of as family
 from leaderboard_core import paths
 from leaderboard_core.contract import Home
-from predictors.registry import suggestion
+from leaderboard_core.naming import suggestion
 
 
 def with_family(runs: pl.DataFrame) -> pl.DataFrame:

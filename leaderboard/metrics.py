@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from predictors.registry import suggestion
+from leaderboard_core.naming import Registry
 
 PHASES = ("all", "all_cold", "prefill", "decode", "mixed")
 # Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
@@ -31,25 +31,22 @@ class Metric:
     levels: tuple[str, ...] = ALL_LEVELS
 
 
-_METRICS: dict[str, Metric] = {}
+# ``n`` (the row count) is written beside every metric, so no metric may take that name.
+_METRICS: Registry[Metric] = Registry("metric", reserved=("n",))
 
 
 def register_metric(metric: Metric) -> Metric:
     """Add a metric; a second one of the same name is refused."""
-    if metric.name in _METRICS or metric.name == "n":
-        raise ValueError(f"metric '{metric.name}' is already registered; pick another name "
-                         f"({suggestion(metric.name, ['n', *_METRICS])})")
-    _METRICS[metric.name] = metric
-    return metric
+    return _METRICS.add(metric.name, metric)
 
 
 def unregister_metric(name: str) -> None:
-    _METRICS.pop(name, None)
+    _METRICS.drop(name)
 
 
 def registered(level: str = "step") -> list[Metric]:
     """The metrics that apply at ``level``, in registration order."""
-    return [m for m in _METRICS.values() if level in m.levels]
+    return [m for m in _METRICS if level in m.levels]
 
 
 for _metric in (

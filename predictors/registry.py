@@ -6,13 +6,13 @@ the Hydra node ``predictor=name`` (with the constructor's defaults as keys) foll
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import pkgutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from leaderboard_core.naming import closest, suggestion
 from predictors.base import Predictor
 
 _REGISTRY: dict[str, type[Predictor]] = {}
@@ -74,15 +74,6 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _closest(name: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    return f" Did you mean '{close[0]}'?" if close else ""
-
-
-def suggestion(name: str, valid: list[str]) -> str:
-    return f"valid names: {', '.join(valid)}.{_closest(name, valid)}"
-
-
 def get(name: str) -> type[Predictor]:
     discover()
     if name not in _REGISTRY:
@@ -104,7 +95,7 @@ def check_params(name: str, fields) -> None:
     unknown = sorted(set(fields) - set(valid))
     if unknown:
         raise ValueError(f"predictor '{name}' has no parameter(s) {', '.join(unknown)}; "
-                         f"its parameters: {', '.join(valid) or 'none'}.{_closest(unknown[0], valid)}")
+                         f"its parameters: {', '.join(valid) or 'none'}.{closest(unknown[0], valid)}")
     annotations = {p.name: str(p.annotation) if p.annotation is not p.empty
                    else type(p.default).__name__ for p in cls._parameters()}
     for field, value in (fields.items() if isinstance(fields, dict) else ()):
