@@ -80,6 +80,9 @@ def test_vidur_forests_match_rf_verbatim_on_vidurs_a100_profile():
         target = f"time_stats.{vidur_op}.median"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # Vidur's forests take no random_state, so they draw from numpy's global generator:
+            # seed it, or the widest gap moves from run to run (one run in several went past 5 %).
+            np.random.seed(0)
             theirs = trainer._train_model(vidur_op, ModelType.COMPUTE, profile, ["num_tokens"], target)
         ours = fit_forest(profile[["num_tokens"]].to_numpy(np.float64), profile[target].to_numpy(),
                           "reduced", random_state=0)
