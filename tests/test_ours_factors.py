@@ -92,7 +92,7 @@ def test_decode_parallelism_saturates():
     assert p == pytest.approx([0.1, 1.0, 1.0])
 
 
-COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_floor_s": 5e-5, "nccl_eta": 0.7,
+COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_step_s": 4e-6, "nccl_eta": 0.7,
         "custom_max_bytes": 8 * 2**20}
 
 
@@ -101,7 +101,8 @@ def test_allreduce_regimes_and_single_gpu():
     tp = np.array([2.0, 2.0, 2.0, 1.0])
     t = factors.allreduce_seconds(size, tp, 300e9, "nvswitch", COLL)
     assert t[0] == pytest.approx(5e-6, rel=1e-2)
-    assert t[2] > t[1] + 2.5e-5  # NCCL's floor past vLLM's custom all-reduce limit
+    # Past vLLM's custom all-reduce limit, NCCL: 2 ring steps of latency at TP2.
+    assert t[2] == pytest.approx(8e-6 + (8 * 2**20 + 1) / 300e9 / 0.7)
     assert t[3] == 0.0
 
 
@@ -110,21 +111,27 @@ def test_allreduce_path_by_topology_and_tp():
     custom, divisor = factors.allreduce_path(size, tp, "nvswitch", COLL["custom_max_bytes"])
     assert custom.tolist() == [True, True, True] and divisor.tolist() == [1.0, 1.0, 1.0]
     custom, divisor = factors.allreduce_path(size, tp, "pcie_host", COLL["custom_max_bytes"])
-    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 2.0, 2.0]
+    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 4.0, 8.0]
     custom, divisor = factors.allreduce_path(size, tp, "pcie_switch", COLL["custom_max_bytes"])
     assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 1.0, 1.0]
     custom, divisor = factors.allreduce_path(size, tp, "nvlink_bridge", COLL["custom_max_bytes"])
-    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 2.0, 2.0]
+    assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 4.0, 8.0]
 
 
 def test_pcie_host_allreduce_by_hand():
-    # TP4, 1 MB through host memory over PCIe Gen4 (32 GB/s a direction): the ring moves
-    # 2 x 3/4 x 1 MB, twice across PCIe, at NCCL's efficiency, after NCCL's floor.
+    # TP4, 1 MB through the host over PCIe Gen4 (32 GB/s a direction): each GPU's ring moves
+    # 2 x 3/4 x 1 MB, the 4 GPUs share one link's worth of the root complex, at NCCL's
+    # efficiency, after 2 x 3 ring steps of latency.
     t = factors.allreduce_seconds(np.array([1e6]), np.array([4.0]), 32e9, "pcie_host", COLL)
-    assert t[0] == pytest.approx(5e-5 + 2 * (1.5e6 / 32e9) / 0.7)
+    assert t[0] == pytest.approx(6 * 4e-6 + 4 * (1.5e6 / 32e9) / 0.7)
     # TP2 on PCIe keeps vLLM's custom all-reduce, at the link's full rate.
     t2 = factors.allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL)
     assert t2[0] == pytest.approx(5e-6 + (1e6 / 32e9) / 0.5)
+
+
+def test_per_cta_seconds_spread_over_the_sms():
+    # 2,048 requests x 8 KV heads = 16,384 CTAs of 3 us of one SM each, over 128 SMs: 384 us.
+    assert factors.per_cta_seconds(np.array([16384.0]), 128, 3e-6)[0] == pytest.approx(384e-6)
 
 
 def test_floor_scales_with_the_sustained_clock():

@@ -86,12 +86,14 @@ def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
 
     def residual(x):
         a = c["attention"]
-        a["decode_eta"], a["decode_knee"], a["decode_floor_s"], a["decode_split_floor_s"] = x
+        (a["decode_eta"], a["decode_knee"], a["decode_floor_s"], a["decode_split_floor_s"],
+         a["decode_cta_s"]) = x
         return _per_gpu(home, d, c, seconds)
 
     # The split-KV extra floor is identifiable on the home only because sm80 takes that path
     # from batch 2 on (factors.split_kv_floor): batch-1 points pin the base floor.
-    _fit(residual, [0.7, 0.2, 1e-5, 5e-6], [0.05, 1e-3, 0.0, 0.0], [2.0, 20.0, 5e-5, 3e-5])
+    _fit(residual, [0.7, 0.2, 1e-5, 5e-6, 1e-6], [0.05, 1e-3, 0.0, 0.0, 0.0],
+         [2.0, 20.0, 5e-5, 3e-5, 1e-4])
 
 
 def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
@@ -100,7 +102,7 @@ def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
 
     def residual(x):
         coll = c["collectives"]
-        coll["custom_floor_s"], coll["custom_eta"], coll["nccl_floor_s"], coll["nccl_eta"] = x
+        coll["custom_floor_s"], coll["custom_eta"], coll["nccl_step_s"], coll["nccl_eta"] = x
         return _per_gpu(home, a, c, seconds)
 
     _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
@@ -122,9 +124,9 @@ FITTED_LEAVES = [("clock", "home_f_clk"), ("gemm", "duty_c"), ("gemm", "floor_s"
                  ("memory_law", "dram"), ("memory_law", "l2"), ("memory_law", "p"),
                  ("attention", "prefill_eta"), ("attention", "prefill_floor_s"),
                  ("attention", "decode_eta"), ("attention", "decode_knee"),
-                 ("attention", "decode_floor_s"), ("attention", "decode_split_floor_s"),
+                 ("attention", "decode_floor_s"), ("attention", "decode_split_floor_s"), ("attention", "decode_cta_s"),
                  ("collectives", "custom_floor_s"),
-                 ("collectives", "custom_eta"), ("collectives", "nccl_floor_s"),
+                 ("collectives", "custom_eta"), ("collectives", "nccl_step_s"),
                  ("collectives", "nccl_eta"), ("home", "op_rows")]
 
 

@@ -83,6 +83,13 @@ def decode_parallelism(ctas: np.ndarray, sms: int, knee: float) -> np.ndarray:
     return np.minimum(1.0, ctas / (knee * sms))
 
 
+def per_cta_seconds(ctas: np.ndarray, sms: int, cta_s: float) -> np.ndarray:
+    """Fixed work per CTA, spread over the SMs: each (request x KV head) CTA of a decode kernel
+    loads its query and page indices and writes its output whatever its KV length, ``cta_s``
+    SM-seconds (at the home clock) each. It is what a large batch of short contexts costs."""
+    return ctas * cta_s / sms
+
+
 def floor_clock_scale(home_clock_mhz: float, clock_mhz: float) -> float:
     """A kernel floor is a fixed count of serial SM cycles (prologue, index math, the few
     dependent loads before the first useful work), so it shrinks with the sustained clock:
@@ -103,24 +110,27 @@ def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str,
     leaderboard_core.specs.TOPOLOGIES) and TP degree. vLLM's custom all-reduce needs peer access
     between all the GPUs: an NVLink switch, or at most 2 GPUs (a bridge pair, or two GPUs on
     PCIe; vLLM disables it beyond 2 PCIe-only GPUs); larger messages and other groups go to
-    NCCL. Where NCCL's group meets only at the CPU root complex (no PCIe switch, or past a
-    bridge pair) it stages each ring step through host memory (its SHM transport): each byte
-    crosses the link twice, half the bandwidth."""
+    NCCL, which uses the same peer path where there is one (through a PCIe switch too). A group
+    of more than 2 GPUs on ``pcie_host``, or past a bridge pair, has no peer path: NCCL goes
+    through host memory at the CPU root complex, and the P GPUs' rings share what one link
+    carries in each direction, so the bandwidth divisor is P."""
     peer = np.ones_like(tp, dtype=bool) if topology == "nvswitch" else tp <= 2
     custom = peer & (message_bytes <= custom_max_bytes)
-    staged = (topology == "pcie_host") | ((topology == "nvlink_bridge") & (tp > 2))
-    return custom, np.where(~custom & staged, 2.0, 1.0)
+    through_host = (tp > 2) & (topology in ("pcie_host", "nvlink_bridge"))
+    return custom, np.where(through_host, tp, 1.0)
 
 
 def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_s: float,
                       topology: str, coll: dict) -> np.ndarray:
-    """TP all-reduce: a latency floor plus the ring's ``2(P-1)/P`` bytes over one link direction
-    at efficiency ``eta``, in the regime ``allreduce_path`` picks for the topology (both
-    regimes' floors and efficiencies fitted on the home GPU, an NVLink-switch node)."""
+    """TP all-reduce: latency plus the ring's ``2(P-1)/P`` bytes over one link direction at
+    efficiency ``eta``, in the regime ``allreduce_path`` picks for the topology. vLLM's custom
+    all-reduce is one kernel (one floor); NCCL's ring is ``2(P-1)`` dependent steps, each with
+    a hop latency. Floors, step latency and efficiencies are fitted on the home GPU (an
+    NVLink-switch node)."""
     custom, divisor = allreduce_path(message_bytes, tp, topology, coll["custom_max_bytes"])
     volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0) * divisor
     seconds = np.where(custom, coll["custom_floor_s"] + volume / coll["custom_eta"],
-                       coll["nccl_floor_s"] + volume / coll["nccl_eta"])
+                       2.0 * (tp - 1.0) * coll["nccl_step_s"] + volume / coll["nccl_eta"])
     return np.where(tp > 1, seconds, 0.0)
 
 

@@ -105,11 +105,13 @@ def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,
     if sw.attention:
         floor = a["decode_floor_s"] + factors.split_kv_floor(batch, dev.split_kv,
                                                              a["decode_split_floor_s"])
+        cta_s = factors.per_cta_seconds(batch * kv_heads, dev.sms, a["decode_cta_s"])
     else:
-        floor = c["gemm"]["floor_s"]
+        floor, cta_s = c["gemm"]["floor_s"], 0.0 * one
     floor_s = floor * dev.floor_scale * one if sw.floors else 0.0 * one
-    return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
-            "memory_s": memory_s, "floor_s": floor_s, "eta_kernel": eta_kernel,
+    cta_s = cta_s * dev.floor_scale if sw.floors else 0.0 * one
+    return {"seconds": np.maximum(compute_s, memory_s) + floor_s + cta_s, "compute_s": compute_s,
+            "memory_s": memory_s, "floor_s": floor_s, "cta_s": cta_s, "eta_kernel": eta_kernel,
             "eta_mem": eta_mem, "flops": flops, "bytes": moved}
 
 
