@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -179,27 +180,106 @@ def test_predict_ops_times_a_prefill_point_as_prefill():
     assert model.predict_ops(point, load_gpu_specs()["a100_sxm"])[0] >= flops / 312e12 * 1e3
 
 
-def test_ours_reading_asks_for_the_smallest_decode_kernels_and_rescales_attention_floors():
-    """A synthetic reading whose kernels take their modelled work plus twice the modelled floor
-    gives a floor scale of 2: every attention floor constant doubles, nothing else moves."""
+READ_CELLS = MIX.with_columns(source=pl.lit("aiconfigurator")).drop("gt_kind")
+
+
+def test_ours_reading_asks_for_three_groups_of_small_points():
+    """On MIX (hand-derived): the pure decode kernels with the least KV to stream (llama-2-70b
+    TP8's 3 requests at 2,200 KV tokens x 1 KV head, before llama-3-8b TP4's 40 at 30,700 x 2);
+    the GEMMs of the smallest step (3 tokens, llama-2-70b TP8) with the most weights: gate/up
+    2 x 28672 / 8 = 7168 x 8192, down 8192 x 28672 / 8 = 3584, QKV (64 + 16) x 128 / 8 = 1280 x
+    8192; each TP degree's smallest all-reduce, tokens x hidden x 2 bytes: TP2 514 x 4096,
+    TP4 40 x 4096, TP8 3 x 8192. Cells from another source get no request."""
     gpu = load_gpu_specs()["h100_sxm"]
-    model = registry.build("ours_reading", {"reading_points": 2}).fit(home())
-    request = model.request_reading(MIX.drop("gt_kind"), gpu, budget=16)
-    # MIX's pure decode cells: 40 requests at 511/1023 (TP4) and 3 at a mean 733 (70B TP8)
-    assert [p["batch"] for p in request.op_points] == [3, 40]
-    assert {p["op"] for p in request.op_points} == {"attn_decode"}
-    before = {k: dict(v) for k, v in model.constants_.items() if isinstance(v, dict)}
-    points = pl.DataFrame([{k: v for k, v in p.items() if k != "op"} for p in request.op_points]
-                          ).with_columns(q_len=pl.lit(1))  # as the lineage's key holds it
+    model = registry.build("ours_reading").fit(home())
+    request = model.request_reading(READ_CELLS, gpu, budget=16)
+    by_op = [(p["op"], p.get("batch"), p.get("m"), p.get("n"), p.get("k"), p.get("num_gpus"),
+              p.get("message_bytes")) for p in request.op_points]
+    assert by_op == [("attn_decode", 3, None, None, None, None, None),
+                     ("attn_decode", 40, None, None, None, None, None),
+                     ("gemm_gate_up", None, 3, 7168, 8192, None, None),
+                     ("gemm_down", None, 3, 8192, 3584, None, None),
+                     ("gemm_qkv", None, 3, 1280, 8192, None, None),
+                     ("allreduce", None, None, None, None, 2, 514 * 4096 * 2),
+                     ("allreduce", None, None, None, None, 4, 40 * 4096 * 2),
+                     ("allreduce", None, None, None, None, 8, 3 * 8192 * 2)]
+    assert len(model.request_reading(READ_CELLS, gpu, budget=5).op_points) == 5
+    assert model.request_reading(READ_CELLS.with_columns(source=pl.lit("vidur")), gpu, 16) is None
+
+
+def _reading_points(model, gpu, op: str) -> pl.DataFrame:
+    points = [p for p in model.request_reading(READ_CELLS, gpu, budget=16).op_points
+              if p["op"].startswith(op)]
+    return pl.DataFrame([{k: v for k, v in p.items() if k != "op"} for p in points])
+
+
+def _unchanged_but(model, before: dict, changed: dict[tuple[str, str], float]) -> None:
+    for section, values in before.items():
+        for key, value in values.items():
+            if (section, key) in changed:
+                assert model.constants_[section][key] == pytest.approx(
+                    value * changed[section, key]), (section, key)
+            else:
+                assert model.constants_[section][key] == value, (section, key)
+
+
+def test_ours_reading_scales_fixed_costs_from_decode_kernels():
+    """Decode kernels measured at their modelled streaming plus twice the modelled fixed costs:
+    the four fixed-cost constants double, nothing else moves."""
+    gpu = load_gpu_specs()["h100_sxm"]
+    model = registry.build("ours_reading").fit(home())
+    before = copy.deepcopy({k: v for k, v in model.constants_.items() if isinstance(v, dict)})
+    points = _reading_points(model, gpu, "attn_decode").with_columns(q_len=pl.lit(1))
     probe = points.with_columns(op_family=pl.lit("attention"), phase=pl.lit("attn_decode"),
                                 **{c: pl.lit(None, pl.Int64) for c in ("m", "n", "k")})
     dev = model.device(gpu)
     work = model.op_seconds(probe, replace(dev, floor_scale=0.0))
-    floor = model.op_seconds(probe, dev) - work
+    fixed = model.op_seconds(probe, dev) - work
     model.take_reading(Reading(pl.DataFrame(), {"attn_decode": points.with_columns(
-        latency_ms=pl.Series((work + 2 * floor) * 1e3))}), gpu)
-    assert model.floor_scale_ == pytest.approx(2.0)
-    for key, value in model.constants_["attention"].items():
-        factor = 2.0 if key.endswith("floor_s") else 1.0
-        assert value == pytest.approx(before["attention"][key] * factor), key
-    assert model.constants_["gemm"] == before["gemm"]
+        latency_ms=pl.Series((work + 2 * fixed) * 1e3))}), gpu)
+    assert model.reading_scales_["fixed_costs"] == pytest.approx(2.0)
+    _unchanged_but(model, before, {("attention", k): 2.0 for k in (
+        "decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s")})
+    assert config.load_constants()["attention"] == before["attention"]  # the cache is untouched
+
+
+def test_ours_reading_scales_memory_efficiency_from_memory_bound_gemms():
+    """GEMMs measured at their floor plus their modelled streaming time / 1.25 (a target that
+    streams 25 % faster than the home's law says): dram and l2 efficiency x 1.25, nothing else;
+    the reading's point time is recomputed by hand from bytes, bandwidth and the memory law."""
+    gpu = load_gpu_specs()["h100_sxm"]
+    model = registry.build("ours_reading").fit(home())
+    before = copy.deepcopy({k: v for k, v in model.constants_.items() if isinstance(v, dict)})
+    points = _reading_points(model, gpu, "gemm_")
+    m, n, k = (points[x].to_numpy().astype(float) for x in ("m", "n", "k"))
+    law, dev = before["memory_law"], model.device(gpu)
+    moved = 2.0 * (m * k + n * k + m * n)
+    x = moved / (gpu["l2_mb"] * 2**20)
+    eta = law["dram"] + (law["l2"] - law["dram"]) / (1 + x ** law["p"])
+    floor = before["gemm"]["floor_s"] * dev.floor_scale
+    measured = floor + moved / (gpu.mem_bw_bytes_per_s * eta) / 1.25
+    model.take_reading(Reading(pl.DataFrame(), {"gemm_gate_up": points.with_columns(
+        latency_ms=pl.Series(measured * 1e3))}), gpu)
+    assert model.reading_scales_["memory"] == pytest.approx(1.25)
+    _unchanged_but(model, before, {("memory_law", "dram"): 1.25, ("memory_law", "l2"): 1.25})
+
+
+def test_ours_reading_scales_collective_latency_from_small_allreduces():
+    """All-reduces measured at their ring volume time plus half the modelled latency: the custom
+    floor and NCCL's step latency halve. TP2's 4.2 MB message takes the custom kernel on an
+    NVSwitch node: volume = 4210688 / (450 GB/s x custom_eta)."""
+    gpu = load_gpu_specs()["h100_sxm"]
+    model = registry.build("ours_reading").fit(home())
+    before = copy.deepcopy({k: v for k, v in model.constants_.items() if isinstance(v, dict)})
+    coll = before["collectives"]
+    points = _reading_points(model, gpu, "allreduce").sort("num_gpus")
+    size, tp = (points[x].to_numpy().astype(float) for x in ("message_bytes", "num_gpus"))
+    link = 450e9  # NVLink 4: 900 GB/s bidirectional, one direction
+    volume = 2 * (tp - 1) / tp * size / link / coll["custom_eta"]
+    assert size[0] == 4210688 and (size <= coll["custom_max_bytes"]).all()
+    measured = volume + 0.5 * coll["custom_floor_s"]
+    model.take_reading(Reading(pl.DataFrame(), {"allreduce": points.with_columns(
+        latency_ms=pl.Series(measured * 1e3))}), gpu)
+    assert model.reading_scales_["collective_latency"] == pytest.approx(0.5)
+    _unchanged_but(model, before, {("collectives", "custom_floor_s"): 0.5,
+                                   ("collectives", "nccl_step_s"): 0.5})

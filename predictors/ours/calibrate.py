@@ -124,8 +124,8 @@ FITTED_LEAVES = [("clock", "home_f_clk"), ("gemm", "duty_c"), ("gemm", "floor_s"
                  ("memory_law", "dram"), ("memory_law", "l2"), ("memory_law", "p"),
                  ("attention", "prefill_eta"), ("attention", "prefill_floor_s"),
                  ("attention", "decode_eta"), ("attention", "decode_knee"),
-                 ("attention", "decode_floor_s"), ("attention", "decode_split_floor_s"), ("attention", "decode_cta_s"),
-                 ("collectives", "custom_floor_s"),
+                 ("attention", "decode_floor_s"), ("attention", "decode_split_floor_s"),
+                 ("attention", "decode_cta_s"), ("collectives", "custom_floor_s"),
                  ("collectives", "custom_eta"), ("collectives", "nccl_step_s"),
                  ("collectives", "nccl_eta"), ("home", "op_rows")]
 
