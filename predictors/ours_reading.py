@@ -43,7 +43,8 @@ from predictors.steps import Steps
 # Cells composed from the op points named gemm_*, attn_prefill, attn_decode and allreduce
 # (leaderboard/cells/vidur_method.py): the only ones whose points this predictor can name.
 COMPOSED_SOURCES = ("aiconfigurator",)
-FIXED_COSTS = ("decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s")
+FIXED_COSTS = ("decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s",
+               "prefill_cta_s")
 # A reading that puts a part 4x (a bandwidth or efficiency 2x) off is a broken reading, not a GPU.
 RANGES = {"fixed_costs": (0.25, 4.0), "memory": (0.5, 2.0), "collective_latency": (0.25, 4.0)}
 

@@ -225,7 +225,7 @@ def _unchanged_but(model, before: dict, changed: dict[tuple[str, str], float]) -
 
 def test_ours_reading_scales_fixed_costs_from_decode_kernels():
     """Decode kernels measured at their modelled streaming plus twice the modelled fixed costs:
-    the four fixed-cost constants double, nothing else moves."""
+    the five fixed-cost constants (floors and per-CTA costs) double, nothing else moves."""
     gpu = load_gpu_specs()["h100_sxm"]
     model = registry.build("ours_reading").fit(home())
     before = copy.deepcopy({k: v for k, v in model.constants_.items() if isinstance(v, dict)})
@@ -239,7 +239,8 @@ def test_ours_reading_scales_fixed_costs_from_decode_kernels():
         latency_ms=pl.Series((work + 2 * fixed) * 1e3))}), gpu)
     assert model.reading_scales_["fixed_costs"] == pytest.approx(2.0)
     _unchanged_but(model, before, {("attention", k): 2.0 for k in (
-        "decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s")})
+        "decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s",
+        "prefill_cta_s")})
     assert config.load_constants()["attention"] == before["attention"]  # the cache is untouched
 
 

@@ -73,10 +73,11 @@ def fit_prefill(p: pl.DataFrame, c: dict, home: Home) -> None:
         return ops.prefill_attention(q, 0.0 * q, h * b, kvh * b, hd, dev, c, FULL)["seconds"]
 
     def residual(x):
-        c["attention"]["prefill_eta"], c["attention"]["prefill_floor_s"] = x
+        a = c["attention"]
+        a["prefill_eta"], a["prefill_floor_s"], a["prefill_cta_s"] = x
         return _per_gpu(home, p, c, seconds)
 
-    _fit(residual, [0.5, 1e-5], [0.05, 0.0], [1.0, 5e-5])
+    _fit(residual, [0.5, 1e-5, 1e-6], [0.05, 0.0, 0.0], [1.0, 5e-5, 1e-4])
 
 
 def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
@@ -123,6 +124,7 @@ def fit_constants(home: Home, constants: dict) -> dict:
 FITTED_LEAVES = [("clock", "home_f_clk"), ("gemm", "duty_c"), ("gemm", "floor_s"),
                  ("memory_law", "dram"), ("memory_law", "l2"), ("memory_law", "p"),
                  ("attention", "prefill_eta"), ("attention", "prefill_floor_s"),
+                 ("attention", "prefill_cta_s"),
                  ("attention", "decode_eta"), ("attention", "decode_knee"),
                  ("attention", "decode_floor_s"), ("attention", "decode_split_floor_s"),
                  ("attention", "decode_cta_s"), ("collectives", "custom_floor_s"),
