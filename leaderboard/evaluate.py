@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import atlas, debris, homes, metrics, readings, sandbox
+from leaderboard import atlas, debris, homes, metrics, op_atlas, readings, sandbox
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
@@ -206,7 +206,9 @@ def run(spec: RunSpec) -> RunResult:
         pred, target, facts = _fit_and_predict(cls, params, inputs, budget)
         columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
         predictions = target.select(columns).with_columns(
-            pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)))
+            pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
+            **{f"{op_atlas.BY_OP_PREFIX}{op}": pl.Series(ms)
+               for op, ms in facts.pop("by_op", {}).items() if pred is not None})
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
     phases = (serving_api.SERVING_PHASES if inputs.serving else
@@ -226,6 +228,7 @@ def run(spec: RunSpec) -> RunResult:
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
         "code_version": code_version(), "code_hash": code_hash(), "valid": not facts["invalid_reasons"],
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
+        "by_op_error": facts.get("by_op_error"),
         "sandbox": facts.get("sandbox", "process"),
         "spec_hash": spec_hash(inputs.gpu, inputs.home.models),
         # target rows read (deploy reading), against the cap; home rows fit read are apart

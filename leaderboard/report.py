@@ -2,7 +2,8 @@
 
 Regenerates the leaderboard part of RESULTS.md from the stored runs: the main leaderboard (MAPE
 per phase on the home's held-out cells and on every unseen GPU), the tie-aware SKU ranking and
-the bootstrap places, the error atlases, performance and provenance. ``report.rerun=true`` first reruns
+the bootstrap places, the error atlases (per step and, for predictors that split their
+prediction, per op), performance and provenance. ``report.rerun=true`` first reruns
 every registered predictor on every leaderboard dataset (``leaderboard.rerun``). Over a partial
 set of runs it names the missing ones and, unless ``report.partial=replace``, leaves RESULTS.md
 and the tracked atlases alone, writing the report to ``<runs_dir>/partial-report.md``.
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import atlas, families, ranking, report_protocols, report_sections, rerun, results
+from leaderboard import atlas, families, op_atlas, ranking, report_protocols, report_sections, rerun, results
 from leaderboard.config import command_config
 from leaderboard.homes import family, with_family
 from leaderboard.serving import report as serving_report
@@ -224,6 +225,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(predictions["dataset"]))), atlas_dir)
         body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
+        body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += report_sections.explain_examples(runs)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir)
     body += report_sections.throughput() + performance(runs)

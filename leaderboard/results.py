@@ -118,8 +118,9 @@ def load_predictions(runs: pl.DataFrame) -> pl.DataFrame:
     and validity attached."""
     if runs.is_empty():
         return pl.DataFrame()
+    # diagonal: runs of predictors that split their prediction by op carry more columns
     cells = pl.concat([pl.read_parquet(Path(folder) / "predictions.parquet")
-                       for folder in runs["folder"]], how="vertical_relaxed")
+                       for folder in runs["folder"]], how="diagonal_relaxed")
     return cells.join(runs.select("run_id", "predictor", "dataset", "sku", "split", "valid"),
                       on="run_id", how="left")
 

@@ -160,7 +160,8 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
                     level: str, budget: int, supply: Callable[[ReadingRequest], Reading]
                     ) -> tuple[np.ndarray | None, list[str], dict]:
     """The child's predictions (None if it failed), the cells its reading took out of the score,
-    and the facts it measured (fit seconds, predict seconds, sandbox, INVALID reasons)."""
+    and the facts it measured (fit seconds, predict seconds, sandbox, INVALID reasons, and the
+    per-op split ``by_op`` of the predictions where the predictor offers one)."""
     with job_folder() as folder:
         write_home(home, folder / "in" / "home")
         write_frame(blind, folder / "in" / "blind.arrow")
@@ -178,6 +179,10 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
             facts["invalid_reasons"].insert(0, refused)
         pred_file = folder / "out" / "pred.npy"
         pred = np.load(pred_file, allow_pickle=False) if pred_file.is_file() else None
+        by_op_file = folder / "out" / "by_op.npz"
+        if pred is not None and by_op_file.is_file():
+            with np.load(by_op_file, allow_pickle=False) as parts:
+                facts["by_op"] = {k: parts[k] for k in parts.files}
     return pred, unscored, facts
 
 
@@ -226,6 +231,21 @@ def _resolve(ref: dict) -> type:
     return found if isinstance(found, type) else registry.get(ref["name"])
 
 
+def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts: dict) -> None:
+    """The predictor's per-op split of its step predictions, if it offers one. It is a
+    diagnostic beside the score: a failing or misshapen split is noted, the score stands."""
+    try:
+        parts = estimator.predict_by_op(blind, gpu)
+        if parts:
+            arrays = {k: np.asarray(v, dtype=np.float64) for k, v in parts.items()}
+            bad = sorted(k for k, v in arrays.items() if v.shape != (rows,))
+            if bad:
+                raise ValueError(f"parts {bad} are not one value per cell ({rows})")
+            np.savez(out / "by_op.npz", **arrays)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal to the run
+        facts["by_op_error"] = f"{type(exc).__name__}: {exc}"
+
+
 def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
     """Construct, fit, read, predict: everything the predictor does, as facts for the parent."""
     guard.seal_process("the sandboxed fit and predict")
@@ -261,6 +281,8 @@ def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
         pred = np.asarray(predict(blind, gpu), dtype=np.float64)
         facts["predict_seconds"] = time.perf_counter() - started
         np.save(out / "pred.npy", pred, allow_pickle=False)
+        if job["level"] == "step":
+            _save_by_op(estimator, blind, gpu, len(pred), out, facts)
     except NotSupported as exc:  # a stated limit of the predictor, reported as such on serving
         facts["not_supported"] = str(exc)
         facts["invalid_reasons"].append(f"NotSupported: {exc}")

@@ -70,6 +70,14 @@ class Predictor:
         optional ``note`` printed above; None (the default) when the predictor offers none."""
         return None
 
+    def predict_by_op(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray] | None:
+        """Each step prediction split into the parts it sums, in ms, keyed by the ground truth's
+        lineage op names where they match one (``gemm_qkv`` ... ``attn_decode``, ``allreduce``
+        of the composed ``_vidur`` cells): the harness files them beside the step prediction and
+        the report sets each against its measured op time (the per-op atlas). Called after
+        ``predict`` on step targets; None (the default) when the prediction is not split."""
+        return None
+
     @classmethod
     def report_sections(cls, runs: pl.DataFrame) -> list[str]:
         """Markdown sections of its own for RESULTS.md, from the current leaderboard ``runs``

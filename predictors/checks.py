@@ -93,3 +93,9 @@ def _check_predict(estimator, blind: pl.DataFrame, gpu) -> None:
     subset = np.arange(len(blind))[::3]
     np.testing.assert_allclose(estimator.predict(blind[subset], gpu), pred[subset], rtol=1e-9,
                                err_msg="a subset's predictions must equal the subset of all")
+    parts = estimator.predict_by_op(blind, gpu)
+    if parts is not None:
+        assert all(np.shape(v) == (len(blind),) for v in parts.values()), \
+            "predict_by_op must give one value per cell for every part"
+        np.testing.assert_allclose(sum(parts.values()), pred, rtol=1e-9,
+                                   err_msg="predict_by_op's parts must sum to predict")

@@ -205,3 +205,18 @@ def test_unknown_dataset_gets_the_closest_name(probes, tmp_path):
     with pytest.raises(ValueError, match="Did you mean 'h200_vidur'"):
         _run(tmp_path, "spy", "h200_vidr")
 
+
+
+def test_a_split_prediction_is_filed_per_op_and_sums_to_the_step(probes, store_home, tmp_path):
+    """ours splits its steps by op (``predict_by_op``): each part lands in the predictions as an
+    ``op_ms_<op>`` column, the parts sum to the step prediction, and a predictor without a split
+    (the spy) files none."""
+    result = _run(tmp_path, "ours", "l40s_vidur")
+    saved = pl.read_parquet(result.folder / "predictions.parquet")
+    parts = [c for c in saved.columns if c.startswith("op_ms_")]
+    assert {"op_ms_gemm_qkv", "op_ms_attn_decode", "op_ms_allreduce"} <= set(parts)
+    total = saved.select(pl.sum_horizontal(parts)).to_series()
+    assert (total - saved["pred_ms"]).abs().max() < 1e-9 * saved["pred_ms"].max()
+    assert saved.filter(pl.col("tp") == 1)["op_ms_allreduce"].eq(0.0).all()
+    spy = pl.read_parquet(_run(tmp_path, "spy", "l40s_vidur").folder / "predictions.parquet")
+    assert not any(c.startswith("op_ms_") for c in spy.columns)

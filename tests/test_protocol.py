@@ -159,3 +159,25 @@ def test_check_predictor_catches_unnamed_learned_state():
 
     with pytest.raises(AssertionError, match="end in _"):
         check_predictor(Leaky)
+
+
+class _Constant(Predictor):
+    card = CARD
+
+    def predict(self, cells, gpu):
+        return np.full(len(cells), 2.0)
+
+
+def test_check_predictor_catches_a_per_op_split_that_does_not_sum_to_the_step():
+    class Split(_Constant):
+        def predict_by_op(self, cells, gpu):
+            return {"gemm": np.full(len(cells), 1.0), "allreduce": np.full(len(cells), 0.5)}
+
+    with pytest.raises(AssertionError, match="sum to predict"):
+        check_predictor(Split)
+
+    class Exact(_Constant):
+        def predict_by_op(self, cells, gpu):
+            return {"gemm": np.full(len(cells), 1.5), "allreduce": np.full(len(cells), 0.5)}
+
+    assert check_predictor(Exact)[-1] == "predict"

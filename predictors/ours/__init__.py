@@ -117,6 +117,10 @@ class Ours(Predictor):
                                "its FP8 GEMMs (add the datasheet FP8 dense peak)")
         return sum(self.components(cells, gpu).values()) * 1e3
 
+    def predict_by_op(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
+        """The terms ``predict`` sums, in ms; the block terms carry the lineage op names."""
+        return {name: seconds * 1e3 for name, seconds in self.components(cells, gpu).items()}
+
     def device(self, gpu: GpuSpec) -> Device:
         """The target as the model sees it: its datasheet through the frozen constants."""
         return Device.of(gpu, self.constants_)
@@ -208,7 +212,9 @@ def _rung(name: str, enabled: tuple[str, ...]) -> type[Ours]:
     params += [inspect.Parameter(f, inspect.Parameter.KEYWORD_ONLY, default=v)
                for f, v in defaults.items()]
     __init__.__signature__ = inspect.Signature(params)
-    cls = type(f"Ours_{name}", (Ours,), {"__init__": __init__, "__doc__": f"ours, ladder {name}"})
+    # The rungs are compared on whole steps; the per-op atlas is the full model's.
+    cls = type(f"Ours_{name}", (Ours,), {"__init__": __init__, "__doc__": f"ours, ladder {name}",
+                                         "predict_by_op": Predictor.predict_by_op})
     return register(f"ours_{name}")(cls)
 
 

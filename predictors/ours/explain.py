@@ -54,7 +54,9 @@ def _printed(r: dict) -> dict[str, str]:
     return {"op": r["op"], "count": str(r["count"]), "GFLOP": f"{r.get('flops', 0) / 1e9:.3f}",
             "MB": f"{r['bytes'] / 1e6:.2f}", "bound": bound,
             **{f: f"{r[f]:.3f}" if f in r else "-" for f in FACTOR_COLUMNS},
-            "floor us": f"{r.get('floor_s', 0) * 1e6:.1f}", "us": f"{r['seconds'] * 1e6:.1f}"}
+            "floor us": f"{r.get('floor_s', 0) * 1e6:.1f}",
+            "per-CTA us": f"{r['cta_s'] * 1e6:.1f}" if "cta_s" in r else "-",
+            "us": f"{r['seconds'] * 1e6:.1f}"}
 
 
 def device_line(dev: Device) -> str:

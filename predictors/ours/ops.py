@@ -79,12 +79,13 @@ def prefill_attention(q, ctx, heads, kv_heads, head_dim, dev: Device, c: dict,
     memory_s = moved / (dev.mem_bw * eta_mem)
     floor = a["prefill_floor_s"] if sw.attention else c["gemm"]["floor_s"]
     floor_s = floor * dev.floor_scale * one if sw.floors else 0.0 * one
-    if sw.attention and sw.floors:  # each (head, query tile) CTA's fixed work, as in decode
-        floor_s = floor_s + factors.per_cta_seconds(heads * np.ceil(q / a["tile_q"]), dev.sms,
-                                                    a["prefill_cta_s"]) * dev.floor_scale
-    return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
-            "memory_s": memory_s, "floor_s": floor_s, "f_clk": f_clk, "eta_cl": eta_cl,
-            "eta_kernel": eta_kernel, "eta_mem": eta_mem, "flops": flops, "bytes": moved}
+    # Each (head, query tile) CTA's fixed work, as in decode.
+    cta_s = (factors.per_cta_seconds(heads * np.ceil(q / a["tile_q"]), dev.sms, a["prefill_cta_s"])
+             * dev.floor_scale if sw.attention and sw.floors else 0.0 * one)
+    return {"seconds": np.maximum(compute_s, memory_s) + floor_s + cta_s, "compute_s": compute_s,
+            "memory_s": memory_s, "floor_s": floor_s, "cta_s": cta_s, "f_clk": f_clk,
+            "eta_cl": eta_cl, "eta_kernel": eta_kernel, "eta_mem": eta_mem, "flops": flops,
+            "bytes": moved}
 
 
 def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,

@@ -1,0 +1,37 @@
+"""The per-op atlas: each part of a split prediction against the measured time of its op."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from leaderboard import op_atlas
+
+
+def test_per_op_table_by_hand():
+    """Two cells of one run. Cell a: GEMM measured 2 x 1.0 ms (two lineage rows), predicted 3.0;
+    all-reduce measured 1.0, predicted 0.5. Cell b: GEMM measured 4.0, predicted 4.0, no
+    all-reduce in its lineage. Steps: a 3.0 ms, b 4.0 ms (7.0 in all). A part without a lineage
+    op (light_kernels) and a null part are not placed."""
+    predictions = pl.DataFrame({
+        "predictor": ["p", "p"], "dataset": ["x_vidur", "x_vidur"], "split": ["unseen"] * 2,
+        "cell_id": ["a", "b"], "gt_ms": [3.0, 4.0], "pred_ms": [3.5, 4.0],
+        "op_ms_gemm": [3.0, 4.0], "op_ms_allreduce": [0.5, None],
+        "op_ms_light_kernels": [0.0, 0.0]})
+    lineage = pl.DataFrame({"dataset": ["x_vidur"] * 4, "cell_id": ["a", "a", "a", "b"],
+                            "op": ["gemm", "gemm", "allreduce", "gemm"],
+                            "latency_ms": [0.5, 1.0, 0.25, 2.0], "count": [2, 1, 4, 2]})
+    table = op_atlas.table(predictions, op_atlas.of_lineage(lineage))
+    rows = {r["op"]: r for r in table.iter_rows(named=True)}
+    assert set(rows) == {"gemm", "allreduce"}
+    assert rows["gemm"]["n"] == 2 and rows["gemm"]["ratio_median"] == pytest.approx(1.25)
+    assert rows["gemm"]["mape"] == pytest.approx(25.0)  # |3/2 - 1| and |4/4 - 1|, averaged
+    assert rows["gemm"]["share_pct"] == pytest.approx(600 / 7)
+    assert rows["allreduce"]["n"] == 1 and rows["allreduce"]["ratio_median"] == pytest.approx(0.5)
+    assert rows["allreduce"]["share_pct"] == pytest.approx(100 / 7)
+
+
+def test_no_split_predictions_give_no_table():
+    plain = pl.DataFrame({"predictor": ["p"], "dataset": ["x_vidur"], "split": ["unseen"],
+                          "cell_id": ["a"], "gt_ms": [1.0], "pred_ms": [1.0]})
+    assert op_atlas.table(plain, pl.DataFrame()).is_empty()
