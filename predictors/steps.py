@@ -65,8 +65,9 @@ class Steps:
         # The flat list values are zero-copy; only prefill requests get a row of their own.
         q = cells["q_lens"].explode().to_numpy()
         ctx = cells["ctx_lens"].explode().to_numpy()
-        prefill = np.flatnonzero((q != 1) | (ctx == 0))
-        ends = np.cumsum(cells["num_requests"].to_numpy())
+        counts = cells["num_requests"].to_numpy()
+        ends = np.cumsum(counts)
+        prefill = _prefill_requests(q, ctx, ends, counts, cells["num_decode"].to_numpy())
         col = lambda frame, c: frame[c].to_numpy().astype(np.float64)  # noqa: E731
         return cls(
             n=len(cells), tp=col(shaped, "tp"),
@@ -92,3 +93,18 @@ class Steps:
         """Per-GPU widths under Megatron TP: heads, KV heads (at least one) and FFN."""
         return {"heads": self.heads / self.tp, "kv_heads": np.maximum(self.kv_heads / self.tp, 1.0),
                 "ffn": self.ffn / self.tp}
+
+
+def _prefill_requests(q: np.ndarray, ctx: np.ndarray, ends: np.ndarray, counts: np.ndarray,
+                      num_decode: np.ndarray) -> np.ndarray:
+    """Flat indices of the prefill requests: not ``q == 1`` on a non-empty cache, the rule the
+    cells' ``num_decode`` column is derived by (leaderboard/cells/schema.py). Cells list their
+    prefills first; where the first ``num_prefill`` requests of every cell are prefills, those
+    are all of them (the column counts the rest as decode), so the decode requests, most of
+    the data, are never read. Otherwise every request is scanned."""
+    prefills = counts - num_decode
+    firsts = np.cumsum(prefills) - prefills
+    guess = np.arange(prefills.sum()) + np.repeat(ends - counts - firsts, prefills)
+    if ((q[guess] != 1) | (ctx[guess] == 0)).all():
+        return guess
+    return np.flatnonzero((q != 1) | (ctx == 0))

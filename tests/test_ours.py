@@ -140,13 +140,13 @@ def test_blocks_change_no_prediction():
     block it lands in, nor on the mixed wall-clock and gpu_block cells beside it."""
     mixed = pl.concat([MIX, cells([("llama-2-70b", 8, [1] * 3, [600, 700, 900])],
                                   kind="wall_clock")])
-    many = pl.concat([mixed] * 12_000)  # 600k requests: two blocks
+    many = pl.concat([mixed] * 48_000)  # 2.4M requests: two blocks of at most 2^21
     assert len(blocks(many["num_requests"].to_numpy())) == 2
     assert blocks(np.array([3, 0, 5]), 4) == [(0, 2), (2, 3)]
     assert blocks(np.array([], dtype=np.int64)) == [(0, 0)]
     model = registry.build("ours").fit(home())
     gpu = load_gpu_specs()["h200_sxm"]
-    whole = np.tile(model.predict(mixed, gpu), 12_000)
+    whole = np.tile(model.predict(mixed, gpu), 48_000)
     assert np.array_equal(model.predict(many, gpu), whole)
 
 
