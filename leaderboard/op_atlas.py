@@ -48,7 +48,8 @@ def table(predictions: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
     parts = [c for c in predictions.columns if c.startswith(BY_OP_PREFIX)]
     if not parts:
         return pl.DataFrame()
-    scored = predictions.filter(pl.col("pred_ms").is_finite())
+    valid = pl.col("valid") if "valid" in predictions.columns else pl.lit(True)
+    scored = predictions.filter(pl.col("pred_ms").is_finite() & valid)
     total = scored.group_by(*KEYS).agg(step_ms=pl.col("gt_ms").sum())
     long = (scored.select(*KEYS, "cell_id", *parts)
             .unpivot(index=[*KEYS, "cell_id"], on=parts, variable_name="op", value_name="pred_ms")
@@ -131,9 +132,11 @@ def section(tbl: pl.DataFrame, family: str, images: dict[str, Path], relative) -
 def write(predictions: pl.DataFrame, family: str, atlas_dir: Path, relative) -> list[str]:
     """Compute the per-op table of ``predictions`` (all datasets to parquet), draw one picture
     per predictor on ``family``'s datasets, and return the report section."""
-    if not any(c.startswith(BY_OP_PREFIX) for c in predictions.columns):
+    parts = [c for c in predictions.columns if c.startswith(BY_OP_PREFIX)]
+    if not parts:
         return []
-    tbl = table(predictions, measured_by_op(sorted(set(predictions["dataset"]))))
+    split = predictions.filter(pl.any_horizontal(pl.col(parts).is_not_null()))
+    tbl = table(split, measured_by_op(sorted(set(split["dataset"]))))
     if tbl.is_empty():
         return []
     atlas_dir.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,7 @@ def _check_predict(estimator, blind: pl.DataFrame, gpu) -> None:
     np.testing.assert_allclose(estimator.predict(blind[subset], gpu), pred[subset], rtol=1e-9,
                                err_msg="a subset's predictions must equal the subset of all")
     parts = estimator.predict_by_op(blind, gpu)
-    if parts is not None:
+    if parts:  # None or empty: the prediction is not split
         assert all(np.shape(v) == (len(blind),) for v in parts.values()), \
             "predict_by_op must give one value per cell for every part"
         np.testing.assert_allclose(sum(parts.values()), pred, rtol=1e-9,

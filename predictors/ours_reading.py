@@ -7,7 +7,8 @@ a tiny message takes. ``ours_reading`` asks the harness, through the capped read
 for a few points of each, in this order (the cap may cut the later ones):
 
 - ``decode_points`` decode-attention points with the least KV to stream (floor-dominated): the
-  attention floors and decode's per-CTA cost scale by one factor, ``fixed_costs``;
+  attention floors and both attention kernels' per-CTA costs scale by one factor,
+  ``fixed_costs``;
 - ``gemm_points`` GEMMs of the smallest step with the most weight bytes (memory-bound): the
   memory law's efficiencies scale by one factor, ``memory``;
 - ``allreduce_points`` all-reduces of each TP degree's smallest message (latency-dominated):
@@ -53,7 +54,7 @@ RANGES = {"fixed_costs": (0.25, 4.0), "memory": (0.5, 2.0), "collective_latency"
 class OursReading(Ours):
     card = PredictorCard(
         kind="analytical", reference="docs/ours.md (deploy reading)",
-        description="ours with four factors read from a capped deploy reading of the target's "
+        description="ours with three factors read from a capped deploy reading of the target's "
                     "op points: kernel fixed costs (smallest decode kernels), GEMM memory "
                     "efficiency (largest weights at the smallest step), collective latency "
                     "(smallest all-reduce per TP); "

@@ -6,6 +6,11 @@ step and are kept one row each (``pf_cell``, ``pf_q``, ``pf_ctx``), so a predict
 per-request formula and sum it back with ``Steps.sum``. A predictor that needs the decode requests
 one by one reads every request's context (``req_ctx``, the flat list values, no copy) with each
 cell's end in it (``req_end``).
+
+The derived columns are trusted as the cells' schema defines them (leaderboard/cells/schema.py,
+``derive``): ``num_decode`` and ``decode_ctx_sum`` count the requests with one new token on a
+non-empty cache. The decode terms come from them, and so does finding the prefill requests
+without reading the decode ones; cells built by hand must derive them by the same rule.
 """
 
 from __future__ import annotations
@@ -101,7 +106,8 @@ def _prefill_requests(q: np.ndarray, ctx: np.ndarray, ends: np.ndarray, counts: 
     cells' ``num_decode`` column is derived by (leaderboard/cells/schema.py). Cells list their
     prefills first; where the first ``num_prefill`` requests of every cell are prefills, those
     are all of them (the column counts the rest as decode), so the decode requests, most of
-    the data, are never read. Otherwise every request is scanned."""
+    the data, are never read. Otherwise every request is scanned (the fallback reads 2^21
+    requests a block in ``ours``, arrays of 16 MB)."""
     prefills = counts - num_decode
     firsts = np.cumsum(prefills) - prefills
     guess = np.arange(prefills.sum()) + np.repeat(ends - counts - firsts, prefills)

@@ -53,6 +53,20 @@ class Spy(Predictor):
         return np.full(len(points), 0.01)
 
 
+class SplitsBadly(Spy):
+    """A per-op split that fails: the run must stay VALID and note it."""
+
+    def predict_by_op(self, cells, gpu):
+        raise ValueError("no split today")
+
+
+class SplitsMisshapen(Spy):
+    """A per-op split with one value too few, under a name that is also np.savez's argument."""
+
+    def predict_by_op(self, cells, gpu):
+        return {"allow_pickle": np.ones(len(cells) - 1)}
+
+
 class Peek(Predictor):
     card = CARD
 

@@ -21,6 +21,8 @@ from predictors import registry
 PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors.Peek,
           "negative": probe_predictors.Negative, "reads_prefill": probe_predictors.ReadsPrefill,
           "reads_op_points": probe_predictors.ReadsOpPoints,
+          "splits_badly": probe_predictors.SplitsBadly,
+          "splits_misshapen": probe_predictors.SplitsMisshapen,
           **probe_predictors.CHEATS}
 
 
@@ -220,3 +222,13 @@ def test_a_split_prediction_is_filed_per_op_and_sums_to_the_step(probes, store_h
     assert saved.filter(pl.col("tp") == 1)["op_ms_allreduce"].eq(0.0).all()
     spy = pl.read_parquet(_run(tmp_path, "spy", "l40s_vidur").folder / "predictions.parquet")
     assert not any(c.startswith("op_ms_") for c in spy.columns)
+
+
+@pytest.mark.parametrize(("predictor", "note"), [("splits_badly", "ValueError: no split today"),
+                                                  ("splits_misshapen", "not one value per cell")])
+def test_a_failing_per_op_split_is_noted_and_the_score_stands(probes, tmp_path, predictor, note):
+    result = _run(tmp_path, predictor, "l40s_vidur")
+    assert result.metrics["valid"] and result.metrics["phases"]["all"]["mape"] is not None
+    assert note in result.metrics["by_op_error"]
+    saved = pl.read_parquet(result.folder / "predictions.parquet")
+    assert not any(c.startswith("op_ms_") for c in saved.columns)

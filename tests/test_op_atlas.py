@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from leaderboard import op_atlas
+from leaderboard import op_atlas, results
 
 
 def test_per_op_table_by_hand():
@@ -35,3 +35,27 @@ def test_no_split_predictions_give_no_table():
     plain = pl.DataFrame({"predictor": ["p"], "dataset": ["x_vidur"], "split": ["unseen"],
                           "cell_id": ["a"], "gt_ms": [1.0], "pred_ms": [1.0]})
     assert op_atlas.table(plain, pl.DataFrame()).is_empty()
+
+
+def test_predictions_of_runs_with_and_without_a_split_load_together(tmp_path):
+    """A split run's predictions carry op_ms_* columns, a plain run's do not: both load, the
+    plain run's parts are null, and only the valid split run is placed."""
+    base = {"cell_id": ["a"], "dataset": ["x_vidur"], "gt_ms": [2.0], "pred_ms": [2.0]}
+    folders = []
+    for run_id, extra in (("split", {"op_ms_gemm": [2.0]}), ("plain", {})):
+        folder = tmp_path / run_id
+        folder.mkdir()
+        pl.DataFrame({**base, **extra, "run_id": [run_id]}).write_parquet(
+            folder / "predictions.parquet")
+        folders.append(str(folder))
+    runs = pl.DataFrame({"run_id": ["split", "plain"], "predictor": ["p", "q"],
+                         "dataset": ["x_vidur"] * 2, "sku": ["x"] * 2, "split": ["unseen"] * 2,
+                         "valid": [True, True], "folder": folders})
+    loaded = results.load_predictions(runs)
+    assert loaded.sort("run_id")["op_ms_gemm"].to_list() == [None, 2.0]
+    lineage = pl.DataFrame({"dataset": ["x_vidur"], "cell_id": ["a"], "op": ["gemm"],
+                            "latency_ms": [1.0], "count": [2]})
+    table = op_atlas.table(loaded, op_atlas.of_lineage(lineage))
+    assert table["predictor"].to_list() == ["p"] and table["ratio_median"].to_list() == [1.0]
+    invalid = loaded.with_columns(valid=pl.lit(False))
+    assert op_atlas.table(invalid, op_atlas.of_lineage(lineage)).is_empty()

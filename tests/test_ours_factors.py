@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +151,31 @@ def test_split_kv_floor_only_from_batch_two_on_sm8x():
 def test_host_floor_is_linear_in_requests():
     s = factors.host_floor_seconds(np.array([1.0, 2.0, 11.0]), 0.003, 0.0001)
     assert s == pytest.approx([0.003, 0.0031, 0.004])
+
+
+def test_attention_per_cta_costs_by_hand():
+    """On the home A100 (floor scale 1, 108 SMs), with per-CTA costs of 3 and 2 us: a decode
+    kernel of 2,048 requests x 8 KV heads pays 2048 x 8 x 3 us / 108; a prefill kernel of 32
+    heads x 1,000 tokens (8 query tiles of 128) pays 32 x 8 x 2 us / 108. Switching floors or
+    attention off drops both."""
+    from leaderboard_core.specs import load_gpu_specs
+    from predictors.ours import config, ops
+    from predictors.ours.config import Device
+    from predictors.ours.ops import Switches
+
+    c = copy.deepcopy(config.load_constants())
+    c["attention"].update(decode_cta_s=3e-6, prefill_cta_s=2e-6)
+    dev = Device.of(load_gpu_specs()["a100_sxm"], c)
+    assert dev.floor_scale == pytest.approx(1.0) and dev.sms == 108
+    one = np.array([1.0])
+    decode = ops.decode_attention(2048 * one, 1 * one, 32 * one, 8 * one, 128 * one, dev, c,
+                                  Switches())
+    assert decode["cta_s"][0] == pytest.approx(2048 * 8 * 3e-6 / 108)
+    prefill = ops.prefill_attention(1000 * one, 0 * one, 32 * one, 8 * one, 128 * one, dev, c,
+                                    Switches())
+    assert prefill["cta_s"][0] == pytest.approx(32 * 8 * 2e-6 / 108)
+    for off in (Switches(floors=False), Switches(attention=False)):
+        assert ops.decode_attention(2048 * one, one, 32 * one, 8 * one, 128 * one, dev, c,
+                                    off)["cta_s"][0] == 0.0
+        assert ops.prefill_attention(1000 * one, 0 * one, 32 * one, 8 * one, 128 * one, dev, c,
+                                     off)["cta_s"][0] == 0.0

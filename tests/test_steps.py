@@ -19,10 +19,15 @@ def _cells(rows: list[tuple[list[int], list[int]]]) -> pl.DataFrame:
 
 
 def test_prefills_listed_first_are_found_without_reading_the_decodes():
-    s = Steps.from_cells(_cells([([512, 1, 1], [0, 40, 50]), ([1, 1], [7, 9]),
-                                 ([64, 32], [0, 100])]))
+    frame = _cells([([512, 1, 1], [0, 40, 50]), ([1, 1], [7, 9]), ([64, 32], [0, 100])])
+    s = Steps.from_cells(frame)
     assert s.pf_cell.tolist() == [0, 2, 2]
     assert s.pf_q.tolist() == [512, 64, 32] and s.pf_ctx.tolist() == [0, 0, 100]
+    # The requests after a cell's first num_prefill are taken as decode unread: poisoning one
+    # (a 7-token prompt the columns still count as decode) changes nothing. A full scan would
+    # have found it.
+    poisoned = frame.with_columns(q_lens=pl.Series([[512, 7, 1], [1, 1], [64, 32]]))
+    assert Steps.from_cells(poisoned).pf_q.tolist() == [512, 64, 32]
 
 
 def test_prefills_anywhere_in_a_cell_are_still_all_found():

@@ -84,9 +84,10 @@ def decode_parallelism(ctas: np.ndarray, sms: int, knee: float) -> np.ndarray:
 
 
 def per_cta_seconds(ctas: np.ndarray, sms: int, cta_s: float) -> np.ndarray:
-    """Fixed work per CTA, spread over the SMs: each (request x KV head) CTA of a decode kernel
-    loads its query and page indices and writes its output whatever its KV length, ``cta_s``
-    SM-seconds (at the home clock) each. It is what a large batch of short contexts costs."""
+    """Fixed work per CTA, spread over the SMs: each CTA of an attention kernel (one per request
+    and KV head in decode, one per head and 128-query tile in prefill) loads its query and page
+    indices and writes its output whatever its KV length, ``cta_s`` SM-seconds (at the home
+    clock) each. It is what a large batch of short contexts costs."""
     return ctas * cta_s / sms
 
 

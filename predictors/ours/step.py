@@ -19,8 +19,9 @@ from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 from predictors.steps import Steps
 
-# Requests per block of ``blocks``. Only prefill requests are read one by one (Steps skips the
-# decode ones), so a block's temporaries are per cell: about 5,000 cells of h200_vidur.
+# Requests per block of ``blocks``. Only prefill requests are read one by one where cells list
+# them first (Steps skips the decode ones), so a block's temporaries are mostly per cell: about
+# 5,000 cells of h200_vidur; Steps' fallback scan of every request takes 16 MB arrays.
 # Measured on h200_vidur x 315, one core: 2^19 0.90M, 2^21 1.03-1.07M, 2^23 0.98-1.01M cells/s.
 BLOCK_REQUESTS = 2**21
 
@@ -36,9 +37,9 @@ def gemm_shapes(s: Steps) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def blocks(num_requests: np.ndarray, size: int = BLOCK_REQUESTS) -> list[tuple[int, int]]:
     """Cell ranges [lo, hi) of about ``size`` requests each, a cell never split. Every term is
-    per cell, so timing a block at a time gives the same numbers; it keeps the per-request
-    temporaries a few MB, which the allocator reuses, where whole-input arrays of tens of
-    millions of requests are fresh pages the kernel must fault in on every call."""
+    per cell, so timing a block at a time gives the same numbers; it bounds the temporaries
+    (tens of MB at most, reused by the allocator), where whole-input arrays of hundreds of
+    millions of requests would be fresh pages the kernel must fault in on every call."""
     ends = np.cumsum(num_requests)
     cuts = np.searchsorted(ends, np.arange(size, ends[-1], size), side="right") if len(ends) else []
     bounds = np.unique(np.concatenate([[0], cuts, [len(num_requests)]]).astype(np.int64))
