@@ -108,3 +108,8 @@ class NotSupported(ValueError):
 # post_attention_layernorm.
 VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+# Cell sources whose ground truth sums only these per-layer token-level ops: the GEMMs and the
+# light kernels (norms, rotary, activation, residual add), with no attention kernel and no
+# all-reduce (leaderboard/cells/profiles.py, the vidurprof card). A predictor pricing a whole
+# step prices only these on such cells, from the blind ``source`` column.
+LAYER_OP_SOURCES = {"vidur": VIDUR_OPS}

@@ -284,3 +284,30 @@ def test_ours_reading_scales_collective_latency_from_small_allreduces():
     assert model.reading_scales_["collective_latency"] == pytest.approx(0.5)
     _unchanged_but(model, before, {("collectives", "custom_floor_s"): 0.5,
                                    ("collectives", "nccl_step_s"): 0.5})
+
+
+def test_layer_op_ground_truth_is_priced_as_gemms_and_light_kernels(monkeypatch):
+    """Cells from Vidur's own profiles (source "vidur") sum one layer's GEMMs and light kernels,
+    with no attention kernel and no all-reduce: ours prices exactly that there, and the full
+    step elsewhere. Blocks mixing both kinds give every block the same terms."""
+    import predictors.ours as ours_module
+    from predictors.ours.step import blocks as real_blocks
+
+    gpu = load_gpu_specs()["a100_sxm"]
+    model = registry.build("ours").fit(home())
+    both = pl.concat([MIX.with_columns(source=pl.lit("vidur")),
+                      MIX.with_columns(source=pl.lit("aiconfigurator"))])
+    monkeypatch.setattr(ours_module, "blocks", lambda n: real_blocks(n, 50))  # several blocks
+    parts = model.components(both, gpu)
+    layer_ops = np.arange(len(both)) < len(MIX)
+    for name in ("attn_prefill", "attn_decode", "allreduce"):
+        assert (parts[name][layer_ops] == 0).all()
+    assert (parts["light_kernels"][layer_ops] > 0).all() and (parts["light_kernels"][~layer_ops] == 0).all()
+    assert (parts["allreduce"][~layer_ops][MIX["tp"].to_numpy() > 1] > 0).all()
+    for name in ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down"):  # the GEMMs are the same
+        np.testing.assert_array_equal(parts[name][layer_ops], parts[name][~layer_ops])
+    predicted = model.predict(both, gpu) / 1e3
+    gemms = sum(parts[k] for k in ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down"))
+    np.testing.assert_allclose(predicted[layer_ops], (gemms + parts["light_kernels"])[layer_ops])
+    rung = registry.build("ours_r5_floors").fit(home())
+    assert set(rung.components(both, gpu)) == set(rung.components(MIX, gpu))

@@ -18,7 +18,14 @@ import inspect
 import numpy as np
 import polars as pl
 
-from leaderboard_core.contract import Home, NotSupported, PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import (
+    LAYER_OP_SOURCES,
+    Home,
+    NotSupported,
+    PredictorCard,
+    Reading,
+    ReadingRequest,
+)
 from leaderboard_core.specs import GpuSpec
 from predictors.base import Predictor
 from predictors.ours import calibrate, config, factors, ops
@@ -32,6 +39,8 @@ FACTORS = ("clock", "waves", "delivery", "l2_memory", "floors", "attention", "co
            "wall_clock")
 # What wall_clock_extras adds, then S(N): in this order after the block terms.
 WALL_CLOCK_TERMS = ("light_kernels", "lm_head", "host_floor")
+# The block terms a layer-op ground truth (LAYER_OP_SOURCES) does not hold.
+NOT_IN_LAYER_OPS = ("attn_prefill", "attn_decode", "allreduce")
 LADDER = ("r0_roofline", "r1_clock", "r2_waves", "r3_delivery", "r4_l2_memory", "r5_floors",
           "r6_attention", "r7_collectives")
 
@@ -94,19 +103,31 @@ class Ours(Predictor):
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def _block_components(self, cells: pl.DataFrame, dev: Device) -> dict[str, np.ndarray]:
+        """The block terms, then ``light_kernels`` (and, with the wall-clock terms on, the LM
+        head and S(N)): the same keys for every block, zero where a cell has no such term."""
         s = Steps.from_cells(cells)
         parts = block_times(s, dev, self.constants_, self.switches)
-        if self.wall_clock:
-            wall = (cells["gt_kind"] == "wall_clock").to_numpy()
-            if not wall.any():  # gpu_block cells: the wall-clock terms are zero
-                return {**parts, **{k: np.zeros(s.n) for k in WALL_CLOCK_TERMS}}
-            extras = wall_clock_extras(s, dev, self.constants_, self.switches)
-            parts.update(extras)
-            # alpha scales every GPU term of a wall-clock step; S(N) is host time, unscaled.
-            parts = {k: np.where(wall, self.alpha_ * v, v) for k, v in parts.items()}
-            parts.update({k: np.where(wall, v, 0.0) for k, v in parts.items() if k in extras})
-            host = factors.host_floor_seconds(s.num_requests, *self.host_floor_)
-            parts["host_floor"] = np.where(wall, host, 0.0)
+        zero = np.zeros(s.n)
+        wall = ((cells["gt_kind"] == "wall_clock").to_numpy() if self.wall_clock
+                else np.zeros(s.n, dtype=bool))
+        layer_ops = (cells["source"].is_in(list(LAYER_OP_SOURCES)).to_numpy()
+                     if "source" in cells.columns else np.zeros(s.n, dtype=bool))
+        if not (wall.any() or layer_ops.any()):  # gpu_block steps: the block terms only
+            tail = WALL_CLOCK_TERMS if self.wall_clock else ("light_kernels",)
+            return {**parts, **{k: zero for k in tail}}
+        extras = wall_clock_extras(s, dev, self.constants_, self.switches)
+        # Layer-op ground truth: the GEMMs and light kernels, no attention kernel, no all-reduce.
+        for name in NOT_IN_LAYER_OPS:
+            parts[name] = np.where(layer_ops, 0.0, parts[name])
+        light = np.where(layer_ops, extras["light_kernels"], 0.0)
+        if not self.wall_clock:
+            return {**parts, "light_kernels": light}
+        # alpha scales every GPU term of a wall-clock step; S(N) is host time, unscaled.
+        parts = {k: np.where(wall, self.alpha_ * v, v) for k, v in parts.items()}
+        parts.update({k: np.where(wall, self.alpha_ * v, 0.0) for k, v in extras.items()})
+        parts["light_kernels"] = parts["light_kernels"] + light
+        parts["host_floor"] = np.where(
+            wall, factors.host_floor_seconds(s.num_requests, *self.host_floor_), 0.0)
         return parts
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
