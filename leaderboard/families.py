@@ -17,10 +17,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from leaderboard.metrics import ALL_LEVELS as LEVELS
 from leaderboard.metrics import PHASES as STEP_PHASES
 from leaderboard_core.naming import Registry
-
-LEVELS = ("step", "op", "serving")
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,6 @@ def unregister_family(suffix: str) -> None:
     _FAMILIES.drop(suffix)
 
 
-def names() -> list[str]:
-    return _FAMILIES.names()
-
-
 def get(suffix: str) -> DatasetFamily:
     return _FAMILIES.get(suffix)
 
@@ -93,7 +88,7 @@ def get(suffix: str) -> DatasetFamily:
 def suffix_of(dataset: str) -> str:
     """The family suffix of a dataset name (``h200_vidur19`` -> ``vidur19``): the longest
     registered suffix it ends with (``h200_vidur_fp8`` -> ``vidur_fp8``), else its last word."""
-    known = [s for s in _FAMILIES.names() if dataset.endswith(f"_{s}")]
+    known = [f.suffix for f in _FAMILIES if f.matches(dataset)]
     return max(known, key=len) if known else dataset.rsplit("_", 1)[-1]
 
 

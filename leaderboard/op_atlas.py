@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
 from leaderboard.catalog import StoreCatalog  # noqa: E402
+from leaderboard_core.report_tables import table as markdown_table  # noqa: E402
 
 BY_OP_PREFIX = "op_ms_"
 KEYS = ("predictor", "dataset", "split")
@@ -121,9 +122,7 @@ def section(tbl: pl.DataFrame, family: str, images: dict[str, Path], relative) -
             body.append([op, *(f"×{cells[d]['ratio_median']:.2f} ({cells[d]['mape']:.0f} %, "
                                f"share {cells[d]['share_pct']:.0f} %)" if d in cells else "—"
                                for d in datasets)])
-        lines += [f"### {predictor}", "", "| " + " | ".join(header) + " |",
-                  "| " + " | ".join(["---"] + ["---:"] * len(datasets)) + " |",
-                  *("| " + " | ".join(r) + " |" for r in body), ""]
+        lines += [f"### {predictor}", "", *markdown_table(header, body, "l" + "r" * len(datasets))]
         if predictor in images:
             lines += [f"![per-op error of {predictor}]({relative(images[predictor])})", ""]
     return lines

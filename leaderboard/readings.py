@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from leaderboard import homes
+from leaderboard_core import guard
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Reading, ReadingRequest
 
 MAX_POINTS = 16  # defaults of conf/config.yaml's ``reading``
@@ -94,7 +95,11 @@ def take_in_process(estimator, target: pl.DataFrame, lineage: pl.DataFrame, gpu,
     """The reading of a fitted estimator outside a run (``explain``, the throughput benchmark):
     the target rows left to score and the rows read."""
     supplier = Supplier(target, lineage, cap(len(target)) if budget is None else budget)
-    request = estimator.request_reading(target.drop(GROUND_TRUTH_COLUMNS), gpu, supplier.budget)
+    with guard.sealed("deploy reading"):  # the predictor's code runs sealed, as in a run
+        request = estimator.request_reading(target.drop(GROUND_TRUTH_COLUMNS), gpu,
+                                            supplier.budget)
     if request is not None and request.size:
-        estimator.take_reading(supplier(request), gpu)
+        reading = supplier(request)
+        with guard.sealed("deploy reading"):
+            estimator.take_reading(reading, gpu)
     return supplier.scored(), supplier.rows_used

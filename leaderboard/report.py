@@ -251,8 +251,7 @@ def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list
     """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir``, less those
     the last rerun found the predictor cannot score."""
     versions = results.store_versions() if versions is None else versions
-    current = results.current(results.up_to_date(results.load_runs(runs_dir), versions),
-                              versions).pl()
+    current = results.current(results.load_runs(runs_dir), versions).pl()
     have = {(p, d, tuple(sorted(h)) if len(h or []) > 1 else None)
             for p, d, h in current.select("predictor", "dataset", "home_datasets").iter_rows()}
     timing = Path(runs_dir) / rerun.TIMING_FILE

@@ -8,14 +8,12 @@ home error here beside the error its authors published, where they published one
 
 from __future__ import annotations
 
-import json
-
 import polars as pl
 
 from leaderboard import families
 from leaderboard.homes import family, with_family
 from leaderboard.metrics import PHASES
-from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, phase_stat, table
 
 TWO_HOMES = families.get("vidur").two_homes
 # (predictor, its published error, where it is stated), paraphrased from the sources that
@@ -76,7 +74,7 @@ def baseline_strength(runs: pl.DataFrame) -> list[str]:
     rows = []
     for predictor, claim, source in PUBLISHED:
         run = by.get(predictor)
-        here = (json.loads(run["phases"]).get("all") or {}).get("mape") if run else None
+        here = phase_stat(run, "all")
         points = run["home_points_used"] if run else None
         rows.append([predictor, fmt(here, 2), points or "—", claim or "none published", source])
     return ["## Baselines at their published strength", "",

@@ -53,8 +53,5 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return list(self._entries)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
-
     def __iter__(self) -> Iterator[T]:
         return iter(list(self._entries.values()))

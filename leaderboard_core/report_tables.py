@@ -22,6 +22,11 @@ def table(header: list[str], rows: list[list[str]], align: str = "l" + "r" * 20)
             *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
+def phase_stat(run: dict | None, phase: str, stat: str = "mape") -> float | None:
+    """One statistic of one phase of a run row (its ``phases`` JSON); None without it."""
+    return (json.loads(run["phases"]).get(phase) or {}).get(stat) if run else None
+
+
 def datasets_of(runs: pl.DataFrame, fam: str) -> tuple[list[str], list[str]]:
     """(home datasets, unseen datasets) of a family, in a stable order."""
     mine = runs.filter(pl.col("family") == fam)
@@ -37,8 +42,7 @@ class PhaseMapes:
         self.unseen = unseen
 
     def mape(self, predictor: str, dataset: str, phase: str) -> float | None:
-        run = self.by.get((predictor, dataset))
-        return (json.loads(run["phases"]).get(phase) or {}).get("mape") if run else None
+        return phase_stat(self.by.get((predictor, dataset)), phase)
 
     def unseen_mean(self, predictor: str, phase: str) -> float | None:
         """Mean over the unseen GPUs; None unless every one of them has a number."""

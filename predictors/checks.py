@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Home, NotSupported
 from leaderboard_core.specs import load_gpu_specs
 
 MODEL = "llama-3-8b"
@@ -49,8 +49,7 @@ def synthetic_home() -> tuple[Home, pl.DataFrame, object]:
     gpus = load_gpu_specs()
     home = Home(sku="a100_sxm", gpu=gpus["a100_sxm"], dataset="synthetic_a100_sxm",
                 cells=synthetic_cells("a100_sxm"))
-    blind = synthetic_cells("h100_sxm", seed=1).drop("gt_ms", "gt_spread_ms", "composed",
-                                                      "warm_share")
+    blind = synthetic_cells("h100_sxm", seed=1).drop(GROUND_TRUTH_COLUMNS)
     return home, blind, gpus["h100_sxm"]
 
 

@@ -28,16 +28,14 @@ read (compute-bound ones) are not the mid-sized ones the model misses.
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import numpy as np
 import polars as pl
 
 from leaderboard_core.contract import PredictorCard, Reading, ReadingRequest
 from leaderboard_core.specs import GpuSpec
-from predictors._roofline import BF16_BYTES
 from predictors.ours import Ours, ops
-from predictors.ours.step import gemm_shapes
+from predictors.ours.step import allreduce_bytes, gemm_shapes
 from predictors.registry import register
 from predictors.steps import Steps
 
@@ -67,6 +65,12 @@ class OursReading(Ours):
         self.allreduce_points = allreduce_points
 
     def fit(self, home) -> OursReading:
+        counts = {"decode_points": self.decode_points, "gemm_points": self.gemm_points,
+                  "allreduce_points": self.allreduce_points}
+        negative = {k: v for k, v in counts.items() if v < 0}
+        if negative:
+            raise ValueError(f"ours_reading: {', '.join(f'{k}={v}' for k, v in negative.items())}"
+                             " must be 0 or more (0 reads none of that group)")
         super().fit(home)
         self.constants_ = copy.deepcopy(self.constants_)  # the reading rescales this copy only
         self.reading_scales_ = {name: 1.0 for name in RANGES}  # until the reading: as ``ours``
@@ -121,12 +125,11 @@ class OursReading(Ours):
 
     def _fixed_need(self, points: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         """Decode kernels: (measured - modelled streaming) over the modelled fixed costs."""
-        probe = points.with_columns(op_family=pl.lit("attention"), phase=pl.lit("attn_decode"),
-                                    **{x: pl.lit(None, pl.Int64) for x in ("m", "n", "k")})
-        dev = self.device(gpu)
-        work = self.op_seconds(probe, replace(dev, floor_scale=0.0))
-        fixed = self.op_seconds(probe, dev) - work
-        return (_measured(points) - work) / fixed
+        shape = (points[x].to_numpy().astype(np.float64) for x in (
+            "batch", "kv_len", "num_heads", "num_kv_heads", "head_dim"))
+        a = ops.decode_attention(*shape, self.device(gpu), self.constants_, self.switches)
+        fixed = a["floor_s"] + a["cta_s"]
+        return (_measured(points) - (a["seconds"] - fixed)) / fixed
 
     def _latency_need(self, points: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         """Small all-reduces: (measured - modelled volume time) over the modelled latency."""
@@ -152,12 +155,15 @@ def _decode_points(s: Steps, count: int) -> list[dict]:
     sharded = s.sharded()
     cells = np.flatnonzero((s.num_decode > 0) & (s.num_decode == s.num_requests))
     rows = {}
-    for i in cells[np.lexsort((s.num_decode[cells], s.decode_ctx[cells] * sharded["kv_heads"][cells]))]:
+    for i in ([] if count < 1 else cells[np.lexsort((s.num_decode[cells],
+                                                  s.decode_ctx[cells] * sharded["kv_heads"][cells]))]):
         point = _ints(batch=s.num_decode[i], kv_len=s.decode_ctx[i] // s.num_decode[i],
                       num_heads=sharded["heads"][i], num_kv_heads=sharded["kv_heads"][i],
                       head_dim=s.head_dim[i])
         rows.setdefault(tuple(point.values()), {"op": "attn_decode", **point})
-    return list(rows.values())[:count]
+        if len(rows) == count:
+            break
+    return list(rows.values())
 
 
 def _gemm_points(s: Steps, count: int) -> list[dict]:
@@ -173,6 +179,6 @@ def _gemm_points(s: Steps, count: int) -> list[dict]:
 
 def _allreduce_points(s: Steps, count: int) -> list[dict]:
     """Each TP degree's smallest all-reduce message, the lowest degrees first."""
-    message = s.tokens * s.hidden * BF16_BYTES
+    message = allreduce_bytes(s)
     return [{"op": "allreduce", **_ints(num_gpus=tp, message_bytes=message[s.tp == tp].min())}
             for tp in sorted(set(s.tp[s.tp > 1]))][:count]

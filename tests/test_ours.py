@@ -311,3 +311,11 @@ def test_layer_op_ground_truth_is_priced_as_gemms_and_light_kernels(monkeypatch)
     np.testing.assert_allclose(predicted[layer_ops], (gemms + parts["light_kernels"])[layer_ops])
     rung = registry.build("ours_r5_floors").fit(home())
     assert set(rung.components(both, gpu)) == set(rung.components(MIX, gpu))
+
+
+def test_ours_reading_refuses_a_negative_point_count():
+    with pytest.raises(ValueError, match="gemm_points=-1 must be 0 or more"):
+        registry.build("ours_reading", {"gemm_points": -1}).fit(home())
+    none = registry.build("ours_reading", {"decode_points": 0, "gemm_points": 0,
+                                           "allreduce_points": 0}).fit(home())
+    assert none.request_reading(READ_CELLS, load_gpu_specs()["h100_sxm"], 16) is None

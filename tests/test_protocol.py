@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from probe_predictors import TwoMsSteps
 
 from leaderboard.op_level import predicts_ops
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, PredictorCard
@@ -161,22 +162,15 @@ def test_check_predictor_catches_unnamed_learned_state():
         check_predictor(Leaky)
 
 
-class _Constant(Predictor):
-    card = CARD
-
-    def predict(self, cells, gpu):
-        return np.full(len(cells), 2.0)
-
-
 def test_check_predictor_catches_a_per_op_split_that_does_not_sum_to_the_step():
-    class Split(_Constant):
+    class Split(TwoMsSteps):
         def predict_by_op(self, cells, gpu):
             return {"gemm": np.full(len(cells), 1.0), "allreduce": np.full(len(cells), 0.5)}
 
     with pytest.raises(AssertionError, match="sum to predict"):
         check_predictor(Split)
 
-    class Exact(_Constant):
+    class Exact(TwoMsSteps):
         def predict_by_op(self, cells, gpu):
             return {"gemm": np.full(len(cells), 1.5), "allreduce": np.full(len(cells), 0.5)}
 

@@ -11,6 +11,7 @@ import duckdb
 import polars as pl
 
 from leaderboard.cells.common import render_card, source_lines
+from leaderboard.ingest.aiconfigurator import WARM_FLAG
 
 SOURCE = "aiconfigurator"
 SUFFIX = "_ops"
@@ -102,7 +103,7 @@ def op_datasets(con: duckdb.DuckDBPyConnection,
         card = render_card(
             "ops", name=f"{sku}{SUFFIX}", sku=sku, version=version, rows=len(points),
             gemm=counts.get("gemm", 0), attention=counts.get("attention", 0),
-            flagged=(points["flags"] == "faster_than_dram").sum(), sources=source_lines(con, files),
+            flagged=(points["flags"] == WARM_FLAG).sum(), sources=source_lines(con, files),
             breakdown="\n".join(f"| {f} | {p or '-'} | {d} | {kv or '-'} | {n} |"
                                 for f, p, d, kv, n in by_dtype.iter_rows()))
         out.append({"name": f"{sku}{SUFFIX}", "kind": "ops", "sku": sku, "version": version,

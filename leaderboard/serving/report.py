@@ -3,7 +3,6 @@ serving-level SKU ranking and the error atlas by concurrency and prompt length."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +10,11 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
-from leaderboard_core.report_tables import fmt, table
+from leaderboard_core.report_tables import fmt, phase_stat, table
 
 # Same model, precision, TP and load: the serving analogue of a workload id.
 LOAD_KEY = ("model", "precision", "tp", "isl", "osl", "concurrency")
 STEP_PAIR = ("h100_vidur", "h100_silicon")  # one GPU scored step by step and served
-
-
-def _phase(run: dict | None, phase: str, stat: str) -> float | None:
-    return (json.loads(run["phases"]).get(phase) or {}).get(stat) if run else None
 
 
 def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict) -> list[str]:
@@ -36,7 +31,7 @@ def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict) -> lis
                 rows.append([p, d, "INVALID: " + "; ".join(run["invalid_reasons"])[:140],
                              *["—"] * 6])
             else:
-                rows.append([p, d, "VALID", *(fmt(_phase(run, m, s)) for m in ("ttft", "tpot")
+                rows.append([p, d, "VALID", *(fmt(phase_stat(run, m, s)) for m in ("ttft", "tpot")
                                               for s in ("mape", "median_ape", "p90_ape"))])
     return table(["predictor", "dataset", "status", "TTFT MAPE %", "TTFT median %",
                   "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %"], rows, "lll" + "r" * 6)
@@ -50,9 +45,9 @@ def disagreement(step_runs: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
         (pl.col("dataset") == STEP_PAIR[1]) & pl.col("valid")).iter_rows(named=True)}
     rows = []
     for p in sorted(set(step_by) & set(serve_by)):
-        step = _phase(step_by[p], "all", "mape")
-        decode = _phase(step_by[p], "decode", "mape")
-        tpot, ttft = (_phase(serve_by[p], m, "mape") for m in ("tpot", "ttft"))
+        step = phase_stat(step_by[p], "all", "mape")
+        decode = phase_stat(step_by[p], "decode", "mape")
+        tpot, ttft = (phase_stat(serve_by[p], m, "mape") for m in ("tpot", "ttft"))
         gap = None if None in (decode, tpot) else tpot - decode
         rows.append([p, fmt(step), fmt(decode), fmt(tpot), fmt(ttft), fmt(gap)])
     order = sorted(rows, key=lambda r: float(r[3].replace(",", "")) if r[3] != "—" else np.inf)
@@ -135,3 +130,6 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
         lines += ["### Serving-level SKU ranking (TPOT)", ""] + sku_ranking(predictions)
         lines += ["### Serving error atlas", ""] + atlas(predictions, atlas_dir)
     return lines
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True

@@ -98,6 +98,10 @@ class Ours(Predictor):
     def components(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
         """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
         dev = self.device(gpu)
+        if dev.fp8_peak_flops is None and "gemm_dtype" in cells.columns and (
+                cells["gemm_dtype"] == "fp8").any():
+            raise NotSupported(f"{gpu.sku} has no fp8_dense_tflops in its spec: ours cannot price "
+                               "its FP8 GEMMs (add the datasheet FP8 dense peak)")
         parts = [self._block_components(cells.slice(lo, hi - lo), dev)
                  for lo, hi in blocks(cells["num_requests"].to_numpy())]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -131,11 +135,6 @@ class Ours(Predictor):
         return parts
 
     def predict(self, cells: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
-        dev = self.device(gpu)
-        if dev.fp8_peak_flops is None and "gemm_dtype" in cells.columns and (
-                cells["gemm_dtype"] == "fp8").any():
-            raise NotSupported(f"{gpu.sku} has no fp8_dense_tflops in its spec: ours cannot price "
-                               "its FP8 GEMMs (add the datasheet FP8 dense peak)")
         return sum(self.components(cells, gpu).values()) * 1e3
 
     def predict_by_op(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
@@ -217,9 +216,7 @@ class Ours(Predictor):
 
     @classmethod
     def calibrate_constants(cls, home: Home) -> dict:
-        from predictors.ours.calibrate import calibrate
-
-        return calibrate(home)
+        return calibrate.calibrate(home)
 
 
 def _rung(name: str, enabled: tuple[str, ...]) -> type[Ours]:

@@ -12,7 +12,7 @@ import polars as pl
 from leaderboard_core.specs import GpuSpec
 from predictors.ours import factors, ops
 from predictors.ours.config import Device
-from predictors.ours.step import decode_kernel, gemm_shapes, prefill_kernel
+from predictors.ours.step import allreduce_bytes, decode_kernel, gemm_shapes, prefill_kernel
 from predictors.steps import Steps
 
 FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_mem")
@@ -20,7 +20,7 @@ FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_m
 
 def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
     """Every op of one layer of the cell's step, with its factors."""
-    s, dev = Steps.from_cells(cell), Device.of(gpu, model.constants_)
+    s, dev = Steps.from_cells(cell), model.device(gpu)
     c, sw = model.constants_, model.switches
     rows = []
     for name, (n, k) in gemm_shapes(s).items():
@@ -38,7 +38,7 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
                      ops.decode_attention(n, ctx, sharded["heads"], sharded["kv_heads"],
                                           s.head_dim, dev, c, sw)))
     if s.tp[0] > 1:
-        size = s.tokens * s.hidden * 2.0
+        size = allreduce_bytes(s)
         custom, _ = factors.allreduce_path(size, s.tp, dev.topology,
                                            c["collectives"]["custom_max_bytes"])
         regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0] else "NCCL")
@@ -73,8 +73,7 @@ def explain(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
     parts = model.components(cell, gpu)
     terms = [{"term": name, "ms": f"{value[0] * 1e3:.4f}"} for name, value in parts.items()]
     terms.append({"term": "predicted", "ms": f"{sum(v[0] for v in parts.values()) * 1e3:.4f}"})
-    tables = [{"title": "one layer, per op (x count)", "note": device_line(
-                  Device.of(gpu, model.constants_)),
+    tables = [{"title": "one layer, per op (x count)", "note": device_line(model.device(gpu)),
                "rows": [_printed(r) for r in op_rows(model, cell, gpu)]},
               {"title": "step terms, summed over the layers", "rows": terms}]
     if cell["gt_kind"][0] == "wall_clock":

@@ -72,9 +72,14 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
         out[name] = ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)["seconds"] * s.layers
     out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
-    ar = ops.allreduce(s.tokens * s.hidden * BF16_BYTES, s.tp, dev, c, sw)["seconds"]
+    ar = ops.allreduce(allreduce_bytes(s), s.tp, dev, c, sw)["seconds"]
     out["allreduce"] = ALLREDUCES_PER_LAYER * ar * s.layers
     return out
+
+
+def allreduce_bytes(s: Steps) -> np.ndarray:
+    """Bytes of each TP all-reduce of a step: its tokens' bf16 activations."""
+    return s.tokens * s.hidden * BF16_BYTES
 
 
 def prefill_attention_seconds(s: Steps, dev: Device, c: dict, sw: Switches) -> np.ndarray:
