@@ -94,28 +94,63 @@ def test_decode_parallelism_saturates():
 
 
 COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_step_s": 4e-6, "nccl_eta": 0.7,
-        "custom_max_bytes": 8 * 2**20}
+        "custom_max_bytes": 8 * 2**20, "one_shot_max_bytes_tp4": 512 * 2**10,
+        "one_shot_max_bytes_tp8": 256 * 2**10}
+# vLLM's sm90-style tables: custom all-reduce up to 64 MiB at TP2 but 1/4 MiB at TP8, then
+# symmetric memory up to 64 MiB.
+REGIMES = {"custom_max_mib": {2: 64, 4: 32, 8: 0.25}, "symm_max_mib": {2: 64, 4: 32, 8: 64}}
 
 
 def test_allreduce_regimes_and_single_gpu():
-    size = np.array([1e3, 8 * 2**20, 8 * 2**20 + 1, 1e6])
+    size = np.array([1e3, 8 * 2**20 - 16, 8 * 2**20, 1e6])
     tp = np.array([2.0, 2.0, 2.0, 1.0])
-    t = factors.allreduce_seconds(size, tp, 300e9, "nvswitch", COLL)
-    assert t[0] == pytest.approx(5e-6, rel=1e-2)
-    # Past vLLM's custom all-reduce limit, NCCL: 2 ring steps of latency at TP2.
-    assert t[2] == pytest.approx(8e-6 + (8 * 2**20 + 1) / 300e9 / 0.7)
+    t = factors.allreduce_seconds(size, tp, 300e9, "nvswitch", COLL, {})
+    assert t[0] == pytest.approx(5e-6 + 1e3 / 300e9 / 0.5)
+    # vLLM's custom all-reduce takes messages strictly below its limit; at it, NCCL: 2 ring
+    # steps of latency at TP2 plus the ring's bytes.
+    assert t[1] == pytest.approx(5e-6 + (8 * 2**20 - 16) / 300e9 / 0.5)
+    assert t[2] == pytest.approx(8e-6 + 8 * 2**20 / 300e9 / 0.7)
     assert t[3] == 0.0
+
+
+def test_custom_allreduce_one_shot_then_two_shot_by_tp():
+    # Below 512 KiB at TP4 one barrier and every GPU reads its 3 peers' whole message; at
+    # 512 KiB two barriers and the ring's 2 x 3/4 of it.
+    small, large = 256 * 2**10, 512 * 2**10
+    t = factors.allreduce_seconds(np.array([small, large, small]), np.array([4.0, 4.0, 8.0]),
+                                  300e9, "nvswitch", COLL, {})
+    assert t[0] == pytest.approx(5e-6 + 3 * small / 300e9 / 0.5)
+    assert t[1] == pytest.approx(10e-6 + 1.5 * large / 300e9 / 0.5)
+    # At TP8 the one-shot limit is 256 KiB: 256 KiB is already two-shot (2 x 7/8 of it).
+    assert t[2] == pytest.approx(10e-6 + 1.75 * small / 300e9 / 0.5)
+
+
+def test_architecture_tables_move_messages_between_custom_symm_and_nccl():
+    size = np.array([32 * 2**20, 1 * 2**20, 100 * 2**20])
+    tp = np.array([2.0, 8.0, 8.0])
+    custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, REGIMES)
+    assert custom.tolist() == [True, False, False] and symm.tolist() == [False, True, False]
+    # Without tables (sm80) only the 8 MiB default: the 32 MiB TP2 message goes to NCCL.
+    custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, {})
+    assert custom.tolist() == [False, True, False] and not symm.any()
+    # The symmetric-memory path is priced as the custom two-shot; NCCL past its table.
+    t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, REGIMES)
+    assert t[1] == pytest.approx(10e-6 + 1.75 * 2**20 / 450e9 / 0.5)
+    assert t[2] == pytest.approx(14 * 4e-6 + 1.75 * 100 * 2**20 / 450e9 / 0.7)
+    # Symmetric memory needs an NVLink switch: on PCIe the tables do not apply past TP2.
+    _, symm, _ = factors.allreduce_path(size, tp, "pcie_switch", COLL, REGIMES)
+    assert not symm.any()
 
 
 def test_allreduce_path_by_topology_and_tp():
     size, tp = np.full(3, 1e6), np.array([2.0, 4.0, 8.0])
-    custom, divisor = factors.allreduce_path(size, tp, "nvswitch", COLL["custom_max_bytes"])
+    custom, _, divisor = factors.allreduce_path(size, tp, "nvswitch", COLL, {})
     assert custom.tolist() == [True, True, True] and divisor.tolist() == [1.0, 1.0, 1.0]
-    custom, divisor = factors.allreduce_path(size, tp, "pcie_host", COLL["custom_max_bytes"])
+    custom, _, divisor = factors.allreduce_path(size, tp, "pcie_host", COLL, {})
     assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 4.0, 8.0]
-    custom, divisor = factors.allreduce_path(size, tp, "pcie_switch", COLL["custom_max_bytes"])
+    custom, _, divisor = factors.allreduce_path(size, tp, "pcie_switch", COLL, {})
     assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 1.0, 1.0]
-    custom, divisor = factors.allreduce_path(size, tp, "nvlink_bridge", COLL["custom_max_bytes"])
+    custom, _, divisor = factors.allreduce_path(size, tp, "nvlink_bridge", COLL, {})
     assert custom.tolist() == [True, False, False] and divisor.tolist() == [1.0, 4.0, 8.0]
 
 
@@ -123,10 +158,10 @@ def test_pcie_host_allreduce_by_hand():
     # TP4, 1 MB through the host over PCIe Gen4 (32 GB/s a direction): each GPU's ring moves
     # 2 x 3/4 x 1 MB, the 4 GPUs share one link's worth of the root complex, at NCCL's
     # efficiency, after 2 x 3 ring steps of latency.
-    t = factors.allreduce_seconds(np.array([1e6]), np.array([4.0]), 32e9, "pcie_host", COLL)
+    t = factors.allreduce_seconds(np.array([1e6]), np.array([4.0]), 32e9, "pcie_host", COLL, {})
     assert t[0] == pytest.approx(6 * 4e-6 + 4 * (1.5e6 / 32e9) / 0.7)
     # TP2 on PCIe keeps vLLM's custom all-reduce, at the link's full rate.
-    t2 = factors.allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL)
+    t2 = factors.allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL, {})
     assert t2[0] == pytest.approx(5e-6 + (1e6 / 32e9) / 0.5)
 
 

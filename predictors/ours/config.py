@@ -64,6 +64,7 @@ class Device:
     topology: str
     floor_scale: float
     split_kv: bool
+    allreduce_regimes: dict
 
     @classmethod
     def of(cls, gpu: GpuSpec, constants: dict) -> Device:
@@ -79,7 +80,8 @@ class Device:
                    topology=topology(gpu),
                    floor_scale=factors.floor_clock_scale(
                        home_clock, float(gpu["boost_clock_mhz"]) * f_clk),
-                   split_kv=factors.compute_major(gpu) == 8)
+                   split_kv=factors.compute_major(gpu) == 8,
+                   allreduce_regimes=dict(arch.get("allreduce") or {}))
 
 
 def topology(gpu: GpuSpec) -> str:

@@ -39,9 +39,10 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
                                           s.head_dim, dev, c, sw)))
     if s.tp[0] > 1:
         size = allreduce_bytes(s)
-        custom, _ = factors.allreduce_path(size, s.tp, dev.topology,
-                                           c["collectives"]["custom_max_bytes"])
-        regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0] else "NCCL")
+        custom, symm, _ = factors.allreduce_path(size, s.tp, dev.topology, c["collectives"],
+                                                 dev.allreduce_regimes)
+        regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0]
+                  else "symmetric memory" if symm[0] else "NCCL")
         rows.append((f"allreduce tp={s.tp[0]:.0f} {dev.topology} {regime}", 2,
                      ops.allreduce(size, s.tp, dev, c, sw)))
     return [{"op": label, "count": count, **{k: float(v[0]) for k, v in r.items()}}

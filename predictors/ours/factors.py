@@ -105,33 +105,58 @@ def split_kv_floor(batch: np.ndarray, split_kv: bool, extra_s: float) -> np.ndar
     return np.where(split_kv & (batch >= 2), extra_s, 0.0)
 
 
-def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str,
-                   custom_max_bytes: float) -> tuple[np.ndarray, np.ndarray]:
-    """(uses vLLM's custom all-reduce, bandwidth divisor) per message, by topology (one of
-    leaderboard_core.specs.TOPOLOGIES) and TP degree. vLLM's custom all-reduce needs peer access
-    between all the GPUs: an NVLink switch, or at most 2 GPUs (a bridge pair, or two GPUs on
-    PCIe; vLLM disables it beyond 2 PCIe-only GPUs); larger messages and other groups go to
-    NCCL, which uses the same peer path where there is one (through a PCIe switch too). A group
-    of more than 2 GPUs on ``pcie_host``, or past a bridge pair, has no peer path: NCCL goes
-    through host memory at the CPU root complex, and the P GPUs' rings share what one link
-    carries in each direction, so the bandwidth divisor is P."""
+def by_tp(table: dict | None, tp: np.ndarray, default: float) -> np.ndarray:
+    """A per-TP-degree value for each element (vLLM keys its all-reduce thresholds by world
+    size); a degree the table does not list takes ``default``."""
+    out = np.full(np.shape(tp), float(default))
+    for size, value in (table or {}).items():
+        out = np.where(tp == int(size), float(value), out)
+    return out
+
+
+def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str, coll: dict,
+                   regimes: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vLLM custom all-reduce, symmetric-memory all-reduce, bandwidth divisor) per message, by
+    topology (one of leaderboard_core.specs.TOPOLOGIES), TP degree and the architecture's
+    ``regimes``; the rest goes to NCCL. vLLM's custom all-reduce needs peer access between
+    all the GPUs: an NVLink switch, or at most 2 GPUs (a bridge pair, or two GPUs on PCIe; vLLM
+    disables it beyond 2 PCIe-only GPUs). It takes messages below ``custom_max_bytes``, or
+    below the architecture's per-TP table where vLLM has one (sm90, sm100, with symmetric
+    memory); above that, on an NVLink switch, symmetric memory takes messages below its own
+    per-TP table. NCCL uses the same peer path where there is one (through a PCIe switch
+    too). A group of more than 2 GPUs on ``pcie_host``, or past a bridge pair, has no peer
+    path: NCCL goes through host memory at the CPU root complex, and the P GPUs' rings share
+    what one link carries in each direction, so the bandwidth divisor is P."""
     peer = np.ones_like(tp, dtype=bool) if topology == "nvswitch" else tp <= 2
-    custom = peer & (message_bytes <= custom_max_bytes)
+    mib = 2.0**20
+    custom_max = by_tp(regimes.get("custom_max_mib"), tp, coll["custom_max_bytes"] / mib) * mib
+    custom = peer & (message_bytes < custom_max)
+    symm_max = by_tp(regimes.get("symm_max_mib"), tp, 0.0) * mib
+    symm = (topology == "nvswitch") & ~custom & (message_bytes < symm_max)
     through_host = (tp > 2) & (topology in ("pcie_host", "nvlink_bridge"))
-    return custom, np.where(through_host, tp, 1.0)
+    return custom, symm, np.where(through_host, tp, 1.0)
 
 
 def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_s: float,
-                      topology: str, coll: dict) -> np.ndarray:
-    """TP all-reduce: latency plus the ring's ``2(P-1)/P`` bytes over one link direction at
-    efficiency ``eta``, in the regime ``allreduce_path`` picks for the topology. vLLM's custom
-    all-reduce is one kernel (one floor); NCCL's ring is ``2(P-1)`` dependent steps, each with
-    a hop latency. Floors, step latency and efficiencies are fitted on the home GPU (an
-    NVLink-switch node)."""
-    custom, divisor = allreduce_path(message_bytes, tp, topology, coll["custom_max_bytes"])
+                      topology: str, coll: dict, regimes: dict) -> np.ndarray:
+    """TP all-reduce in the regime ``allreduce_path`` picks. vLLM's custom all-reduce is
+    one-shot (one barrier; every GPU reads its P-1 peers' whole message) for 2 GPUs and below
+    the per-TP one-shot size, else two-shot (two barriers; reduce-scatter then all-gather, the
+    ring's ``2(P-1)/P`` bytes). The symmetric-memory all-reduce is priced as the custom
+    two-shot, whichever kernel vLLM runs (see docs/ours.md). NCCL's ring is ``2(P-1)``
+    dependent steps, each with a hop latency, plus the ring's bytes. Floors, step latency and
+    efficiencies are fitted on the home GPU (an NVLink-switch node with custom and NCCL paths
+    only)."""
+    custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, regimes)
     volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0) * divisor
-    seconds = np.where(custom, coll["custom_floor_s"] + volume / coll["custom_eta"],
-                       2.0 * (tp - 1.0) * coll["nccl_step_s"] + volume / coll["nccl_eta"])
+    floor, eta = coll["custom_floor_s"], coll["custom_eta"]
+    one_shot = (tp <= 2) | (message_bytes < np.where(tp <= 4, coll["one_shot_max_bytes_tp4"],
+                                                     coll["one_shot_max_bytes_tp8"]))
+    two_shot_s = 2.0 * floor + volume / eta
+    custom_s = np.where(one_shot, floor + (tp - 1.0) * message_bytes / link_bytes_per_s / eta,
+                        two_shot_s)
+    nccl_s = 2.0 * (tp - 1.0) * coll["nccl_step_s"] + volume / coll["nccl_eta"]
+    seconds = np.where(custom | symm, np.where(custom, custom_s, two_shot_s), nccl_s)
     return np.where(tp > 1, seconds, 0.0)
 
 
