@@ -268,9 +268,9 @@ def test_ours_reading_scales_memory_efficiency_from_memory_bound_gemms():
 def test_ours_reading_scales_collective_latency_from_small_allreduces():
     """All-reduces measured at their volume time plus half the modelled latency: the custom
     floor and NCCL's step latency halve. TP2's 4.2 MB message takes vLLM's one-shot custom
-    kernel on an NVSwitch node: one floor plus 4210688 / (450 GB/s x custom_eta); a larger TP
-    message past the one-shot size (512 KiB at TP4, 256 KiB at TP8) runs two-shot, or
-    symmetric memory priced the same: two floors plus the ring's 2(P-1)/P of it."""
+    kernel on an NVSwitch node (below 8 MiB): one floor plus 4210688 / (450 GB/s x
+    custom_eta); a message past the one-shot size (512 KiB at TP4, 256 KiB at TP8) runs
+    two-shot, or symmetric memory priced the same: two floors plus the ring's 2(P-1)/P."""
     gpu = load_gpu_specs()["h100_sxm"]
     model = registry.build("ours_reading").fit(home())
     before = copy.deepcopy({k: v for k, v in model.constants_.items() if isinstance(v, dict)})
@@ -282,11 +282,23 @@ def test_ours_reading_scales_collective_latency_from_small_allreduces():
     volume = np.where(one_shot, tp - 1, 2 * (tp - 1) / tp) * size / link / coll["custom_eta"]
     assert size[0] == 4210688 and (size < 32 * 2**20).all()  # none reaches NCCL on Hopper
     measured = volume + 0.5 * np.where(one_shot, 1, 2) * coll["custom_floor_s"]
-    model.take_reading(Reading(pl.DataFrame(), {"allreduce": points.with_columns(
-        latency_ms=pl.Series(measured * 1e3))}), gpu)
+    read = points.with_columns(latency_ms=pl.Series(measured * 1e3))
+    assert model._latency_need(read, gpu) == pytest.approx([0.5] * len(read))  # each TP's path
+    model.take_reading(Reading(pl.DataFrame(), {"allreduce": read}), gpu)
     assert model.reading_scales_["collective_latency"] == pytest.approx(0.5)
     _unchanged_but(model, before, {("collectives", "custom_floor_s"): 0.5,
                                    ("collectives", "nccl_step_s"): 0.5})
+
+
+def test_symm_mem_tables_follow_the_compute_capability():
+    """vLLM keys its all-reduce size tables by compute capability: Hopper (9.0) and datacenter
+    Blackwell (10.0) take theirs, Ampere (8.0) none."""
+    constants, specs = config.load_constants(), load_gpu_specs()
+    tables = {sku: config.Device.of(specs[sku], constants).allreduce_tables
+              for sku in ("h100_sxm", "b200_sxm", "a100_sxm")}
+    assert tables["h100_sxm"]["custom_max_mib"][8] == 0.25
+    assert tables["b200_sxm"]["symm_max_mib"][2] == 8
+    assert tables["a100_sxm"] == {}
 
 
 def test_layer_op_ground_truth_is_priced_as_gemms_and_light_kernels(monkeypatch):

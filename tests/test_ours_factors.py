@@ -94,11 +94,12 @@ def test_decode_parallelism_saturates():
 
 
 COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_step_s": 4e-6, "nccl_eta": 0.7,
-        "custom_max_bytes": 8 * 2**20, "one_shot_max_bytes_tp4": 512 * 2**10,
-        "one_shot_max_bytes_tp8": 256 * 2**10}
-# vLLM's sm90-style tables: custom all-reduce up to 64 MiB at TP2 but 1/4 MiB at TP8, then
-# symmetric memory up to 64 MiB.
-REGIMES = {"custom_max_mib": {2: 64, 4: 32, 8: 0.25}, "symm_max_mib": {2: 64, 4: 32, 8: 64}}
+        "custom_max_bytes": 8 * 2**20, "custom_world_sizes": [2, 4, 6, 8],
+        "one_shot_max_bytes_tp4": 512 * 2**10, "one_shot_max_bytes_tp8": 256 * 2**10}
+# vLLM's sm90 tables: the custom limit is the smaller of 8 MiB and 64 MiB (TP2) or 1/4 MiB
+# (TP8); symmetric memory takes the messages past it up to 64 MiB.
+SM90 = {"custom_max_mib": {2: 64, 4: 32, 6: 0.5, 8: 0.25}, "symm_max_mib": {2: 64, 4: 32, 6: 64,
+                                                                             8: 64}}
 
 
 def test_allreduce_regimes_and_single_gpu():
@@ -125,21 +126,35 @@ def test_custom_allreduce_one_shot_then_two_shot_by_tp():
     assert t[2] == pytest.approx(10e-6 + 1.75 * small / 300e9 / 0.5)
 
 
-def test_architecture_tables_move_messages_between_custom_symm_and_nccl():
-    size = np.array([32 * 2**20, 1 * 2**20, 100 * 2**20])
-    tp = np.array([2.0, 8.0, 8.0])
-    custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, REGIMES)
-    assert custom.tolist() == [True, False, False] and symm.tolist() == [False, True, False]
-    # Without tables (sm80) only the 8 MiB default: the 32 MiB TP2 message goes to NCCL.
+def test_symm_mem_tables_move_messages_between_custom_symm_and_nccl():
+    mib = 2**20
+    size = np.array([4 * mib, 32 * mib, 1 * mib, 100 * mib])
+    tp = np.array([2.0, 2.0, 8.0, 8.0])
+    custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, SM90)
+    assert custom.tolist() == [True, False, False, False]
+    assert symm.tolist() == [False, True, True, False]
+    # Without tables (sm80): custom below 8 MiB, NCCL above, no symmetric memory.
     custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, {})
-    assert custom.tolist() == [False, True, False] and not symm.any()
+    assert custom.tolist() == [True, False, True, False] and not symm.any()
     # The symmetric-memory path is priced as the custom two-shot; NCCL past its table.
-    t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, REGIMES)
-    assert t[1] == pytest.approx(10e-6 + 1.75 * 2**20 / 450e9 / 0.5)
-    assert t[2] == pytest.approx(14 * 4e-6 + 1.75 * 100 * 2**20 / 450e9 / 0.7)
-    # Symmetric memory needs an NVLink switch: on PCIe the tables do not apply past TP2.
-    _, symm, _ = factors.allreduce_path(size, tp, "pcie_switch", COLL, REGIMES)
-    assert not symm.any()
+    t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
+    assert t[1] == pytest.approx(10e-6 + 32 * mib / 450e9 / 0.5)
+    assert t[2] == pytest.approx(10e-6 + 1.75 * mib / 450e9 / 0.5)
+    assert t[3] == pytest.approx(14 * 4e-6 + 1.75 * 100 * mib / 450e9 / 0.7)
+
+
+def test_symm_mem_tables_need_an_nvlink_switch_and_a_supported_tp():
+    mib = 2**20
+    # A TP2 bridge pair keeps the 8 MiB custom limit: the tables are a switch's.
+    custom, symm, _ = factors.allreduce_path(np.array([4.0 * mib]), np.array([2.0]),
+                                             "nvlink_bridge", COLL, SM90)
+    assert custom.tolist() == [True] and not symm.any()
+    # vLLM's custom all-reduce runs on 2, 4, 6 or 8 GPUs only: TP3 and TP16 go to NCCL.
+    size, tp = np.array([64e3, 64e3]), np.array([3.0, 16.0])
+    custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, SM90)
+    assert not custom.any() and not symm.any()
+    t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
+    assert t[0] == pytest.approx(4 * 4e-6 + (4 / 3) * 64e3 / 450e9 / 0.7)
 
 
 def test_allreduce_path_by_topology_and_tp():

@@ -7,7 +7,7 @@ resolves one GPU's datasheet and its architecture's entry into the numbers the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -64,7 +64,8 @@ class Device:
     topology: str
     floor_scale: float
     split_kv: bool
-    allreduce_regimes: dict
+    # vLLM's symmetric-memory size tables for this compute capability ({} where it has none).
+    allreduce_tables: dict = field(hash=False, compare=False)
 
     @classmethod
     def of(cls, gpu: GpuSpec, constants: dict) -> Device:
@@ -81,7 +82,8 @@ class Device:
                    floor_scale=factors.floor_clock_scale(
                        home_clock, float(gpu["boost_clock_mhz"]) * f_clk),
                    split_kv=factors.compute_major(gpu) == 8,
-                   allreduce_regimes=dict(arch.get("allreduce") or {}))
+                   allreduce_tables=constants["collectives"]["symm_mem_tables"].get(
+                       "sm" + str(gpu.data.get("compute_capability", "")).replace(".", ""), {}))
 
 
 def topology(gpu: GpuSpec) -> str:

@@ -40,7 +40,7 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
     if s.tp[0] > 1:
         size = allreduce_bytes(s)
         custom, symm, _ = factors.allreduce_path(size, s.tp, dev.topology, c["collectives"],
-                                                 dev.allreduce_regimes)
+                                                 dev.allreduce_tables)
         regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0]
                   else "symmetric memory" if symm[0] else "NCCL")
         rows.append((f"allreduce tp={s.tp[0]:.0f} {dev.topology} {regime}", 2,

@@ -115,30 +115,34 @@ def by_tp(table: dict | None, tp: np.ndarray, default: float) -> np.ndarray:
 
 
 def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str, coll: dict,
-                   regimes: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   tables: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(vLLM custom all-reduce, symmetric-memory all-reduce, bandwidth divisor) per message, by
-    topology (one of leaderboard_core.specs.TOPOLOGIES), TP degree and the architecture's
-    ``regimes``; the rest goes to NCCL. vLLM's custom all-reduce needs peer access between
-    all the GPUs: an NVLink switch, or at most 2 GPUs (a bridge pair, or two GPUs on PCIe; vLLM
-    disables it beyond 2 PCIe-only GPUs). It takes messages below ``custom_max_bytes``, or
-    below the architecture's per-TP table where vLLM has one (sm90, sm100, with symmetric
-    memory); above that, on an NVLink switch, symmetric memory takes messages below its own
-    per-TP table. NCCL uses the same peer path where there is one (through a PCIe switch
-    too). A group of more than 2 GPUs on ``pcie_host``, or past a bridge pair, has no peer
-    path: NCCL goes through host memory at the CPU root complex, and the P GPUs' rings share
-    what one link carries in each direction, so the bandwidth divisor is P."""
-    peer = np.ones_like(tp, dtype=bool) if topology == "nvswitch" else tp <= 2
+    topology (one of leaderboard_core.specs.TOPOLOGIES), TP degree and the compute capability's
+    symmetric-memory ``tables`` (vLLM has them for sm90 and sm100); the rest goes to NCCL.
+    vLLM's custom all-reduce runs on 2, 4, 6 or 8 GPUs with peer access between all of them: an
+    NVLink switch, or 2 GPUs (a bridge pair, or two GPUs on PCIe; vLLM disables it beyond 2
+    PCIe-only GPUs). It takes messages strictly below ``custom_max_bytes``. On an NVLink switch
+    with tables, its limit is the smaller of that and the table's, and the symmetric-memory
+    all-reduce takes messages from there up to its own table's size. NCCL uses the same peer
+    path where there is one (through a PCIe switch too). A group of more than 2 GPUs on
+    ``pcie_host``, or past a bridge pair, has no peer path: NCCL goes through host memory at
+    the CPU root complex, and the P GPUs' rings share what one link carries in each direction,
+    so the bandwidth divisor is P."""
+    switch = topology == "nvswitch"
+    peer = np.ones_like(tp, dtype=bool) if switch else tp <= 2
     mib = 2.0**20
-    custom_max = by_tp(regimes.get("custom_max_mib"), tp, coll["custom_max_bytes"] / mib) * mib
-    custom = peer & (message_bytes < custom_max)
-    symm_max = by_tp(regimes.get("symm_max_mib"), tp, 0.0) * mib
-    symm = (topology == "nvswitch") & ~custom & (message_bytes < symm_max)
+    custom_max = np.full(np.shape(tp), float(coll["custom_max_bytes"]))
+    if switch:
+        custom_max = np.minimum(custom_max, by_tp(tables.get("custom_max_mib"), tp, np.inf) * mib)
+    custom = peer & np.isin(tp, coll["custom_world_sizes"]) & (message_bytes < custom_max)
+    symm_max = by_tp(tables.get("symm_max_mib"), tp, 0.0) * mib if switch else 0.0 * custom_max
+    symm = ~custom & (message_bytes < symm_max)
     through_host = (tp > 2) & (topology in ("pcie_host", "nvlink_bridge"))
     return custom, symm, np.where(through_host, tp, 1.0)
 
 
 def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_s: float,
-                      topology: str, coll: dict, regimes: dict) -> np.ndarray:
+                      topology: str, coll: dict, tables: dict) -> np.ndarray:
     """TP all-reduce in the regime ``allreduce_path`` picks. vLLM's custom all-reduce is
     one-shot (one barrier; every GPU reads its P-1 peers' whole message) for 2 GPUs and below
     the per-TP one-shot size, else two-shot (two barriers; reduce-scatter then all-gather, the
@@ -147,7 +151,7 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     dependent steps, each with a hop latency, plus the ring's bytes. Floors, step latency and
     efficiencies are fitted on the home GPU (an NVLink-switch node with custom and NCCL paths
     only)."""
-    custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, regimes)
+    custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, tables)
     volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0) * divisor
     floor, eta = coll["custom_floor_s"], coll["custom_eta"]
     one_shot = (tp <= 2) | (message_bytes < np.where(tp <= 4, coll["one_shot_max_bytes_tp4"],

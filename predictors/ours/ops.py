@@ -124,7 +124,7 @@ def allreduce(message_bytes, tp, dev: Device, c: dict, sw: Switches) -> dict[str
     if sw.collectives:
         seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s,
                                             dev.topology, c["collectives"],
-                                            dev.allreduce_regimes)
+                                            dev.allreduce_tables)
     else:
         seconds = ring_allreduce_s(message_bytes, tp, dev.link_bytes_per_s, 0.0, 0.0)
     return {"seconds": seconds, "bytes": message_bytes}
