@@ -12,7 +12,8 @@ for a few points of each, in this order (the cap may cut the later ones):
 - ``gemm_points`` GEMMs of the smallest step with the most weight bytes (memory-bound): the
   memory law's efficiencies scale by one factor, ``memory``;
 - ``allreduce_points`` all-reduces of each TP degree's smallest message (latency-dominated):
-  the custom all-reduce floor and NCCL's step latency scale by ``collective_latency``.
+  the custom all-reduce floor and NCCL's latencies (Simple's step, LL's base and hops) scale
+  by ``collective_latency``.
 
 Each factor is the median over its points of what the point needs of the part being scaled (the
 measured time less the rest of the modelled time, over the modelled part), clipped to a range a
@@ -42,6 +43,8 @@ from predictors.steps import Steps
 # Cells composed from the op points named gemm_*, attn_prefill, attn_decode and allreduce
 # (leaderboard/cells/vidur_method.py): the only ones whose points this predictor can name.
 COMPOSED_SOURCES = ("aiconfigurator",)
+COLLECTIVE_LATENCIES = ("custom_floor_s", "nccl_step_s", "nccl_ll_base_s", "nccl_ll_hop_s_nvlink",
+                        "nccl_ll_hop_s_pcie")
 FIXED_COSTS = ("decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s",
                "prefill_cta_s")
 # A reading that puts a part 4x (a bandwidth or efficiency 2x) off is a broken reading, not a GPU.
@@ -103,7 +106,7 @@ class OursReading(Ours):
                         [("attention", k) for k in FIXED_COSTS])
         if "allreduce" in reading.ops:
             self._scale("collective_latency", self._latency_need(reading.ops["allreduce"], gpu),
-                        [("collectives", "custom_floor_s"), ("collectives", "nccl_step_s")])
+                        [("collectives", k) for k in COLLECTIVE_LATENCIES])
 
     def _scale(self, name: str, need: np.ndarray, leaves: list[tuple[str, str]]) -> None:
         """Multiply ``leaves`` by the median of ``need``, clipped to the factor's range."""
@@ -137,7 +140,7 @@ class OursReading(Ours):
         dev, c = self.device(gpu), self.constants_
         full = ops.allreduce(size, tp, dev, c, self.switches)["seconds"]
         quiet = copy.deepcopy(c)
-        quiet["collectives"].update(custom_floor_s=0.0, nccl_step_s=0.0)
+        quiet["collectives"].update(dict.fromkeys(COLLECTIVE_LATENCIES, 0.0))
         volume = ops.allreduce(size, tp, dev, quiet, self.switches)["seconds"]
         return (_measured(points) - volume) / (full - volume)
 

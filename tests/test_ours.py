@@ -286,8 +286,9 @@ def test_ours_reading_scales_collective_latency_from_small_allreduces():
     assert model._latency_need(read, gpu) == pytest.approx([0.5] * len(read))  # each TP's path
     model.take_reading(Reading(pl.DataFrame(), {"allreduce": read}), gpu)
     assert model.reading_scales_["collective_latency"] == pytest.approx(0.5)
-    _unchanged_but(model, before, {("collectives", "custom_floor_s"): 0.5,
-                                   ("collectives", "nccl_step_s"): 0.5})
+    _unchanged_but(model, before, {("collectives", k): 0.5 for k in (
+        "custom_floor_s", "nccl_step_s", "nccl_ll_base_s", "nccl_ll_hop_s_nvlink",
+        "nccl_ll_hop_s_pcie")})
 
 
 def test_symm_mem_tables_follow_the_compute_capability():

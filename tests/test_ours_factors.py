@@ -95,7 +95,9 @@ def test_decode_parallelism_saturates():
 
 COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_step_s": 4e-6, "nccl_eta": 0.7,
         "custom_max_bytes": 8 * 2**20, "custom_world_sizes": [2, 4, 6, 8],
-        "one_shot_max_bytes_tp4": 512 * 2**10, "one_shot_max_bytes_tp8": 256 * 2**10}
+        "one_shot_max_bytes_tp4": 512 * 2**10, "one_shot_max_bytes_tp8": 256 * 2**10,
+        "nccl_ll_base_s": 6.6e-6, "nccl_ll_hop_s_nvlink": 0.6e-6, "nccl_ll_hop_s_pcie": 1e-6,
+        "nccl_ll_payload": 0.5}
 # vLLM's sm90 tables: the custom limit is the smaller of 8 MiB and 64 MiB (TP2) or 1/4 MiB
 # (TP8); symmetric memory takes the messages past it up to 64 MiB.
 SM90 = {"custom_max_mib": {2: 64, 4: 32, 6: 0.5, 8: 0.25}, "symm_max_mib": {2: 64, 4: 32, 6: 64,
@@ -154,7 +156,7 @@ def test_symm_mem_tables_need_an_nvlink_switch_and_a_supported_tp():
     custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, SM90)
     assert not custom.any() and not symm.any()
     t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
-    assert t[0] == pytest.approx(4 * 4e-6 + (4 / 3) * 64e3 / 450e9 / 0.7)
+    assert t[0] == pytest.approx(6.6e-6 + 4 * 0.6e-6 + (4 / 3) * 64e3 / 450e9 / 0.35)  # LL
 
 
 def test_allreduce_path_by_topology_and_tp():
@@ -178,6 +180,19 @@ def test_pcie_host_allreduce_by_hand():
     # TP2 on PCIe keeps vLLM's custom all-reduce, at the link's full rate.
     t2 = factors.allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL, {})
     assert t2[0] == pytest.approx(5e-6 + (1e6 / 32e9) / 0.5)
+
+
+def test_nccl_takes_its_low_latency_protocol_for_small_messages():
+    # TP8, 8 KiB through the host over PCIe (32 GB/s a direction, shared by 8): Simple pays
+    # 14 steps of 4 us; LL pays NCCL's 6.6 us base and 14 PCIe hops of 1 us, at half the
+    # bandwidth. LL is faster, and is what NCCL runs.
+    volume = 8 * 1.75 * 8192 / 32e9
+    t = factors.allreduce_seconds(np.array([8192.0]), np.array([8.0]), 32e9, "pcie_host", COLL, {})
+    assert t[0] == pytest.approx(6.6e-6 + 14e-6 + volume / (0.7 * 0.5))
+    assert t[0] < 14 * 4e-6 + volume / 0.7
+    # Over NVLink the hops are 0.6 us: TP3 on a switch (no custom kernel for 3 GPUs), 4 KiB.
+    t = factors.allreduce_seconds(np.array([4096.0]), np.array([3.0]), 300e9, "nvswitch", COLL, {})
+    assert t[0] == pytest.approx(6.6e-6 + 4 * 0.6e-6 + (4 / 3) * 4096 / 300e9 / 0.35)
 
 
 def test_per_cta_seconds_spread_over_the_sms():

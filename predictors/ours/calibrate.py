@@ -98,15 +98,23 @@ def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
 
 
 def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
+    # NCCL's LL protocol is priced from NCCL's own latencies, not fitted: the home's NCCL points
+    # (8 MiB and up) run Simple, so the fit prices them as Simple only, lest LL stand in for it.
+    simple_only = copy.deepcopy(c)
+    simple_only["collectives"]["nccl_ll_base_s"] = np.inf
+
     def seconds(rows, dev):
-        return ops.allreduce(*_columns(rows, ("message_bytes", "num_gpus")), dev, c, FULL)["seconds"]
+        return ops.allreduce(*_columns(rows, ("message_bytes", "num_gpus")), dev, simple_only,
+                             FULL)["seconds"]
 
     def residual(x):
-        coll = c["collectives"]
+        coll = simple_only["collectives"]
         coll["custom_floor_s"], coll["custom_eta"], coll["nccl_step_s"], coll["nccl_eta"] = x
-        return _per_gpu(home, a, c, seconds)
+        return _per_gpu(home, a, simple_only, seconds)
 
-    _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
+    x = _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
+    coll = c["collectives"]
+    coll["custom_floor_s"], coll["custom_eta"], coll["nccl_step_s"], coll["nccl_eta"] = x
 
 
 def fit_constants(home: Home, constants: dict) -> dict:

@@ -148,7 +148,9 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     the per-TP one-shot size, else two-shot (two barriers; reduce-scatter then all-gather, the
     ring's ``2(P-1)/P`` bytes). The symmetric-memory all-reduce is priced as the custom
     two-shot, whichever kernel vLLM runs (see docs/ours.md). NCCL's ring is ``2(P-1)``
-    dependent steps, each with a hop latency, plus the ring's bytes. Floors, step latency and
+    dependent steps, each with a hop latency, plus the ring's bytes, in the faster of its
+    Simple protocol (the home-fitted step latency) and its low-latency LL protocol (NCCL's own
+    tuning-model latencies by link kind, half the bandwidth). Floors, step latency and
     efficiencies are fitted on the home GPU (an NVLink-switch node with custom and NCCL paths
     only)."""
     custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, tables)
@@ -159,7 +161,15 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     two_shot_s = 2.0 * floor + volume / eta
     custom_s = np.where(one_shot, floor + (tp - 1.0) * message_bytes / link_bytes_per_s / eta,
                         two_shot_s)
-    nccl_s = 2.0 * (tp - 1.0) * coll["nccl_step_s"] + volume / coll["nccl_eta"]
+    steps = 2.0 * (tp - 1.0)
+    simple_s = steps * coll["nccl_step_s"] + volume / coll["nccl_eta"]
+    # NCCL's low-latency protocol: its own documented latencies, half the payload per line;
+    # NCCL picks whichever protocol its model says is faster, and so does this one.
+    over_nvlink = (topology == "nvswitch") | ((topology == "nvlink_bridge") & (tp <= 2))
+    hop_s = np.where(over_nvlink, coll["nccl_ll_hop_s_nvlink"], coll["nccl_ll_hop_s_pcie"])
+    ll_s = (coll["nccl_ll_base_s"] + steps * hop_s
+            + volume / (coll["nccl_eta"] * coll["nccl_ll_payload"]))
+    nccl_s = np.minimum(simple_s, ll_s)
     seconds = np.where(custom | symm, np.where(custom, custom_s, two_shot_s), nccl_s)
     return np.where(tp > 1, seconds, 0.0)
 
