@@ -113,3 +113,6 @@ VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
 # all-reduce (leaderboard/cells/profiles.py, the vidurprof card). A predictor pricing a whole
 # step prices only these on such cells, from the blind ``source`` column.
 LAYER_OP_SOURCES = {"vidur": VIDUR_OPS}
+# Cell sources composed from op points named gemm_*, attn_prefill, attn_decode and allreduce
+# (leaderboard/cells/vidur_method.py): the points a deploy reading can name on such cells.
+COMPOSED_SOURCES = ("aiconfigurator",)

@@ -25,7 +25,6 @@ GPU_REQUIRED = (
 # pair), and topology, how a TP group's GPUs reach each other (optional; ours derives it from
 # kind and scope when absent): through an NVLink switch, an NVLink bridge pair, a PCIe switch,
 # or only the host's root complex.
-INTERCONNECT_FIELDS = ("kind", "bw_gbs", "scope", "topology")
 TOPOLOGIES = ("nvswitch", "nvlink_bridge", "pcie_switch", "pcie_host")
 
 # Optional dense tensor peaks below BF16, present only on chips with such tensor cores (FP8 from

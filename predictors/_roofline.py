@@ -24,6 +24,11 @@ def peak_flops(gpu: GpuSpec) -> float:
     return float(gpu["bf16_dense_tflops"]) * 1e12
 
 
+def fp8_peak_flops(gpu: GpuSpec) -> float | None:
+    """Dense FP8 tensor-core peak in FLOP/s; None on a GPU without FP8 tensor cores."""
+    return gpu.dense_tflops("fp8") * 1e12 if "fp8_dense_tflops" in gpu.data else None
+
+
 def link_gbs_per_direction(gpu: GpuSpec) -> float:
     """The GPU's interconnect bandwidth in one direction, in GB/s.
 

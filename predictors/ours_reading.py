@@ -33,16 +33,13 @@ import copy
 import numpy as np
 import polars as pl
 
-from leaderboard_core.contract import PredictorCard, Reading, ReadingRequest
+from leaderboard_core.contract import COMPOSED_SOURCES, PredictorCard, Reading, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 from predictors.ours import Ours, ops
 from predictors.ours.step import allreduce_bytes, gemm_shapes
 from predictors.registry import register
 from predictors.steps import Steps
 
-# Cells composed from the op points named gemm_*, attn_prefill, attn_decode and allreduce
-# (leaderboard/cells/vidur_method.py): the only ones whose points this predictor can name.
-COMPOSED_SOURCES = ("aiconfigurator",)
 COLLECTIVE_LATENCIES = ("custom_floor_s", "nccl_step_s", "nccl_ll_base_s", "nccl_ll_hop_s_nvlink",
                         "nccl_ll_hop_s_pcie")
 FIXED_COSTS = ("decode_floor_s", "decode_split_floor_s", "decode_cta_s", "prefill_floor_s",

@@ -48,6 +48,7 @@ from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
     BF16_BYTES,
     FP8_BYTES,
+    fp8_peak_flops,
     link_gbs_per_direction,
     peak_flops,
 )
@@ -212,9 +213,9 @@ def in_first_home_units(home: Home) -> dict[str, pl.DataFrame]:
 
 def peaks(gpu) -> dict[str, float]:
     """Datasheet peaks; ``fp8_flops`` is NaN on a GPU without FP8 tensor cores."""
-    fp8 = gpu.dense_tflops("fp8") * 1e12 if "fp8_dense_tflops" in gpu.data else np.nan
-    return {"flops": peak_flops(gpu), "fp8_flops": fp8, "mem_bw": gpu.mem_bw_bytes_per_s,
-            "link_bw": link_gbs_per_direction(gpu) * 1e9}
+    fp8 = fp8_peak_flops(gpu)
+    return {"flops": peak_flops(gpu), "fp8_flops": np.nan if fp8 is None else fp8,
+            "mem_bw": gpu.mem_bw_bytes_per_s, "link_bw": link_gbs_per_direction(gpu) * 1e9}
 
 
 def gemm_precisions(cells: pl.DataFrame) -> set[str]:

@@ -15,7 +15,7 @@ import yaml
 
 from leaderboard_core import paths
 from leaderboard_core.specs import TOPOLOGIES, GpuSpec, SpecError
-from predictors._roofline import link_gbs_per_direction, peak_flops
+from predictors._roofline import fp8_peak_flops, link_gbs_per_direction, peak_flops
 from predictors.ours import factors
 
 CONSTANTS_PATH = paths.CONF_DIR / "ours" / "constants.yaml"
@@ -72,8 +72,8 @@ class Device:
         arch = arch_entry(gpu, constants)
         f_clk = factors.clock_factor(arch, constants["clock"]["home_f_clk"])
         home_clock = constants["clock"]["home_boost_mhz"] * constants["clock"]["home_f_clk"]
-        fp8 = gpu.dense_tflops("fp8") * 1e12 if "fp8_dense_tflops" in gpu.data else None
-        return cls(peak_flops=peak_flops(gpu), fp8_peak_flops=fp8, mem_bw=gpu.mem_bw_bytes_per_s,
+        return cls(peak_flops=peak_flops(gpu), fp8_peak_flops=fp8_peak_flops(gpu),
+                   mem_bw=gpu.mem_bw_bytes_per_s,
                    l2_bytes=float(gpu["l2_mb"]) * 2**20, sms=int(gpu["sm_count"]),
                    cta_cap=factors.cta_cap(gpu, arch),
                    f_clk=f_clk, eta_act=float(arch["eta_act"]),
