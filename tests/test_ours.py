@@ -291,6 +291,22 @@ def test_ours_reading_scales_collective_latency_from_small_allreduces():
         "nccl_ll_hop_s_pcie")})
 
 
+def test_ours_reading_latency_need_where_nccl_runs_ll():
+    """L40S, TP4 and TP8 through the host: 8 KiB all-reduces go to NCCL, whose LL protocol wins
+    there. Measured = every latency halved: LL's 6.6 us base and 2(P-1) PCIe hops of 1 us,
+    halved, plus LL's volume, the ring's 2(P-1)/P x 8 KiB over 32 GB/s shared by P, at half
+    of NCCL's efficiency. The need must read 0.5 on each point, not a blend with Simple's."""
+    gpu = load_gpu_specs()["l40s"]
+    model = registry.build("ours_reading").fit(home())
+    eta = model.constants_["collectives"]["nccl_eta"]
+    tp = np.array([4.0, 8.0])
+    size = np.full(2, 8192.0)
+    volume = tp * 2 * (tp - 1) / tp * size / 32e9 / (eta * 0.5)
+    measured = 0.5 * (6.6e-6 + 2 * (tp - 1) * 1e-6) + volume
+    points = pl.DataFrame({"message_bytes": size, "num_gpus": tp, "latency_ms": measured * 1e3})
+    assert model._latency_need(points, gpu) == pytest.approx([0.5, 0.5])
+
+
 def test_symm_mem_tables_follow_the_compute_capability():
     """vLLM keys its all-reduce size tables by compute capability: Hopper (9.0) and datacenter
     Blackwell (10.0) take theirs, Ampere (8.0) none."""

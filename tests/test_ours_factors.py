@@ -195,6 +195,16 @@ def test_nccl_takes_its_low_latency_protocol_for_small_messages():
     assert t[0] == pytest.approx(6.6e-6 + 4 * 0.6e-6 + (4 / 3) * 4096 / 300e9 / 0.35)
 
 
+def test_nccl_ll_hops_follow_the_link_kind():
+    # TP4, 4 KiB: a PCIe switch keeps each GPU's own link (no divisor) but pays PCIe hops; a
+    # bridge pair's group of 4 goes through the host: PCIe hops and the link shared by 4.
+    size, tp, ring = np.array([4096.0]), np.array([4.0]), 1.5 * 4096
+    t = factors.allreduce_seconds(size, tp, 32e9, "pcie_switch", COLL, {})
+    assert t[0] == pytest.approx(6.6e-6 + 6 * 1e-6 + ring / 32e9 / 0.35)
+    t = factors.allreduce_seconds(size, tp, 56e9, "nvlink_bridge", COLL, {})
+    assert t[0] == pytest.approx(6.6e-6 + 6 * 1e-6 + 4 * ring / 56e9 / 0.35)
+
+
 def test_per_cta_seconds_spread_over_the_sms():
     # 2,048 requests x 8 KV heads = 16,384 CTAs of 3 us of one SM each, over 128 SMs: 384 us.
     assert factors.per_cta_seconds(np.array([16384.0]), 128, 3e-6)[0] == pytest.approx(384e-6)

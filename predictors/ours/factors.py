@@ -149,8 +149,8 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     ring's ``2(P-1)/P`` bytes). The symmetric-memory all-reduce is priced as the custom
     two-shot, whichever kernel vLLM runs (see docs/ours.md). NCCL's ring is ``2(P-1)``
     dependent steps, each with a hop latency, plus the ring's bytes, in the faster of its
-    Simple protocol (the home-fitted step latency) and its low-latency LL protocol (NCCL's own
-    tuning-model latencies by link kind, half the bandwidth). Floors, step latency and
+    Simple protocol (the home-fitted step latency) and its low-latency LL protocol (the
+    latencies of NCCL's tuning model by link kind, half the bandwidth). Floors, step latency and
     efficiencies are fitted on the home GPU (an NVLink-switch node with custom and NCCL paths
     only)."""
     custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, tables)
@@ -163,8 +163,9 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
                         two_shot_s)
     steps = 2.0 * (tp - 1.0)
     simple_s = steps * coll["nccl_step_s"] + volume / coll["nccl_eta"]
-    # NCCL's low-latency protocol: its own documented latencies, half the payload per line;
-    # NCCL picks whichever protocol its model says is faster, and so does this one.
+    # NCCL's low-latency protocol at the latencies of NCCL's own tuning model, half the
+    # payload per line; the step takes the faster of it and the home-fitted Simple (NCCL's
+    # tuner makes the same choice with its own Simple model, so the crossover is near, not it).
     over_nvlink = (topology == "nvswitch") | ((topology == "nvlink_bridge") & (tp <= 2))
     hop_s = np.where(over_nvlink, coll["nccl_ll_hop_s_nvlink"], coll["nccl_ll_hop_s_pcie"])
     ll_s = (coll["nccl_ll_base_s"] + steps * hop_s
