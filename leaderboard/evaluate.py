@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import atlas, debris, homes, metrics, op_atlas, readings, sandbox
+from leaderboard import atlas, debris, homes, metrics, readings, sandbox
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
 from leaderboard.serving import scoring as serving_api
 from leaderboard.split import default_split, split
-from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Home, NotSupported
+from leaderboard_core.contract import BY_OP_PREFIX, GROUND_TRUTH_COLUMNS, Home, NotSupported
 from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard_core.versioning import code_hash, code_version
 from predictors import registry
@@ -207,7 +207,7 @@ def run(spec: RunSpec) -> RunResult:
         columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
         predictions = target.select(columns).with_columns(
             pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
-            **{f"{op_atlas.BY_OP_PREFIX}{op}": pl.Series(ms)
+            **{f"{BY_OP_PREFIX}{op}": pl.Series(ms)
                for op, ms in facts.pop("by_op", {}).items() if pred is not None})
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))

@@ -20,12 +20,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
+from leaderboard.atlas import SIGNED_RANGE  # noqa: E402
 from leaderboard.catalog import StoreCatalog  # noqa: E402
+from leaderboard_core.contract import BY_OP_PREFIX  # noqa: E402
 from leaderboard_core.report_tables import table as markdown_table  # noqa: E402
 
-BY_OP_PREFIX = "op_ms_"
 KEYS = ("predictor", "dataset", "split")
-SIGNED_RANGE = 50.0  # percent, as the step atlas: colours saturate beyond
 
 
 def measured_by_op(datasets: list[str]) -> pl.DataFrame:
@@ -99,12 +99,10 @@ def draw(tbl: pl.DataFrame, predictor: str, path: Path) -> Path:
     return path
 
 
-def section(tbl: pl.DataFrame, family: str, images: dict[str, Path], relative) -> list[str]:
-    """The report's per-op section for ``family``'s datasets: one table per predictor (rows: op;
-    columns: dataset; each entry median ratio and MAPE) and its picture."""
-    if tbl.is_empty():
-        return []
-    mine = tbl.filter(pl.col("dataset").str.ends_with(f"_{family}"))
+def section(mine: pl.DataFrame, family: str, images: dict[str, Path], relative) -> list[str]:
+    """The report's per-op section for ``family``'s datasets (``mine``, the per-op table of
+    them): one table per predictor (rows: op; columns: dataset; each entry median ratio and
+    MAPE) and its picture."""
     lines = ["## Where the error is, per op", "",
              f"For predictors that split their step prediction by op, on the `{family}` datasets: "
              "each part against the measured time of the same op in the same cell (the cell's "
@@ -144,7 +142,7 @@ def write(predictions: pl.DataFrame, family: str, atlas_dir: Path, relative) -> 
     for stale in (atlas_dir / "ops").glob("*.png"):
         stale.unlink()
     images = {p: draw(mine, p, atlas_dir / "ops" / f"{p}.png") for p in sorted(set(mine["predictor"]))}
-    return section(tbl, family, images, relative)
+    return section(mine, family, images, relative)
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

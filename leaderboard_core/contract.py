@@ -116,3 +116,6 @@ LAYER_OP_SOURCES = {"vidur": VIDUR_OPS}
 # Cell sources composed from op points named gemm_*, attn_prefill, attn_decode and allreduce
 # (leaderboard/cells/vidur_method.py): the points a deploy reading can name on such cells.
 COMPOSED_SOURCES = ("aiconfigurator",)
+# A run's predictions file carries a predictor's per-op split (Predictor.predict_by_op) as one
+# ``op_ms_<op>`` column per part.
+BY_OP_PREFIX = "op_ms_"

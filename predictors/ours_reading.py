@@ -35,7 +35,7 @@ import polars as pl
 
 from leaderboard_core.contract import COMPOSED_SOURCES, PredictorCard, Reading, ReadingRequest
 from leaderboard_core.specs import GpuSpec
-from predictors.ours import Ours, ops
+from predictors.ours import Ours, factors, ops
 from predictors.ours.step import allreduce_bytes, gemm_shapes
 from predictors.registry import register
 from predictors.steps import Steps
@@ -139,15 +139,15 @@ class OursReading(Ours):
         size, tp = (points[x].to_numpy().astype(np.float64) for x in ("message_bytes", "num_gpus"))
         dev = self.device(gpu)
 
-        def seconds(**collectives) -> np.ndarray:
-            c = copy.deepcopy(self.constants_)
-            c["collectives"].update(collectives)
+        def seconds(collectives: dict) -> np.ndarray:
+            c = {**self.constants_, "collectives": {**self.constants_["collectives"],
+                                                    **collectives}}
             return ops.allreduce(size, tp, dev, c, self.switches)["seconds"]
 
         quiet = dict.fromkeys(COLLECTIVE_LATENCIES, 0.0)
         needs = []
-        for only in ({"nccl_ll_base_s": np.inf}, {"nccl_step_s": np.inf}):  # Simple, then LL
-            full, volume = seconds(**only), seconds(**{**quiet, **only})
+        for only in (factors.NCCL_SIMPLE_ONLY, factors.NCCL_LL_ONLY):
+            full, volume = seconds(only), seconds({**quiet, **only})
             needs.append((_measured(points) - volume) / (full - volume))
         return np.fmax(*needs)
 

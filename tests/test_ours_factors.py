@@ -95,7 +95,7 @@ def test_decode_parallelism_saturates():
 
 COLL = {"custom_floor_s": 5e-6, "custom_eta": 0.5, "nccl_step_s": 4e-6, "nccl_eta": 0.7,
         "custom_max_bytes": 8 * 2**20, "custom_world_sizes": [2, 4, 6, 8],
-        "one_shot_max_bytes_tp4": 512 * 2**10, "one_shot_max_bytes_tp8": 256 * 2**10,
+        "one_shot_max_kib": {4: 512, 6: 256, 8: 256},
         "nccl_ll_base_s": 6.6e-6, "nccl_ll_hop_s_nvlink": 0.6e-6, "nccl_ll_hop_s_pcie": 1e-6,
         "nccl_ll_payload": 0.5}
 # vLLM's sm90 tables: the custom limit is the smaller of 8 MiB and 64 MiB (TP2) or 1/4 MiB

@@ -19,7 +19,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from leaderboard_core.contract import Home
-from predictors.ours import config, ops
+from predictors.ours import config, factors, ops
 from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 
@@ -27,8 +27,11 @@ GEMM_OPS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
 FULL = Switches()
 
 
-def _fit(residual, x0, lower, upper) -> np.ndarray:
-    return least_squares(residual, x0, bounds=(lower, upper), loss="soft_l1", f_scale=0.1).x
+def _fit(residual, x0, lower, upper) -> None:
+    """Robust bounded least squares on ``residual(x)``, which sets the constants it is given.
+    The solver's last call may be a Jacobian probe beside the optimum, so ``residual`` is
+    called once more at the optimum to leave the fitted values set."""
+    residual(least_squares(residual, x0, bounds=(lower, upper), loss="soft_l1", f_scale=0.1).x)
 
 
 def _log_err(pred: np.ndarray, measured_ms: np.ndarray) -> np.ndarray:
@@ -98,23 +101,19 @@ def fit_decode(d: pl.DataFrame, c: dict, home: Home) -> None:
 
 
 def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
-    # NCCL's LL protocol is priced from NCCL's own latencies, not fitted: the home's NCCL points
-    # (8 MiB and up) run Simple, so the fit prices them as Simple only, lest LL stand in for it.
-    simple_only = copy.deepcopy(c)
-    simple_only["collectives"]["nccl_ll_base_s"] = np.inf
-
     def seconds(rows, dev):
-        return ops.allreduce(*_columns(rows, ("message_bytes", "num_gpus")), dev, simple_only,
+        # NCCL's LL protocol is priced from NCCL's own latencies, not fitted: the home's NCCL
+        # points (8 MiB and up) run Simple, so they are priced as Simple only, lest LL stand in.
+        simple = {**c, "collectives": {**c["collectives"], **factors.NCCL_SIMPLE_ONLY}}
+        return ops.allreduce(*_columns(rows, ("message_bytes", "num_gpus")), dev, simple,
                              FULL)["seconds"]
 
     def residual(x):
-        coll = simple_only["collectives"]
+        coll = c["collectives"]
         coll["custom_floor_s"], coll["custom_eta"], coll["nccl_step_s"], coll["nccl_eta"] = x
-        return _per_gpu(home, a, simple_only, seconds)
+        return _per_gpu(home, a, c, seconds)
 
-    x = _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
-    coll = c["collectives"]
-    coll["custom_floor_s"], coll["custom_eta"], coll["nccl_step_s"], coll["nccl_eta"] = x
+    _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
 
 
 def fit_constants(home: Home, constants: dict) -> dict:

@@ -105,6 +105,12 @@ def split_kv_floor(batch: np.ndarray, split_kv: bool, extra_s: float) -> np.ndar
     return np.where(split_kv & (batch >= 2), extra_s, 0.0)
 
 
+# Overrides of the collectives constants that leave NCCL one protocol: an infinite latency
+# never wins the faster of the two (the home's NCCL points are Simple; a reading solves each).
+NCCL_SIMPLE_ONLY = {"nccl_ll_base_s": np.inf}
+NCCL_LL_ONLY = {"nccl_step_s": np.inf}
+
+
 def by_tp(table: dict | None, tp: np.ndarray, default: float) -> np.ndarray:
     """A per-TP-degree value for each element (vLLM keys its all-reduce thresholds by world
     size); a degree the table does not list takes ``default``."""
@@ -145,19 +151,18 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
                       topology: str, coll: dict, tables: dict) -> np.ndarray:
     """TP all-reduce in the regime ``allreduce_path`` picks. vLLM's custom all-reduce is
     one-shot (one barrier; every GPU reads its P-1 peers' whole message) for 2 GPUs and below
-    the per-TP one-shot size, else two-shot (two barriers; reduce-scatter then all-gather, the
-    ring's ``2(P-1)/P`` bytes). The symmetric-memory all-reduce is priced as the custom
-    two-shot, whichever kernel vLLM runs (see docs/ours.md). NCCL's ring is ``2(P-1)``
-    dependent steps, each with a hop latency, plus the ring's bytes, in the faster of its
-    Simple protocol (the home-fitted step latency) and its low-latency LL protocol (the
-    latencies of NCCL's tuning model by link kind, half the bandwidth). Floors, step latency and
-    efficiencies are fitted on the home GPU (an NVLink-switch node with custom and NCCL paths
-    only)."""
+    the per-TP one-shot size (``one_shot_max_kib``), else two-shot (two barriers;
+    reduce-scatter then all-gather, the ring's ``2(P-1)/P`` bytes). The symmetric-memory
+    all-reduce is priced as the custom two-shot, whichever kernel vLLM runs (docs/ours.md).
+    NCCL's ring is ``2(P-1)`` dependent steps, each with a hop latency, plus the ring's
+    bytes, in the faster of its Simple protocol (the home-fitted step latency) and its
+    low-latency LL protocol (the latencies of NCCL's tuning model by link kind, half the
+    bandwidth). Floors, step latency and efficiencies are fitted on the home GPU (an
+    NVLink-switch node with custom and NCCL paths only)."""
     custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, tables)
     volume = ring_allreduce_s(message_bytes, tp, link_bytes_per_s, 0.0, 0.0) * divisor
     floor, eta = coll["custom_floor_s"], coll["custom_eta"]
-    one_shot = (tp <= 2) | (message_bytes < np.where(tp <= 4, coll["one_shot_max_bytes_tp4"],
-                                                     coll["one_shot_max_bytes_tp8"]))
+    one_shot = (tp <= 2) | (message_bytes < by_tp(coll["one_shot_max_kib"], tp, 0.0) * 1024)
     two_shot_s = 2.0 * floor + volume / eta
     custom_s = np.where(one_shot, floor + (tp - 1.0) * message_bytes / link_bytes_per_s / eta,
                         two_shot_s)
@@ -171,7 +176,7 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     ll_s = (coll["nccl_ll_base_s"] + steps * hop_s
             + volume / (coll["nccl_eta"] * coll["nccl_ll_payload"]))
     nccl_s = np.minimum(simple_s, ll_s)
-    seconds = np.where(custom | symm, np.where(custom, custom_s, two_shot_s), nccl_s)
+    seconds = np.where(custom, custom_s, np.where(symm, two_shot_s, nccl_s))
     return np.where(tp > 1, seconds, 0.0)
 
 

@@ -5,12 +5,11 @@ read from the current leaderboard runs it passes.
 
 from __future__ import annotations
 
-import json
 import re
 
 import polars as pl
 
-from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, table
+from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, phase_stat, table
 from predictors import registry
 
 # Per unseen GPU, MAPE at most this much per phase.
@@ -64,8 +63,8 @@ def wall_clock(runs: pl.DataFrame) -> list[str]:
     mine = runs.filter((pl.col("predictor") == "ours")
                        & pl.col("dataset").str.ends_with("_splitwise")).sort("split")
     rows = [[r["dataset"], r["split"], str(r["deploy_rows"] or 0),
-             *(fmt((json.loads(r["phases"]).get(p) or {}).get("mape")) for p in
-               ("prefill", "decode", "all"))] for r in mine.iter_rows(named=True)]
+             *(fmt(phase_stat(r, p)) for p in ("prefill", "decode", "all"))]
+            for r in mine.iter_rows(named=True)]
     return ["## ours: wall-clock mode (splitwise A100 → H100)", "",
             "`wall_clock` targets add the host floor S(N), light kernels and the LM head to the "
             "GPU time. S(N) is the one deploy reading: the decode batch-size sweep of the first "
