@@ -351,3 +351,19 @@ def test_ours_reading_refuses_a_negative_point_count():
     none = registry.build("ours_reading", {"decode_points": 0, "gemm_points": 0,
                                            "allreduce_points": 0}).fit(home())
     assert none.request_reading(READ_CELLS, load_gpu_specs()["h100_sxm"], 16) is None
+
+
+def test_explain_names_the_allreduce_path_and_nccl_protocol():
+    """explain's all-reduce row says which path priced it: vLLM's one-shot custom kernel for 40
+    tokens x 4,096 x 2 bytes = 320 KiB at TP4 on an A100 switch (below 512 KiB); NCCL through
+    the host for 3 x 8,192 x 2 = 48 KiB at TP8 on an L40S, in LL (6.6 + 14 x 1 us plus the
+    volume, against Simple's 14 fitted steps). Its time is the step's all-reduce term per call."""
+    specs, model = load_gpu_specs(), registry.build("ours").fit(home())
+    for i, sku, label in ((0, "a100_sxm", "nvswitch vLLM custom one-shot"),
+                          (3, "l40s", "pcie_host NCCL LL")):
+        cell, gpu = MIX[i], specs[sku]
+        (row,) = [r for r in model.explain(cell, gpu)[0]["rows"] if r["op"].startswith("allreduce")]
+        assert row["op"].endswith(label) and row["count"] == "2"
+        layers = {"llama-3-8b": 32, "llama-2-70b": 80}[cell["model"][0]]
+        assert float(row["us"]) == pytest.approx(
+            model.components(cell, gpu)["allreduce"][0] * 1e6 / layers / 2, abs=0.06)

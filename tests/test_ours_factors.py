@@ -104,10 +104,14 @@ SM90 = {"custom_max_mib": {2: 64, 4: 32, 6: 0.5, 8: 0.25}, "symm_max_mib": {2: 6
                                                                              8: 64}}
 
 
+def allreduce_seconds(*args) -> np.ndarray:
+    return factors.allreduce_terms(*args)["seconds"]
+
+
 def test_allreduce_regimes_and_single_gpu():
     size = np.array([1e3, 8 * 2**20 - 16, 8 * 2**20, 1e6])
     tp = np.array([2.0, 2.0, 2.0, 1.0])
-    t = factors.allreduce_seconds(size, tp, 300e9, "nvswitch", COLL, {})
+    t = allreduce_seconds(size, tp, 300e9, "nvswitch", COLL, {})
     assert t[0] == pytest.approx(5e-6 + 1e3 / 300e9 / 0.5)
     # vLLM's custom all-reduce takes messages strictly below its limit; at it, NCCL: 2 ring
     # steps of latency at TP2 plus the ring's bytes.
@@ -120,12 +124,15 @@ def test_custom_allreduce_one_shot_then_two_shot_by_tp():
     # Below 512 KiB at TP4 one barrier and every GPU reads its 3 peers' whole message; at
     # 512 KiB two barriers and the ring's 2 x 3/4 of it.
     small, large = 256 * 2**10, 512 * 2**10
-    t = factors.allreduce_seconds(np.array([small, large, small]), np.array([4.0, 4.0, 8.0]),
+    t = allreduce_seconds(np.array([small, large, small]), np.array([4.0, 4.0, 8.0]),
                                   300e9, "nvswitch", COLL, {})
     assert t[0] == pytest.approx(5e-6 + 3 * small / 300e9 / 0.5)
     assert t[1] == pytest.approx(10e-6 + 1.5 * large / 300e9 / 0.5)
     # At TP8 the one-shot limit is 256 KiB: 256 KiB is already two-shot (2 x 7/8 of it).
     assert t[2] == pytest.approx(10e-6 + 1.75 * small / 300e9 / 0.5)
+    terms = factors.allreduce_terms(np.array([small, large, small]), np.array([4.0, 4.0, 8.0]),
+                                    300e9, "nvswitch", COLL, {})
+    assert terms["one_shot"].tolist() == [True, False, False] and terms["custom"].all()
 
 
 def test_symm_mem_tables_move_messages_between_custom_symm_and_nccl():
@@ -139,7 +146,7 @@ def test_symm_mem_tables_move_messages_between_custom_symm_and_nccl():
     custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, {})
     assert custom.tolist() == [True, False, True, False] and not symm.any()
     # The symmetric-memory path is priced as the custom two-shot; NCCL past its table.
-    t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
+    t = allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
     assert t[1] == pytest.approx(10e-6 + 32 * mib / 450e9 / 0.5)
     assert t[2] == pytest.approx(10e-6 + 1.75 * mib / 450e9 / 0.5)
     assert t[3] == pytest.approx(14 * 4e-6 + 1.75 * 100 * mib / 450e9 / 0.7)
@@ -155,7 +162,7 @@ def test_symm_mem_tables_need_an_nvlink_switch_and_a_supported_tp():
     size, tp = np.array([64e3, 64e3]), np.array([3.0, 16.0])
     custom, symm, _ = factors.allreduce_path(size, tp, "nvswitch", COLL, SM90)
     assert not custom.any() and not symm.any()
-    t = factors.allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
+    t = allreduce_seconds(size, tp, 450e9, "nvswitch", COLL, SM90)
     assert t[0] == pytest.approx(6.6e-6 + 4 * 0.6e-6 + (4 / 3) * 64e3 / 450e9 / 0.35)  # LL
 
 
@@ -175,10 +182,10 @@ def test_pcie_host_allreduce_by_hand():
     # TP4, 1 MB through the host over PCIe Gen4 (32 GB/s a direction): each GPU's ring moves
     # 2 x 3/4 x 1 MB, the 4 GPUs share one link's worth of the root complex, at NCCL's
     # efficiency, after 2 x 3 ring steps of latency.
-    t = factors.allreduce_seconds(np.array([1e6]), np.array([4.0]), 32e9, "pcie_host", COLL, {})
+    t = allreduce_seconds(np.array([1e6]), np.array([4.0]), 32e9, "pcie_host", COLL, {})
     assert t[0] == pytest.approx(6 * 4e-6 + 4 * (1.5e6 / 32e9) / 0.7)
     # TP2 on PCIe keeps vLLM's custom all-reduce, at the link's full rate.
-    t2 = factors.allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL, {})
+    t2 = allreduce_seconds(np.array([1e6]), np.array([2.0]), 32e9, "pcie_host", COLL, {})
     assert t2[0] == pytest.approx(5e-6 + (1e6 / 32e9) / 0.5)
 
 
@@ -187,11 +194,15 @@ def test_nccl_takes_its_low_latency_protocol_for_small_messages():
     # 14 steps of 4 us; LL pays NCCL's 6.6 us base and 14 PCIe hops of 1 us, at half the
     # bandwidth. LL is faster, and is what NCCL runs.
     volume = 8 * 1.75 * 8192 / 32e9
-    t = factors.allreduce_seconds(np.array([8192.0]), np.array([8.0]), 32e9, "pcie_host", COLL, {})
+    t = allreduce_seconds(np.array([8192.0]), np.array([8.0]), 32e9, "pcie_host", COLL, {})
     assert t[0] == pytest.approx(6.6e-6 + 14e-6 + volume / (0.7 * 0.5))
     assert t[0] < 14 * 4e-6 + volume / 0.7
+    # 8 MiB at TP8 through the host: LL's half bandwidth loses, NCCL runs Simple.
+    terms = factors.allreduce_terms(np.array([8192.0, 8 * 2.0**20]), np.array([8.0, 8.0]), 32e9,
+                                    "pcie_host", COLL, {})
+    assert terms["nccl_ll"].tolist() == [True, False] and not terms["custom"].any()
     # Over NVLink the hops are 0.6 us: TP3 on a switch (no custom kernel for 3 GPUs), 4 KiB.
-    t = factors.allreduce_seconds(np.array([4096.0]), np.array([3.0]), 300e9, "nvswitch", COLL, {})
+    t = allreduce_seconds(np.array([4096.0]), np.array([3.0]), 300e9, "nvswitch", COLL, {})
     assert t[0] == pytest.approx(6.6e-6 + 4 * 0.6e-6 + (4 / 3) * 4096 / 300e9 / 0.35)
 
 
@@ -199,9 +210,9 @@ def test_nccl_ll_hops_follow_the_link_kind():
     # TP4, 4 KiB: a PCIe switch keeps each GPU's own link (no divisor) but pays PCIe hops; a
     # bridge pair's group of 4 goes through the host: PCIe hops and the link shared by 4.
     size, tp, ring = np.array([4096.0]), np.array([4.0]), 1.5 * 4096
-    t = factors.allreduce_seconds(size, tp, 32e9, "pcie_switch", COLL, {})
+    t = allreduce_seconds(size, tp, 32e9, "pcie_switch", COLL, {})
     assert t[0] == pytest.approx(6.6e-6 + 6 * 1e-6 + ring / 32e9 / 0.35)
-    t = factors.allreduce_seconds(size, tp, 56e9, "nvlink_bridge", COLL, {})
+    t = allreduce_seconds(size, tp, 56e9, "nvlink_bridge", COLL, {})
     assert t[0] == pytest.approx(6.6e-6 + 6 * 1e-6 + 4 * ring / 56e9 / 0.35)
 
 

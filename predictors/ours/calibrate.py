@@ -173,3 +173,7 @@ def calibrate(home: Home) -> dict[str, float]:
     fitted = fit_constants(home, config.load_constants())
     write(fitted, COMMAND)
     return {f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}
+
+
+if __name__ == "__main__":
+    raise SystemExit(f"The calibration needs the home, which the harness builds: run `{COMMAND}`")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard_core.specs import GpuSpec
-from predictors.ours import factors, ops
+from predictors.ours import ops
 from predictors.ours.config import Device
 from predictors.ours.step import allreduce_bytes, decode_kernel, gemm_shapes, prefill_kernel
 from predictors.steps import Steps
@@ -38,15 +38,21 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
                      ops.decode_attention(n, ctx, sharded["heads"], sharded["kv_heads"],
                                           s.head_dim, dev, c, sw)))
     if s.tp[0] > 1:
-        size = allreduce_bytes(s)
-        custom, symm, _ = factors.allreduce_path(size, s.tp, dev.topology, c["collectives"],
-                                                 dev.allreduce_tables)
-        regime = ("bare ring" if not sw.collectives else "vLLM custom" if custom[0]
-                  else "symmetric memory" if symm[0] else "NCCL")
-        rows.append((f"allreduce tp={s.tp[0]:.0f} {dev.topology} {regime}", 2,
-                     ops.allreduce(size, s.tp, dev, c, sw)))
+        r = ops.allreduce(allreduce_bytes(s), s.tp, dev, c, sw)
+        rows.append((f"allreduce tp={s.tp[0]:.0f} {dev.topology} {allreduce_regime(r)}", 2, r))
     return [{"op": label, "count": count, **{k: float(v[0]) for k, v in r.items()}}
             for label, count, r in rows]
+
+
+def allreduce_regime(r: dict) -> str:
+    """Which path and variant priced the all-reduce ``r`` (``ops.allreduce``'s first message)."""
+    if "custom" not in r:
+        return "bare ring"
+    if r["custom"][0]:
+        return "vLLM custom " + ("one-shot" if r["one_shot"][0] else "two-shot")
+    if r["symm"][0]:
+        return "symmetric memory (priced as custom two-shot)"
+    return "NCCL " + ("LL" if r["nccl_ll"][0] else "Simple")
 
 
 def _printed(r: dict) -> dict[str, str]:

@@ -147,16 +147,17 @@ def allreduce_path(message_bytes: np.ndarray, tp: np.ndarray, topology: str, col
     return custom, symm, np.where(through_host, tp, 1.0)
 
 
-def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_s: float,
-                      topology: str, coll: dict, tables: dict) -> np.ndarray:
-    """TP all-reduce in the regime ``allreduce_path`` picks. vLLM's custom all-reduce is
-    one-shot (one barrier; every GPU reads its P-1 peers' whole message) for 2 GPUs and below
-    the per-TP one-shot size (``one_shot_max_kib``), else two-shot (two barriers;
-    reduce-scatter then all-gather, the ring's ``2(P-1)/P`` bytes). The symmetric-memory
-    all-reduce is priced as the custom two-shot, whichever kernel vLLM runs (docs/ours.md).
-    NCCL's ring is ``2(P-1)`` dependent steps, each with a hop latency, plus the ring's
-    bytes, in the faster of its Simple protocol (the home-fitted step latency) and its
-    low-latency LL protocol (the latencies of NCCL's tuning model by link kind, half the
+def allreduce_terms(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_s: float,
+                    topology: str, coll: dict, tables: dict) -> dict[str, np.ndarray]:
+    """TP all-reduce in the regime ``allreduce_path`` picks: ``seconds`` and, per message, which
+    path (``custom``, ``symm``, else NCCL) and variant (``one_shot``, ``nccl_ll``) priced it.
+    vLLM's custom all-reduce is one-shot (one barrier; every GPU reads its P-1 peers' whole
+    message) for 2 GPUs and below the per-TP one-shot size (``one_shot_max_kib``), else two-shot
+    (two barriers; reduce-scatter then all-gather, the ring's ``2(P-1)/P`` bytes). The
+    symmetric-memory all-reduce is priced as the custom two-shot, whichever kernel vLLM runs
+    (docs/ours.md). NCCL's ring is ``2(P-1)`` dependent steps, each with a hop latency, plus
+    the ring's bytes, in the faster of its Simple protocol (the home-fitted step latency) and
+    its low-latency LL protocol (the latencies of NCCL's tuning model by link kind, half the
     bandwidth). Floors, step latency and efficiencies are fitted on the home GPU (an
     NVLink-switch node with custom and NCCL paths only)."""
     custom, symm, divisor = allreduce_path(message_bytes, tp, topology, coll, tables)
@@ -175,9 +176,9 @@ def allreduce_seconds(message_bytes: np.ndarray, tp: np.ndarray, link_bytes_per_
     hop_s = np.where(over_nvlink, coll["nccl_ll_hop_s_nvlink"], coll["nccl_ll_hop_s_pcie"])
     ll_s = (coll["nccl_ll_base_s"] + steps * hop_s
             + volume / (coll["nccl_eta"] * coll["nccl_ll_payload"]))
-    nccl_s = np.minimum(simple_s, ll_s)
-    seconds = np.where(custom, custom_s, np.where(symm, two_shot_s, nccl_s))
-    return np.where(tp > 1, seconds, 0.0)
+    seconds = np.where(custom, custom_s, np.where(symm, two_shot_s, np.minimum(simple_s, ll_s)))
+    return {"seconds": np.where(tp > 1, seconds, 0.0), "custom": custom, "symm": symm,
+            "one_shot": custom & one_shot, "nccl_ll": ~custom & ~symm & (ll_s < simple_s)}
 
 
 def host_floor_seconds(num_requests: np.ndarray, s_floor: float, s_slope: float) -> np.ndarray:

@@ -120,11 +120,12 @@ def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,
 
 
 def allreduce(message_bytes, tp, dev: Device, c: dict, sw: Switches) -> dict[str, np.ndarray]:
-    """One TP all-reduce of the step's activations. Off: the bare ring over the link."""
-    if sw.collectives:
-        seconds = factors.allreduce_seconds(message_bytes, tp, dev.link_bytes_per_s,
-                                            dev.topology, c["collectives"],
-                                            dev.allreduce_tables)
-    else:
-        seconds = ring_allreduce_s(message_bytes, tp, dev.link_bytes_per_s, 0.0, 0.0)
-    return {"seconds": seconds, "bytes": message_bytes}
+    """One TP all-reduce of the step's activations, with the path and variant that priced it
+    (1.0 where taken: ``custom``, ``symm``, ``one_shot``, ``nccl_ll``). Off: the bare ring over
+    the link."""
+    if not sw.collectives:
+        return {"seconds": ring_allreduce_s(message_bytes, tp, dev.link_bytes_per_s, 0.0, 0.0),
+                "bytes": message_bytes}
+    terms = factors.allreduce_terms(message_bytes, tp, dev.link_bytes_per_s, dev.topology,
+                                    c["collectives"], dev.allreduce_tables)
+    return {"bytes": message_bytes, **{k: v.astype(np.float64) for k, v in terms.items()}}

@@ -1,0 +1,105 @@
+"""``ours``'s home calibration (predictors/ours/calibrate.py) recovers constants it did not see,
+from synthetic op points generated at known values."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard_core.contract import Home
+from leaderboard_core.specs import load_gpu_specs
+from predictors.ours import calibrate, config, factors, ops
+
+A100 = load_gpu_specs()["a100_sxm"]
+TRUE_COLLECTIVES = {"custom_floor_s": 6e-6, "custom_eta": 0.7, "nccl_step_s": 5e-6,
+                    "nccl_eta": 0.55}
+
+
+def _allreduce_home(truth: dict) -> tuple[Home, pl.DataFrame]:
+    """All-reduces on the A100 switch at TP2/4/8 from 4 KiB to 64 MiB, and TP3 (no custom
+    kernel, NCCL at every size) from 4 KiB to 1 MiB, each timed as NCCL Simple where NCCL runs:
+    what the home measures. At TP3 below a few hundred KiB the priced LL protocol is faster than
+    this Simple truth, so a fit that let LL stand in could not reach it."""
+    sizes = 2.0 ** np.arange(12, 27, 2)
+    tp = np.concatenate([np.full(len(sizes), p) for p in (2.0, 4.0, 8.0)] + [np.full(5, 3.0)])
+    size = np.concatenate([sizes, sizes, sizes, sizes[:5]])
+    simple = {**truth, "collectives": {**truth["collectives"], **factors.NCCL_SIMPLE_ONLY}}
+    seconds = ops.allreduce(size, tp, config.Device.of(A100, truth), simple,
+                            calibrate.FULL)["seconds"]
+    points = pl.DataFrame({"message_bytes": size, "num_gpus": tp, "latency_ms": seconds * 1e3})
+    return Home(sku="a100_sxm", gpu=A100, dataset="synthetic", cells=pl.DataFrame()), points
+
+
+TRUE_KERNELS = {("clock", "home_f_clk"): 0.9, ("gemm", "duty_c"): 3.0, ("gemm", "floor_s"): 6e-6,
+                ("memory_law", "dram"): 0.75, ("memory_law", "l2"): 1.2, ("memory_law", "p"): 2.0,
+                ("attention", "prefill_eta"): 0.5, ("attention", "prefill_floor_s"): 9e-6,
+                ("attention", "prefill_cta_s"): 3e-6, ("attention", "decode_eta"): 1.0,
+                ("attention", "decode_knee"): 0.08, ("attention", "decode_floor_s"): 1.2e-5,
+                ("attention", "decode_split_floor_s"): 4e-6, ("attention", "decode_cta_s"): 2.5e-6}
+
+
+def _truth() -> dict:
+    truth = copy.deepcopy(config.load_constants())
+    truth["collectives"].update(TRUE_COLLECTIVES)
+    for (section, key), value in TRUE_KERNELS.items():
+        truth[section][key] = value
+    return truth
+
+
+def _timed(frame: pl.DataFrame, seconds: np.ndarray) -> pl.DataFrame:
+    return frame.with_columns(latency_ms=pl.Series(seconds * 1e3))
+
+
+def _kernel_ops(truth: dict) -> dict[str, pl.DataFrame]:
+    """The home's kernels at ``truth``: GEMMs of five Llama shapes at m = 1 to 16,384 (QKV
+    takes two of them), prefill attention of 1 to 8 equal prompts of 64 to 4,096 tokens, and
+    decode attention of 1 to 1,024 requests at 128 to 8,192 tokens of context."""
+    dev, full = config.Device.of(A100, truth), calibrate.FULL
+    shapes = {"gemm_qkv": [(6144, 4096), (1280, 8192)], "gemm_o": [(4096, 4096)],
+              "gemm_gate_up": [(28672, 4096)], "gemm_down": [(4096, 14336)]}
+    frames = {}
+    for op, nk in shapes.items():
+        g = pl.DataFrame([{"m": 2**i, "n": n, "k": k} for i in range(15) for n, k in nk])
+        m, n, k = (g[x].to_numpy().astype(float) for x in "mnk")
+        frames[op] = _timed(g, ops.gemm(m, n, k, dev, truth, full)["seconds"])
+    heads = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+    p = pl.DataFrame([{"batch": b, "q_len": 2**i, **heads} for b in (1, 2, 4, 8)
+                      for i in range(6, 13)])
+    b, q = p["batch"].to_numpy().astype(float), p["q_len"].to_numpy().astype(float)
+    frames["attn_prefill"] = _timed(p, ops.prefill_attention(q, 0 * q, 32 * b, 8 * b, 128, dev,
+                                                             truth, full)["seconds"])
+    d = pl.DataFrame([{"batch": 2**i, "kv_len": 2**j, **heads} for i in range(11)
+                      for j in range(7, 14, 2)])
+    b, kv = d["batch"].to_numpy().astype(float), d["kv_len"].to_numpy().astype(float)
+    frames["attn_decode"] = _timed(d, ops.decode_attention(b, kv, 32, 8, 128, dev, truth,
+                                                           full)["seconds"])
+    return frames
+
+
+def test_fit_constants_recovers_every_fitted_leaf():
+    """From op points generated at known values (none of them the committed ones), every
+    ``fitted on home`` leaf comes back, and ``op_rows`` counts the points."""
+    truth = _truth()
+    _, allreduce = _allreduce_home(truth)
+    home = Home(sku="a100_sxm", gpu=A100, dataset="synthetic", cells=pl.DataFrame(),
+                ops={**_kernel_ops(truth), "allreduce": allreduce})
+    fitted = calibrate.fit_constants(home, config.load_constants())
+    for (section, key), value in TRUE_KERNELS.items():
+        assert fitted[section][key] == pytest.approx(value, rel=1e-3), key
+    for key, value in TRUE_COLLECTIVES.items():
+        assert fitted["collectives"][key] == pytest.approx(value, rel=1e-3), key
+    assert fitted["home"]["op_rows"] == sum(len(f) for f in home.ops.values())
+
+
+def test_allreduce_fit_prices_the_homes_nccl_points_as_simple_only(monkeypatch):
+    """Without the Simple-only guard, LL (priced from NCCL's own latencies) stands in for the
+    TP3 small messages and the fitted NCCL step latency is wrong."""
+    home, points = _allreduce_home(_truth())
+    monkeypatch.setattr(factors, "NCCL_SIMPLE_ONLY", {})
+    c = copy.deepcopy(config.load_constants())
+    calibrate.fit_allreduce(points, c, home)
+    assert c["collectives"]["nccl_step_s"] != pytest.approx(TRUE_COLLECTIVES["nccl_step_s"],
+                                                            rel=0.05)
