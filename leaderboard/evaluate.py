@@ -81,6 +81,7 @@ def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
     if pred.shape != (len(target),):
         facts["invalid_reasons"].append(f"predict returned shape {pred.shape}, expected "
                                         f"({len(target)},)")
+        facts.pop("by_op", None)
         return None, target, facts
     bad = ~(np.isfinite(pred) & (pred > 0))
     if bad.any():
@@ -208,7 +209,7 @@ def run(spec: RunSpec) -> RunResult:
         predictions = target.select(columns).with_columns(
             pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
             **{f"{BY_OP_PREFIX}{op}": pl.Series(ms)
-               for op, ms in facts.pop("by_op", {}).items() if pred is not None})
+               for op, ms in facts.pop("by_op", {}).items()})
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
     phases = (serving_api.SERVING_PHASES if inputs.serving else

@@ -179,7 +179,7 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
             facts["invalid_reasons"].insert(0, refused)
         pred_file = folder / "out" / "pred.npy"
         pred = np.load(pred_file, allow_pickle=False) if pred_file.is_file() else None
-        by_op_file = folder / "out" / "by_op.npz"
+        by_op_file = folder / "out" / "by_op.npy"
         if pred is not None and by_op_file.is_file():
             _load_by_op(by_op_file, len(pred), facts)
     return pred, unscored, facts
@@ -231,10 +231,9 @@ def _resolve(ref: dict) -> type:
 
 
 def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts: dict) -> None:
-    """The predictor's per-op split of its step predictions, if it offers one. It is a
-    diagnostic beside the score: a failing or misshapen split is noted, the score stands.
-    Arrays are saved under fixed names with the part names apart, so no name can clash with
-    ``np.savez``'s own arguments."""
+    """The predictor's per-op split of its step predictions, if it offers one: one row per part
+    in ``by_op.npy``, the part names in ``facts["by_op_names"]``. It is a diagnostic beside the
+    score: a failing or misshapen split is noted, the score stands."""
     try:
         parts = estimator.predict_by_op(blind, gpu)
         if parts:
@@ -242,8 +241,8 @@ def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts
             bad = sorted(k for k, v in zip(parts, arrays, strict=True) if v.shape != (rows,))
             if bad:
                 raise ValueError(f"parts {bad} are not one value per cell ({rows})")
-            named = {f"part_{i}": a for i, a in enumerate(arrays)}
-            np.savez(out / "by_op.npz", names=np.array([str(k) for k in parts]), **named)
+            np.save(out / "by_op.npy", np.stack(arrays), allow_pickle=False)
+            facts["by_op_names"] = [str(k) for k in parts]
     except Exception as exc:  # noqa: BLE001 - reported, never fatal to the run
         facts["by_op_error"] = f"{type(exc).__name__}: {exc}"
 
@@ -252,12 +251,11 @@ def _load_by_op(path: Path, rows: int, facts: dict) -> None:
     """The child's per-op split into ``facts["by_op"]``; the file is the child's output, so a
     malformed one is noted as ``by_op_error`` and dropped, never raised in the harness."""
     try:
-        with np.load(path, allow_pickle=False) as saved:
-            names = [str(n) for n in saved["names"]]
-            arrays = [saved[f"part_{i}"] for i in range(len(names))]
-        if any(a.shape != (rows,) or a.dtype != np.float64 for a in arrays):
-            raise ValueError(f"not one float per cell ({rows})")
-        facts["by_op"] = dict(zip(names, arrays, strict=True))
+        names = [str(n) for n in facts.pop("by_op_names")]
+        stacked = np.load(path, allow_pickle=False)
+        if stacked.shape != (len(names), rows) or stacked.dtype != np.float64:
+            raise ValueError(f"not one float per cell ({rows}) for each of {len(names)} parts")
+        facts["by_op"] = dict(zip(names, stacked, strict=True))
     except Exception as exc:  # noqa: BLE001 - whatever the child wrote
         facts["by_op_error"] = f"unreadable per-op split: {type(exc).__name__}: {exc}"
 

@@ -62,10 +62,15 @@ class GpuSpec:
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
 
+    def has_dense_peak(self, precision: str) -> bool:
+        """Whether the datasheet gives a dense tensor peak at ``precision`` (the chip has such
+        tensor cores)."""
+        return GPU_PRECISION_PEAKS.get(precision) in self.data
+
     def dense_tflops(self, precision: str) -> float:
         """The datasheet dense tensor peak at ``precision`` (bf16, fp8 or fp4)."""
         key = GPU_PRECISION_PEAKS.get(precision)
-        if key is None or key not in self.data:
+        if not self.has_dense_peak(precision):
             raise SpecError(f"{self.path}: no {precision} dense peak ({key or 'unknown precision'}); "
                             f"known precisions: {sorted(GPU_PRECISION_PEAKS)}; add the key with "
                             "its source if the chip has such tensor cores")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leaderboard_core.specs import GPU_PRECISION_PEAKS, GpuSpec
+from leaderboard_core.specs import GpuSpec
 
 BF16_BYTES = 2.0
 FP8_BYTES = 1.0
@@ -26,7 +26,7 @@ def peak_flops(gpu: GpuSpec) -> float:
 
 def fp8_peak_flops(gpu: GpuSpec) -> float | None:
     """Dense FP8 tensor-core peak in FLOP/s; None on a GPU without FP8 tensor cores."""
-    return gpu.dense_tflops("fp8") * 1e12 if GPU_PRECISION_PEAKS["fp8"] in gpu.data else None
+    return gpu.dense_tflops("fp8") * 1e12 if gpu.has_dense_peak("fp8") else None
 
 
 def link_gbs_per_direction(gpu: GpuSpec) -> float:

@@ -108,9 +108,10 @@ def _prefill_requests(q: np.ndarray, ctx: np.ndarray, ends: np.ndarray, counts: 
     are all of them (the column counts the rest as decode), so the decode requests, most of
     the data, are never read. Otherwise every request is scanned (the fallback reads 2^21
     requests a block in ``ours``, arrays of 16 MB)."""
+    def is_prefill(i):
+        return (q[i] != 1) | (ctx[i] == 0)
+
     prefills = counts - num_decode
     firsts = np.cumsum(prefills) - prefills
     guess = np.arange(prefills.sum()) + np.repeat(ends - counts - firsts, prefills)
-    if ((q[guess] != 1) | (ctx[guess] == 0)).all():
-        return guess
-    return np.flatnonzero((q != 1) | (ctx == 0))
+    return guess if is_prefill(guess).all() else np.flatnonzero(is_prefill(slice(None)))
