@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from leaderboard import predictor_index
 from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
 from leaderboard.evaluate import RunSpec, run
@@ -27,7 +28,6 @@ from leaderboard_core import paths
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.naming import suggestion
 from leaderboard_core.specs import SpecError
-from predictors import registry
 
 stderr = Console(stderr=True)
 
@@ -47,7 +47,7 @@ def check_choices(argv: list[str]) -> None:
             continue
         for choice in value.split(","):
             if key == "predictor":
-                valid = registry.names()
+                valid = predictor_index.names()
             elif choice in configured:
                 continue
             else:
@@ -71,7 +71,7 @@ def check_parameters(argv: list[str]) -> None:
     chosen = next((a.partition("=")[2] for a in argv if a.startswith("predictor=")), None)
     for name in (chosen or load_config().predictor.name).split(","):
         try:
-            registry.check_params(name, fields)
+            predictor_index.check_params(name, fields)
         except ValueError as exc:
             _fail(str(exc))
 
@@ -112,7 +112,7 @@ def run_task(cfg: DictConfig) -> None:
         _fail(f"dataset=hf needs {' and '.join(missing)}: "
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
     if cfg.predictors_path:  # a multirun worker is a fresh process: register them there too
-        registry.include(cfg.predictors_path)
+        predictor_index.include(cfg.predictors_path)
     params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
     hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
     home = cfg.dataset.home  # one name, or a list of homes: dataset.home=[a100_vidur,h100_vidur]

@@ -1,4 +1,4 @@
-"""The Hydra config: predictor nodes from the registry, and composing it outside ``@hydra.main``."""
+"""The Hydra config: predictor nodes from the predictor index, and composing it outside ``@hydra.main``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from leaderboard import predictor_index
 from leaderboard_core import paths
-from predictors import registry
 
 
 def include_predictors(overrides) -> None:
@@ -18,7 +18,7 @@ def include_predictors(overrides) -> None:
     for arg in overrides:
         key, _, value = arg.partition("=")
         if key == "predictors_path" and value not in ("", "null"):
-            registry.include(value)
+            predictor_index.include(value)
 
 
 def register_predictor_nodes(overrides=()) -> None:
@@ -26,9 +26,8 @@ def register_predictor_nodes(overrides=()) -> None:
     included), its keys the constructor's."""
     include_predictors(overrides)
     store = ConfigStore.instance()
-    for name in registry.names():
-        store.store(group="predictor", name=name,
-                    node={"name": name, **registry.get(name).default_params()})
+    for name, described in predictor_index.index().items():
+        store.store(group="predictor", name=name, node={"name": name, **described["defaults"]})
 
 
 def dataset_names() -> list[str]:

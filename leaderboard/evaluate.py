@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import atlas, debris, homes, metrics, readings, sandbox
+from leaderboard import atlas, debris, homes, metrics, predictor_index, readings, sandbox
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
@@ -26,7 +26,6 @@ from leaderboard.split import default_split, split
 from leaderboard_core.contract import BY_OP_PREFIX, GROUND_TRUTH_COLUMNS, Home, NotSupported
 from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard_core.versioning import code_hash, code_version
-from predictors import registry
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
                       "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms",
@@ -60,7 +59,7 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
+def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: int
                      ) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
     """Predictions (or None), the target rows they score, and the timing/validity facts.
 
@@ -72,7 +71,7 @@ def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
     hidden = op_level_api.MEASURED if inputs.op_level else GROUND_TRUTH_COLUMNS
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
-        cls, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
+        described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
         supplier)
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
@@ -90,12 +89,12 @@ def _fit_and_predict(cls: type, params: dict, inputs: RunInputs, budget: int
     return pred, target, facts
 
 
-def _simulate(cls: type, params: dict, inputs: RunInputs) -> tuple[pl.DataFrame, dict]:
+def _simulate(described: dict, params: dict, inputs: RunInputs) -> tuple[pl.DataFrame, dict]:
     """Serving targets: the sandboxed child fits the predictor and replays each load blind (no
     deploy reading); this process keeps the measured TTFT/TPOT and builds the scored rows."""
     refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
     pred, _, facts = sandbox.fit_and_predict(
-        cls, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
+        described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
         "serving", 0, refuse_all)
     if facts.get("not_supported"):
         raise NotSupported(facts["not_supported"])
@@ -174,12 +173,12 @@ def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gp
     return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)
 
 
-def require_precisions(name: str, cls: type, inputs: RunInputs) -> None:
+def require_precisions(name: str, precisions: list[str], inputs: RunInputs) -> None:
     """NotSupported, before any predictor code runs, when the target's or a home's cells hold a
     GEMM precision the predictor's card does not list."""
     frames = {inputs.target_row["name"]: inputs.target,
               "+".join(r["name"] for r in inputs.home_rows): inputs.home.cells}
-    supported = cls.card.precisions
+    supported = precisions
     for dataset, cells in frames.items():
         found = set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else set()
         if found - set(supported):
@@ -188,23 +187,26 @@ def require_precisions(name: str, cls: type, inputs: RunInputs) -> None:
 
 
 def run(spec: RunSpec) -> RunResult:
-    cls = registry.get(spec.predictor)
-    registry.check_params(spec.predictor, spec.params)
-    params = {**cls.default_params(), **spec.params}  # the constructor runs in the sandbox
+    # The predictor's module is never imported here, where the ground truth is: its description
+    # comes from a sealed child, and its code runs only in each run's sealed child.
+    described = predictor_index.get(spec.predictor)
+    predictor_index.check_params(spec.predictor, spec.params)
+    params = {**described["defaults"], **spec.params}
     debris.sweep(spec.runs_dir)
     inputs = load_inputs(spec)
     if inputs.op_level:
-        op_level_api.require_op_predictor(cls)
-    require_precisions(spec.predictor, cls, inputs)
+        op_level_api.require_op_predictor(described)
+    card = described["card"]
+    require_precisions(spec.predictor, card["precisions"], inputs)
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
     budget = readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
     if inputs.serving:  # two rows per target (TTFT, TPOT); the steps timed are the replay's
-        predictions, facts = _simulate(cls, params, inputs)
+        predictions, facts = _simulate(described, params, inputs)
         target, pred = predictions, None if facts["invalid_reasons"] else predictions["pred_ms"]
     else:
-        pred, target, facts = _fit_and_predict(cls, params, inputs, budget)
+        pred, target, facts = _fit_and_predict(described, params, inputs, budget)
         columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
         predictions = target.select(columns).with_columns(
             pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
@@ -216,9 +218,9 @@ def run(spec: RunSpec) -> RunResult:
               op_level_api.OP_PHASES if op_level else metrics.PHASES)
     result = {
         "predictor": spec.predictor, "params": params,
-        "card": {"kind": cls.card.kind, "reference": cls.card.reference,
-                 "trained_on": home_row["sku"], "needs_profiled_rows": cls.card.needs_profiled_rows,
-                 "precisions": list(cls.card.precisions)},
+        "card": {"kind": card["kind"], "reference": card["reference"],
+                 "trained_on": home_row["sku"], "needs_profiled_rows": card["needs_profiled_rows"],
+                 "precisions": card["precisions"]},
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"],

@@ -35,15 +35,11 @@ def with_ids(points: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def predicts_ops(predictor) -> bool:
-    """Whether a predictor (class or instance) times single kernels."""
-    return callable(getattr(predictor, "predict_ops", None))
-
-
-def require_op_predictor(estimator) -> None:
-    if not predicts_ops(estimator):
-        raise NotSupported(f"predictor '{estimator.name}' predicts steps only; op-level datasets "
-                           "need a predict_ops(points, gpu) method")
+def require_op_predictor(described: dict) -> None:
+    """NotSupported unless the predictor (its ``predictor_index`` entry) times single kernels."""
+    if not described["predicts_ops"]:
+        raise NotSupported(f"predictor '{described['name']}' predicts steps only; op-level "
+                           "datasets need a predict_ops(points, gpu) method")
 
 
 def home_and_target(catalog, home_row: dict, target_name: str, gpu, models, seed: int,

@@ -24,14 +24,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leaderboard import families, store
+from leaderboard import families, predictor_index, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.op_level import predicts_ops
 from leaderboard_core import progress
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.versioning import code_hash
-from predictors import registry
 
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
@@ -58,8 +56,8 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
     for dataset in leaderboard_datasets():
         fam = families.of(dataset)
         # Op-level datasets are scored by the predictors that predict single kernels.
-        names = [n for n in registry.names()
-                 if fam.level != "op" or predicts_ops(registry.get(n))]
+        names = [name for name, described in predictor_index.index().items()
+                 if fam.level != "op" or described["predicts_ops"]]
         specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir)
                   for name in names]
         if fam.two_homes:  # the two-home protocol, beside the one-home one

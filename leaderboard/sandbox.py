@@ -122,41 +122,51 @@ def job_folder():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def child_env(folder: Path, cache: Path) -> dict[str, str]:
+def scratch_env(scratch: str) -> dict[str, str]:
+    """A child's environment: ``KEPT_ENV`` and the locale, no suite path, ``scratch`` for its
+    home and temporary files."""
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
-    cache.mkdir(parents=True, exist_ok=True)
-    scratch = str(folder / "out")
     # No /dev/shm in the child (runs could leave each other notes there): joblib runs serial.
     return {**env, "HOME": scratch, "TMPDIR": scratch, "JOBLIB_TEMP_FOLDER": scratch,
-            "JOBLIB_MULTIPROCESSING": "0",
-            "XDG_CACHE_HOME": str(cache), "PYTHONDONTWRITEBYTECODE": "1"}
+            "JOBLIB_MULTIPROCESSING": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def readable(cls: type) -> list[str]:
-    """What the child may read: the Python installation, the suite's code and conf, the
-    predictor's own module folder. The repository root itself only as a listing (it also holds
-    results/ and datasets/). Of ``sys.path`` only the entries inside the Python installation:
-    the working folder and ``PYTHONPATH`` may hold the store."""
+def child_env(folder: Path, cache: Path) -> dict[str, str]:
+    cache.mkdir(parents=True, exist_ok=True)
+    return {**scratch_env(str(folder / "out")), "XDG_CACHE_HOME": str(cache)}
+
+
+def readable_code(predictor_dirs) -> list[str]:
+    """What a child may read: the Python installation, the suite's code and conf, the given
+    predictor folders. Of ``sys.path`` only the entries inside the Python installation: the
+    working folder and ``PYTHONPATH`` may hold the store."""
     install = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
     roots = {*map(str, install), *(p for p in sys.path if p and any(
         Path(p).resolve().is_relative_to(root) for root in install))}
     code = [*(paths.REPO_ROOT / package for package in paths.CODE_PACKAGES), paths.CONF_DIR,
-            Path(sys.modules[cls.__module__].__file__).parent]
+            *predictor_dirs]
     return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
 
 
-def job(cls: type, params: dict, level: str, budget: int, folder: Path, cache: Path) -> dict:
-    return {"predictor": {"module": cls.__module__, "qualname": cls.__qualname__,
-                          "name": cls.name},
+def listable() -> list[str]:
+    """The repository root, as a listing only (it also holds results/ and datasets/)."""
+    return [str(paths.REPO_ROOT)]
+
+
+def job(described: dict, params: dict, level: str, budget: int, folder: Path,
+        cache: Path) -> dict:
+    """The child's instructions; ``described`` is the predictor's ``predictor_index`` entry,
+    whose own module folder the child may read."""
+    return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
             "params": params, "level": level, "budget": budget,
             "progress": progress.shown(),
             "sys_path": [p for p in sys.path if p],
-            "read": [*readable(cls), str(folder / "in")],
-            "list": [str(paths.REPO_ROOT)],
+            "read": [*readable_code([Path(described["file"]).parent]), str(folder / "in")],
+            "list": listable(),
             "write": [str(folder / "out"), str(cache), "/dev/null"]}
 
 
-def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
+def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
                     level: str, budget: int, supply: Callable[[ReadingRequest], Reading]
                     ) -> tuple[np.ndarray | None, list[str], dict]:
     """The child's predictions (None if it failed), the cells its reading took out of the score,
@@ -166,17 +176,16 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
         write_home(home, folder / "in" / "home")
         write_frame(blind, folder / "in" / "blind.arrow")
         (folder / "in" / "gpu.json").write_text(json.dumps(_gpu_json(gpu), default=str))
-        cache = predictor_cache(cls.name, params, folder / "in" / "home")
+        cache = predictor_cache(described["name"], params, folder / "in" / "home")
         (folder / "in" / "job.json").write_text(json.dumps(
-            job(cls, params, level, budget, folder, cache), default=str))
-        unscored, refused = _talk(folder, cache, supply)
+            job(described, params, level, budget, folder, cache), default=str))
+        unscored, reasons = _talk(folder, cache, supply)
         facts_file = folder / "out" / "facts.json"
         if not facts_file.is_file():
-            return None, unscored, {"invalid_reasons": [refused or "the predictor's process "
-                                                        "died before writing its results"]}
+            return None, unscored, {"invalid_reasons": reasons or [
+                "the predictor's process died before writing its results"]}
         facts = json.loads(facts_file.read_text())
-        if refused:
-            facts["invalid_reasons"].insert(0, refused)
+        facts["invalid_reasons"][:0] = reasons
         pred_file = folder / "out" / "pred.npy"
         pred = np.load(pred_file, allow_pickle=False) if pred_file.is_file() else None
         by_op_file = folder / "out" / "by_op.npy"
@@ -185,8 +194,17 @@ def fit_and_predict(cls: type, params: dict, home: Home, blind: pl.DataFrame, gp
     return pred, unscored, facts
 
 
-def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], str | None]:
-    """Run the child, answering its reading request; the cells taken out and a refusal."""
+def _cache_state(cache: Path) -> dict[str, str]:
+    return {f.relative_to(cache).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(cache.rglob("*")) if f.is_file()}
+
+
+def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], list[str]]:
+    """Run the child, answering its reading requests; the cells taken out, and the reasons the
+    run is INVALID: a refused reading, or a predictor cache changed after the child asked for
+    target rows. The cache outlives the run, so a reading kept there would reach the next run
+    on this target beyond its cap: such a cache is removed (it only ever holds what fit derived
+    from the home, which a later run fits again)."""
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     command = [sys.executable, "-m", "leaderboard.sandbox_child", str(folder), str(to_child_r),
@@ -196,22 +214,29 @@ def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], str | None]:
                              pass_fds=(to_child_r, from_child_w))
     os.close(to_child_r)
     os.close(from_child_w)
-    unscored, refused = [], None
+    unscored, reasons, cache_before = [], [], None
     with os.fdopen(from_child_r) as inbox, os.fdopen(to_child_w, "w") as outbox:
         for line in inbox:
             request = ReadingRequest(**json.loads(line))
+            if cache_before is None:
+                cache_before = _cache_state(cache)
             try:
                 reading = supply(request)
                 write_reading(reading, folder / "in" / "reading")
                 unscored = list(supply.unscored)
                 answer = {"unscored": unscored}
             except ReadingRefused as exc:
-                refused = str(exc)
-                answer = {"refused": refused}
+                reasons.append(str(exc))
+                answer = {"refused": str(exc)}
             outbox.write(json.dumps(answer) + "\n")
             outbox.flush()
     child.wait()
-    return unscored, refused
+    if cache_before is not None and _cache_state(cache) != cache_before:
+        shutil.rmtree(cache, ignore_errors=True)
+        reasons.append("the predictor wrote to its cache after it asked for target rows; the "
+                       "cache is removed (it may hold what fit derives from the home, never a "
+                       "reading)")
+    return unscored, reasons
 
 
 # ------------------------------------------------------------------------------ the child

@@ -1,9 +1,10 @@
-"""``python -m leaderboard.sandbox_child JOB_FOLDER IN_FD OUT_FD``: the sealed side of a run.
+"""``python -m leaderboard.sandbox_child JOB_FOLDER IN_FD OUT_FD``: the sealed side of a run;
+``python -m leaderboard.sandbox_child --describe REQUEST OUT_FD``: the predictors described.
 
-Started by ``leaderboard.sandbox`` only. It confines itself before importing anything that
-starts a thread (Landlock binds the threads created after it), then runs the predictor and
-writes ``out/facts.json``. Requests to the parent go as JSON lines over the pipe ``OUT_FD``;
-answers come back over ``IN_FD``.
+Started by ``leaderboard.sandbox`` and ``leaderboard.predictor_index`` only. It confines itself
+before importing anything that starts a thread (Landlock binds the threads created after it),
+then runs the predictor and writes ``out/facts.json``. Requests to the parent go as JSON lines
+over the pipe ``OUT_FD``; answers come back over ``IN_FD``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,28 @@ from pathlib import Path
 from leaderboard import landlock
 
 
+def describe(request: dict, answer_fd: int) -> None:
+    """Register every predictor (those of ``request["folders"]`` too) once confined, and write
+    their descriptions, or the error that stopped it, as one JSON object to ``answer_fd``."""
+    landlock.confine(request["read"], request["write"], request["list"])
+    sys.path.extend(p for p in request["sys_path"] if p not in sys.path)
+    from predictors import registry  # noqa: PLC0415 - only once confined
+
+    try:
+        for folder in request["folders"]:
+            registry.include(folder)
+        answer = {"predictors": {name: registry.describe(name, registry.get(name))
+                                 for name in registry.names()}}
+    except Exception as exc:  # noqa: BLE001 - a broken predictor module, told to the parent
+        answer = {"error": f"registering the predictors failed: {type(exc).__name__}: {exc}"}
+    with open(answer_fd, "w") as out:
+        out.write(json.dumps(answer, default=str))
+
+
 def main(argv: list[str]) -> None:
+    if argv[1] == "--describe":
+        describe(json.loads(argv[2]), int(argv[3]))
+        return
     folder, inbox_fd, outbox_fd = Path(argv[1]), int(argv[2]), int(argv[3])
     job = json.loads((folder / "in" / "job.json").read_text())
     confined = landlock.confine(job["read"], job["write"], job["list"])

@@ -86,20 +86,42 @@ def get(name: str) -> type[Predictor]:
 TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
 
 
-def check_params(name: str, fields) -> None:
+def imported() -> dict[str, type[Predictor]]:
+    """The predictors registered by the modules this process has imported, without importing
+    any other."""
+    return dict(_REGISTRY)
+
+
+def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
+    """What the harness needs of the predictor registered as ``name``, as JSON: where its class lives, its
+    parameters (defaults, annotations, allowed values), its card and whether it times single
+    kernels. The harness reads this from a sealed child (``leaderboard.predictor_index``) and
+    never imports a predictor module itself."""
+    return {"name": name, "module": cls.__module__, "qualname": cls.__qualname__,
+            "file": str(Path(sys.modules[cls.__module__].__file__).resolve()),
+            "defaults": cls.default_params(),
+            "annotations": {p.name: str(p.annotation) if p.annotation is not p.empty
+                            else type(p.default).__name__ for p in cls._parameters()},
+            "choices": {k: list(v) for k, v in cls.param_choices.items()},
+            "card": {"kind": cls.card.kind, "reference": cls.card.reference,
+                     "needs_profiled_rows": cls.card.needs_profiled_rows,
+                     "precisions": list(cls.card.precisions)},
+            "predicts_ops": callable(getattr(cls, "predict_ops", None))}
+
+
+def check_fields(described: dict[str, Any], fields) -> None:
     """Raise, naming the predictor's parameters and the closest, if a field is not one; and,
     when ``fields`` maps names to values, naming the allowed values if a value is not one
-    (the class's ``param_choices``, else its constructor annotation)."""
-    cls = get(name)
-    valid = cls.param_names()
+    (the class's ``param_choices``, else its constructor annotation). ``described`` is
+    ``describe``'s answer."""
+    name, annotations = described["name"], described["annotations"]
+    valid = list(annotations)
     unknown = sorted(set(fields) - set(valid))
     if unknown:
         raise ValueError(f"predictor '{name}' has no parameter(s) {', '.join(unknown)}; "
                          f"its parameters: {', '.join(valid) or 'none'}.{closest(unknown[0], valid)}")
-    annotations = {p.name: str(p.annotation) if p.annotation is not p.empty
-                   else type(p.default).__name__ for p in cls._parameters()}
     for field, value in (fields.items() if isinstance(fields, dict) else ()):
-        choices = cls.param_choices.get(field)
+        choices = described["choices"].get(field)
         types = TYPES.get(annotations[field])
         if choices is not None and value not in choices:
             allowed = f"one of {', '.join(map(str, choices))}"
@@ -110,6 +132,11 @@ def check_params(name: str, fields) -> None:
             continue
         raise ValueError(f"predictor '{name}': {field}={value!r} is not allowed; "
                          f"{field} must be {allowed}")
+
+
+def check_params(name: str, fields) -> None:
+    """``check_fields`` for a predictor imported in this process."""
+    check_fields(describe(name, get(name)), fields)
 
 
 def build(name: str, params: dict[str, Any] | None = None) -> Predictor:

@@ -11,7 +11,7 @@ import polars as pl
 import probe_predictors
 import pytest
 
-from leaderboard import landlock
+from leaderboard import landlock, sandbox
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
 from leaderboard_core import paths
@@ -23,7 +23,10 @@ PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors
           "reads_op_points": probe_predictors.ReadsOpPoints,
           "splits_badly": probe_predictors.SplitsBadly,
           "splits_misshapen": probe_predictors.SplitsMisshapen,
-          **probe_predictors.CHEATS}
+          "hoards_reading": probe_predictors.HoardsReading, **probe_predictors.CHEATS}
+# The spies write what they saw to their cache, after a reading too, which a run refuses
+# (sandbox._talk); the probes fixture lets them, and the refusal is tested on its own.
+CACHE_STATE = sandbox._cache_state
 
 
 @pytest.fixture
@@ -31,6 +34,7 @@ def probes(monkeypatch, store_home):
     """Probe predictors in a scratch registry, against the real store."""
     registry.discover()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(sandbox, "_cache_state", lambda cache: {})
     for name, cls in PROBES.items():
         registry.register(name)(cls)
     for old in (store_home.home / "predictor-cache").glob("*/llm-leaderboard/spy"):
@@ -137,6 +141,19 @@ def test_the_deploy_reading_is_capped_counted_and_left_out_of_the_score(probes, 
         floor = con.execute("SELECT min(gt_ms) FROM cells WHERE dataset = 'h200_vidur' AND "
                             "cell_id IN (SELECT unnest($ids))", {"ids": sorted(read)}).fetchone()[0]
     assert result.predictions["pred_ms"].unique().to_list() == [pytest.approx(floor)]
+
+
+def test_a_reading_kept_in_the_predictor_cache_is_invalid_and_removed(probes, tmp_path,
+                                                                     monkeypatch):
+    """The cache outlives the run: readings hoarded there would pass the cap over several
+    runs. A cache changed after the reading request makes the run INVALID and is removed."""
+    monkeypatch.setattr(sandbox, "_cache_state", CACHE_STATE)
+    for _ in range(2):
+        result = _run(tmp_path, "hoards_reading", "h200_vidur")
+        assert result.metrics["valid"] is False and result.metrics["profiled_rows"] == 2
+        assert any("wrote to its cache after it asked for target rows" in r
+                   for r in result.metrics["invalid_reasons"])
+        assert not list((probes.home / "predictor-cache").glob("hoards_reading-*"))
 
 
 def test_a_reading_over_the_cap_is_invalid(probes, tmp_path):

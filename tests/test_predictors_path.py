@@ -12,11 +12,21 @@ import pytest
 from leaderboard_core import paths
 
 OUTSIDE = '''
+import os
+
 import numpy as np
 
 from leaderboard_core.contract import PredictorCard
 from predictors.base import Predictor
 from predictors.registry import register
+
+
+# Importing this module runs it: it notes every process that could write outside its sandbox.
+try:
+    with open("MARKER_PATH", "a") as marker:
+        marker.write(f"{os.getpid()}\\n")
+except OSError:
+    pass
 
 
 @register("toy_outside")
@@ -34,9 +44,11 @@ class ToyOutside(Predictor):
 
 @pytest.mark.slow
 def test_a_predictor_outside_the_repo_runs_sealed(store_home, tmp_path):
-    folder = tmp_path / "mine"
+    """Its module is imported only in sealed children, never in the process that holds the
+    ground truth: the module's own note of the processes that imported it stays empty."""
+    folder, marker = tmp_path / "mine", tmp_path / "imported_by"
     folder.mkdir()
-    (folder / "toy_outside.py").write_text(OUTSIDE)
+    (folder / "toy_outside.py").write_text(OUTSIDE.replace("MARKER_PATH", str(marker)))
     out = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=toy_outside",
                           "predictor.us_per_token=2.0", f"predictors_path={folder}",
                           "dataset=h200_vidur", f"runs_dir={tmp_path / 'runs'}"],
@@ -48,6 +60,8 @@ def test_a_predictor_outside_the_repo_runs_sealed(store_home, tmp_path):
     assert metrics["valid"] and metrics["predictor"] == "toy_outside", metrics["invalid_reasons"]
     assert metrics["params"] == {"us_per_token": 2.0}
     assert metrics["sandbox"] in ("landlock", "process")
+    if metrics["sandbox"] == "landlock":
+        assert not marker.exists(), f"imported unsealed by pids {marker.read_text().split()}"
 
 
 def test_a_missing_predictors_path_names_the_folder(tmp_path):

@@ -7,7 +7,6 @@ import polars as pl
 import pytest
 from probe_predictors import TwoMsSteps
 
-from leaderboard.op_level import predicts_ops
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, PredictorCard
 from predictors import registry
 from predictors.base import Predictor
@@ -96,7 +95,7 @@ def test_contract(name, real_home):
     assert isinstance(sample, pl.DataFrame)
 
 
-OP_PREDICTORS = [n for n in registry.names() if predicts_ops(registry.get(n))]
+OP_PREDICTORS = [n for n in registry.names() if registry.describe(n, registry.get(n))["predicts_ops"]]
 
 
 @pytest.mark.parametrize("name", OP_PREDICTORS)

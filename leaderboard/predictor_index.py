@@ -1,0 +1,91 @@
+"""The registered predictors as the harness knows them, described by a sealed child.
+
+A predictor module is code the harness does not trust: importing it runs it. The process that
+scores a run holds the ground truth and can open the store, so it never imports a predictor
+module. It asks a child instead (``python -m leaderboard.sandbox_child --describe``), confined
+like a run's child before it imports anything: the child registers every predictor (those of
+``predictors_path`` folders too) and answers ``predictors.registry.describe`` for each, as JSON.
+Names, parameters, defaults, cards and whether a predictor times single kernels all come from
+that answer; the predictor's code runs again only in the sealed child of each run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from leaderboard import sandbox
+from leaderboard_core.naming import suggestion
+from predictors import registry
+from predictors.registry import UnknownPredictor, check_fields, describe
+
+_FOLDERS: list[str] = []
+
+
+def include(folder: str | Path) -> None:
+    """Add a ``predictors_path`` folder: its modules are registered in the describing child and
+    in every run's child, which inherit this process's ``sys.path``."""
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise ValueError(f"predictors_path={folder} is not a directory; pass a folder of "
+                         "predictor modules (*.py files that @register a Predictor)")
+    if str(folder) not in _FOLDERS:
+        _FOLDERS.append(str(folder))
+        _described.cache_clear()
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))  # appended: a module there never shadows an installed one
+
+
+def index() -> dict[str, dict[str, Any]]:
+    """Every registered predictor's description, by name. A predictor registered by a module
+    this process already imported (the tests register their probes so) is described here,
+    over the child's answer: its code has run here already. The command-line entry points
+    import none."""
+    imported = {name: describe(name, cls) for name, cls in registry.imported().items()}
+    return {**_described(tuple(_FOLDERS)), **imported}
+
+
+def names() -> list[str]:
+    return sorted(index())
+
+
+def get(name: str) -> dict[str, Any]:
+    found = index()
+    if name not in found:
+        raise UnknownPredictor(f"unknown predictor '{name}'; {suggestion(name, sorted(found))}")
+    return found[name]
+
+
+def check_params(name: str, fields) -> None:
+    check_fields(get(name), fields)
+
+
+@lru_cache(maxsize=4)
+def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    # A scratch folder of its own, not under the suite's home: describing writes nothing there.
+    with tempfile.TemporaryDirectory(prefix="leaderboard-describe-") as scratch:
+        request = {"folders": list(folders), "write": [scratch, "/dev/null"],
+                   "read": sandbox.readable_code(folders), "list": sandbox.listable(),
+                   "sys_path": [p for p in sys.path if p]}
+        answer_r, answer_w = os.pipe()
+        command = [sys.executable, "-m", "leaderboard.sandbox_child", "--describe",
+                   json.dumps(request), str(answer_w)]
+        child = subprocess.Popen(command, env=sandbox.scratch_env(scratch), cwd=scratch,
+                                 pass_fds=(answer_w,))
+        os.close(answer_w)
+        with os.fdopen(answer_r) as answer:
+            text = answer.read()
+        child.wait()
+    if not text:
+        raise RuntimeError("the predictor-describing child died before answering "
+                           f"(exit {child.returncode}); its error is printed above")
+    answer = json.loads(text)
+    if "error" in answer:
+        raise ValueError(answer["error"])
+    return answer["predictors"]
