@@ -13,6 +13,8 @@ import sys
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
@@ -129,6 +131,13 @@ def run_task(cfg: DictConfig) -> None:
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:
         _fail(str(exc))
     print_metrics(result.metrics, result.folder)
+    if not result.metrics["valid"] and not _in_multirun():
+        sys.exit(1)  # the run folder is written; scripts can still tell an INVALID run
+
+
+def _in_multirun() -> bool:
+    """A sweep goes on past an INVALID run; its runs are compared in the report."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 # Undecorated ``run_task`` stays importable by name, so launchers pickle it by reference.

@@ -224,7 +224,9 @@ def run(spec: RunSpec) -> RunResult:
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"],
-        "split": "home_heldout" if spec.dataset in home_names else "unseen",
+        # Another dataset of a home GPU is not a GPU the predictor never saw.
+        "split": "home_heldout" if spec.dataset in home_names else "home_gpu" if target_row["sku"]
+        in {r["sku"] for r in inputs.home_rows} else "unseen",
         "home_datasets": home_names, "home_points": spec.home_points,
         "home_points_used": inputs.home_points,
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,

@@ -29,12 +29,18 @@ TAGS = ["llm", "inference", "latency", "gpu", "benchmark"]
 
 
 def selected(rows: dict[str, dict], only: list[str] | None) -> list[str]:
-    """Every dataset, or those named plus each one's home, which a run needs to fit on."""
+    """Every dataset of cells or op points, or those named plus each one's home, which a run
+    needs to fit on. Serving datasets are not exported: ``dataset=hf`` does not read them."""
+    serving = sorted(n for n, row in rows.items() if row["kind"] == "serving")
     if not only:
-        return sorted(rows)
+        return sorted(set(rows) - set(serving))
     names = set()
     for name in only:
         homes.require_dataset(rows, name)
+        if name in serving:
+            raise ValueError(f"hub.only: {name} is a serving dataset, which the export does not "
+                             "carry (dataset=hf reads cells and op points only); score it from "
+                             f"the local store: python -m leaderboard dataset={name} ...")
         home = homes.home_of(name, None, rows)
         # the home GPU's op points and all-reduces: its full grid (leaderboard.home_grid)
         grid = {f"{rows[home]['sku']}_ops"} & set(rows)

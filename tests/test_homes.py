@@ -71,6 +71,9 @@ def test_two_homes_fit_on_both_and_a_home_is_never_unseen(store_home, tmp_path):
     assert metrics["home_points"] == "full_grid" and metrics["phases"]["all"]["n"] == len(heldout)
     one = run(RunSpec("genz", "h100_vidur", {}, runs_dir=tmp_path)).metrics
     assert one["split"] == "unseen" and one["phases"]["all"]["n"] == len(all_h100)
+    # Another dataset of a home GPU is scored whole, but not as a GPU never seen.
+    same_gpu = run(RunSpec("genz", "h100_vidur19", {}, home=homes, runs_dir=tmp_path)).metrics
+    assert same_gpu["split"] == "home_gpu" and same_gpu["sku"] == "h100_sxm"
     with pytest.raises(ValueError, match="twice"):
         load_inputs(RunSpec("genz", "h200_vidur", {}, home=["a100_vidur", "a100_vidur"]))
 

@@ -208,3 +208,15 @@ def test_hub_help_lists_its_overrides(capsys):
         hub.main(["--help"])
     out = capsys.readouterr().out
     assert "overrides (hub.*)" in out and "overwrite: false" in out
+
+
+def test_serving_datasets_are_left_out_of_the_export_and_refused_by_name():
+    from leaderboard.hub_export import selected
+
+    rows = {"a100_vidur": {"kind": "cells", "sku": "a100_sxm"},
+            "h200_vidur": {"kind": "cells", "sku": "h200_sxm"},
+            "a100_sxm_ops": {"kind": "ops", "sku": "a100_sxm"},
+            "h100_silicon": {"kind": "serving", "sku": "h100_sxm"}}
+    assert selected(rows, None) == ["a100_sxm_ops", "a100_vidur", "h200_vidur"]
+    with pytest.raises(ValueError, match="h100_silicon is a serving dataset"):
+        selected(rows, ["h100_silicon"])

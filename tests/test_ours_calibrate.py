@@ -34,7 +34,7 @@ def _allreduce_home(truth: dict) -> tuple[Home, pl.DataFrame]:
 
 
 TRUE_KERNELS = {("clock", "home_f_clk"): 0.9, ("gemm", "duty_c"): 3.0, ("gemm", "floor_s"): 6e-6,
-                ("memory_law", "dram"): 0.75, ("memory_law", "l2"): 1.2, ("memory_law", "p"): 2.0,
+                ("memory_law", "dram"): 0.75, ("memory_law", "l2"): 1.2,
                 ("attention", "prefill_eta"): 0.5, ("attention", "prefill_floor_s"): 9e-6,
                 ("attention", "prefill_cta_s"): 3e-6, ("attention", "decode_eta"): 1.0,
                 ("attention", "decode_knee"): 0.08, ("attention", "decode_floor_s"): 1.2e-5,
