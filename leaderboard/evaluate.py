@@ -178,12 +178,19 @@ def require_precisions(name: str, precisions: list[str], inputs: RunInputs) -> N
     GEMM precision the predictor's card does not list."""
     frames = {inputs.target_row["name"]: inputs.target,
               "+".join(r["name"] for r in inputs.home_rows): inputs.home.cells}
-    supported = precisions
     for dataset, cells in frames.items():
         found = set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else set()
-        if found - set(supported):
-            raise NotSupported(f"predictor '{name}' prices {'/'.join(supported)} GEMMs only; "
+        if found - set(precisions):
+            raise NotSupported(f"predictor '{name}' prices {'/'.join(precisions)} GEMMs only; "
                                f"dataset {dataset} holds {'/'.join(sorted(found))} GEMM steps")
+
+
+def split_of(dataset: str, sku: str, home_rows: list[dict]) -> str:
+    """``home_heldout`` for a home dataset (scored on its held-out cells); ``home_gpu`` for
+    another dataset of a home GPU, which is not a GPU the predictor never saw; else ``unseen``."""
+    if dataset in {r["name"] for r in home_rows}:
+        return "home_heldout"
+    return "home_gpu" if sku in {r["sku"] for r in home_rows} else "unseen"
 
 
 def run(spec: RunSpec) -> RunResult:
@@ -224,9 +231,7 @@ def run(spec: RunSpec) -> RunResult:
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"],
-        # Another dataset of a home GPU is not a GPU the predictor never saw.
-        "split": "home_heldout" if spec.dataset in home_names else "home_gpu" if target_row["sku"]
-        in {r["sku"] for r in inputs.home_rows} else "unseen",
+        "split": split_of(spec.dataset, target_row["sku"], inputs.home_rows),
         "home_datasets": home_names, "home_points": spec.home_points,
         "home_points_used": inputs.home_points,
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,

@@ -29,17 +29,12 @@ _FOLDERS: list[str] = []
 
 
 def include(folder: str | Path) -> None:
-    """Add a ``predictors_path`` folder: its modules are registered in the describing child and
-    in every run's child, which inherit this process's ``sys.path``."""
-    folder = Path(folder).expanduser().resolve()
-    if not folder.is_dir():
-        raise ValueError(f"predictors_path={folder} is not a directory; pass a folder of "
-                         "predictor modules (*.py files that @register a Predictor)")
-    if str(folder) not in _FOLDERS:
-        _FOLDERS.append(str(folder))
+    """Add a ``predictors_path`` folder, without importing it here: its modules are registered in
+    the describing child and in every run's child, which inherit this process's ``sys.path``."""
+    folder = str(registry.add_to_path(folder))
+    if folder not in _FOLDERS:
+        _FOLDERS.append(folder)
         _described.cache_clear()
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))  # appended: a module there never shadows an installed one
 
 
 def index() -> dict[str, dict[str, Any]]:

@@ -51,10 +51,17 @@ def predictor_cache(name: str, params: dict, home_folder: Path) -> Path:
     ever sees it again. A fit that stashed a home's rows there can thus never hand them to a run
     on another home, where that home's GPU is an unseen target."""
     digest = hashlib.sha256(json.dumps([name, params], sort_keys=True, default=str).encode())
-    for file in sorted(f for f in home_folder.rglob("*") if f.is_file()):
-        digest.update(file.relative_to(home_folder).as_posix().encode())
+    return paths.home() / "predictor-cache" / f"{name}-{_files_digest(home_folder, digest)[:16]}"
+
+
+def _files_digest(folder: Path, digest=None) -> str:
+    """``digest`` (a fresh SHA-256 by default) updated with every file's relative path and bytes
+    under ``folder``, in path order."""
+    digest = digest or hashlib.sha256()
+    for file in sorted(f for f in folder.rglob("*") if f.is_file()):
+        digest.update(file.relative_to(folder).as_posix().encode())
         digest.update(file.read_bytes())
-    return paths.home() / "predictor-cache" / f"{name}-{digest.hexdigest()[:16]}"
+    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- the bundle
@@ -194,11 +201,6 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
     return pred, unscored, facts
 
 
-def _cache_state(cache: Path) -> dict[str, str]:
-    return {f.relative_to(cache).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(cache.rglob("*")) if f.is_file()}
-
-
 def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], list[str]]:
     """Run the child, answering its reading requests; the cells taken out, and the reasons the
     run is INVALID: a refused reading, or a predictor cache changed after the child asked for
@@ -219,7 +221,7 @@ def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], list[str]]:
         for line in inbox:
             request = ReadingRequest(**json.loads(line))
             if cache_before is None:
-                cache_before = _cache_state(cache)
+                cache_before = _files_digest(cache)
             try:
                 reading = supply(request)
                 write_reading(reading, folder / "in" / "reading")
@@ -231,7 +233,7 @@ def _talk(folder: Path, cache: Path, supply) -> tuple[list[str], list[str]]:
             outbox.write(json.dumps(answer) + "\n")
             outbox.flush()
     child.wait()
-    if cache_before is not None and _cache_state(cache) != cache_before:
+    if cache_before is not None and _files_digest(cache) != cache_before:
         shutil.rmtree(cache, ignore_errors=True)
         reasons.append("the predictor wrote to its cache after it asked for target rows; the "
                        "cache is removed (it may hold what fit derives from the home, never a "

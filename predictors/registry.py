@@ -49,17 +49,24 @@ def discover() -> None:
             importlib.import_module(f"predictors.{info.name}")
 
 
-def include(folder: str | Path) -> list[str]:
-    """Register every predictor module in ``folder``, a directory outside the repository (as
-    lm-eval's ``--include_path`` adds tasks): each ``*.py`` not starting with ``_`` is imported
-    by its own name with ``folder`` on ``sys.path``, so that the sandboxed child, which inherits
-    the path, imports it the same way. Returns the module names."""
+def add_to_path(folder: str | Path) -> Path:
+    """``folder`` (a ``predictors_path``) resolved and appended to ``sys.path``, which the
+    sandboxed children inherit; a clear error if it is not a directory."""
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
         raise ValueError(f"predictors_path={folder} is not a directory; pass a folder of "
                          "predictor modules (*.py files that @register a Predictor)")
     if str(folder) not in sys.path:
         sys.path.append(str(folder))  # appended: a module there never shadows an installed one
+    return folder
+
+
+def include(folder: str | Path) -> list[str]:
+    """Register every predictor module in ``folder``, a directory outside the repository (as
+    lm-eval's ``--include_path`` adds tasks): each ``*.py`` not starting with ``_`` is imported
+    by its own name with ``folder`` on ``sys.path`` (``add_to_path``), so that the sandboxed
+    child imports it the same way. Returns the module names."""
+    folder = add_to_path(folder)
     modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
     for name in modules:
         module = importlib.import_module(name)
@@ -93,9 +100,9 @@ def imported() -> dict[str, type[Predictor]]:
 
 
 def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
-    """What the harness needs of the predictor registered as ``name``, as JSON: where its class lives, its
-    parameters (defaults, annotations, allowed values), its card and whether it times single
-    kernels. The harness reads this from a sealed child (``leaderboard.predictor_index``) and
+    """What the harness needs of the predictor registered as ``name``, as JSON: where its class
+    lives, its parameters (defaults, annotations, allowed values), its card and whether it times
+    single kernels. The harness reads this from a sealed child (``leaderboard.predictor_index``) and
     never imports a predictor module itself."""
     return {"name": name, "module": cls.__module__, "qualname": cls.__qualname__,
             "file": str(Path(sys.modules[cls.__module__].__file__).resolve()),

@@ -25,8 +25,9 @@ PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors
           "splits_misshapen": probe_predictors.SplitsMisshapen,
           "hoards_reading": probe_predictors.HoardsReading, **probe_predictors.CHEATS}
 # The spies write what they saw to their cache, after a reading too, which a run refuses
-# (sandbox._talk); the probes fixture lets them, and the refusal is tested on its own.
-CACHE_STATE = sandbox._cache_state
+# (sandbox._talk compares the cache's digest); the probes fixture lets them, and the refusal is
+# tested on its own.
+CACHE_DIGEST = sandbox._files_digest
 
 
 @pytest.fixture
@@ -34,7 +35,9 @@ def probes(monkeypatch, store_home):
     """Probe predictors in a scratch registry, against the real store."""
     registry.discover()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(sandbox, "_cache_state", lambda cache: {})
+    # Blind only the cache comparison around a reading; the cache's key is seeded, so kept.
+    monkeypatch.setattr(sandbox, "_files_digest", lambda folder, digest=None:
+                        CACHE_DIGEST(folder, digest) if digest else "")
     for name, cls in PROBES.items():
         registry.register(name)(cls)
     for old in (store_home.home / "predictor-cache").glob("*/llm-leaderboard/spy"):
@@ -147,7 +150,7 @@ def test_a_reading_kept_in_the_predictor_cache_is_invalid_and_removed(probes, tm
                                                                      monkeypatch):
     """The cache outlives the run: readings hoarded there would pass the cap over several
     runs. A cache changed after the reading request makes the run INVALID and is removed."""
-    monkeypatch.setattr(sandbox, "_cache_state", CACHE_STATE)
+    monkeypatch.setattr(sandbox, "_files_digest", CACHE_DIGEST)
     for _ in range(2):
         result = _run(tmp_path, "hoards_reading", "h200_vidur")
         assert result.metrics["valid"] is False and result.metrics["profiled_rows"] == 2
