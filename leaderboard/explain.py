@@ -75,8 +75,11 @@ def main(argv: list[str]) -> None:
     wanted = wanted or cells["cell_id"][0]
     cell = cells.filter(pl.col("cell_id") == wanted)
     if cell.is_empty():
-        raise SystemExit(f"no cell '{wanted}' in {dataset} (deploy-reading rows are "
-                         "not explained: they are not scored)")
+        close = [c for c in cells["cell_id"] if wanted in c][:3] or cells["cell_id"].head(3)
+        raise SystemExit(f"no cell '{wanted}' in {dataset} (deploy-reading rows are not "
+                         f"explained: they are not scored). Cell ids look like: "
+                         f"{', '.join(close)}; every id is in the run's predictions.parquet "
+                         "(column cell_id), or omit explain.cell for the first cell")
     render(model, cell, gpu, Console(width=200))
 
 

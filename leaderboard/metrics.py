@@ -19,6 +19,9 @@ from leaderboard_core.naming import Registry
 PHASES = ("all", "all_cold", "prefill", "decode", "mixed")
 # Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
 COLD = "all_cold"
+# "all" and "all_cold" leave out the cells labelled ``composed``: ground truth whose points may
+# stand in for fewer calls than the engine makes (``_vidur``'s mixed steps). Their own phase
+# still scores them.
 ALL_LEVELS = ("step", "op", "serving")
 
 
@@ -73,15 +76,18 @@ def summarize(signed_pct: np.ndarray, level: str = "step") -> dict[str, float | 
 
 def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES,
              level: str = "step") -> dict[str, dict]:
-    """Statistics over all rows (when ``groups`` names "all"), over the cold cells where the rows
-    carry ``warm_share``, and per value of ``phase`` (in ``groups`` order, then any other)."""
+    """Statistics over every row not labelled ``composed`` (when ``groups`` names "all"), over
+    the cold ones of those where the rows carry ``warm_share``, and over every row of each value
+    of ``phase`` (in ``groups`` order, then any other)."""
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
     present = [g for g in groups if g not in ("all", COLD)] + sorted(set(phase) - set(groups))
-    out = {"all": summarize(signed, level)} if "all" in groups else {}
+    measured = (~predictions["composed"].fill_null(False)).to_numpy() \
+        if "composed" in predictions.columns else np.ones(len(signed), dtype=bool)
+    out = {"all": summarize(signed[measured], level)} if "all" in groups else {}
     warm = predictions.get_column("warm_share") if "warm_share" in predictions.columns else None
     if COLD in groups and warm is not None and warm.null_count() < len(warm):
-        out[COLD] = summarize(signed[(warm == 0).fill_null(False).to_numpy()], level)
+        out[COLD] = summarize(signed[measured & (warm == 0).fill_null(False).to_numpy()], level)
     for g in present:
         out[g] = summarize(signed[phase == g], level)
     return out

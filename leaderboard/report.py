@@ -78,7 +78,10 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "outside this repository score it. `INVALID` marks a run "
              "with a non-finite or non-positive prediction, or whose predictor failed or cannot "
              "score the dataset (reasons below); `—`: no run. Rows "
-             "are sorted by the mean unseen MAPE over all phases. `target rows`: the most "
+             "are sorted by the mean unseen MAPE over all phases. `all` and `all_cold` leave "
+             "out the cells labelled `composed`: the mixed steps of the `_vidur` families, whose "
+             "separately timed prefill and decode attention may stand in for one kernel "
+             "(docs/design.md); their own `mixed` table still scores them. `target rows`: the most "
              "measured target rows the predictor read on any GPU of the family (its deploy "
              "reading, never scored; 0 for a zero-reading predictor). `sandbox`: how its fit "
              "and predict were confined (`landlock`, or `process` where the kernel lacks it).", ""]
@@ -113,13 +116,17 @@ def _of_families(suffixes: tuple[str, ...]) -> pl.Expr:
 
 
 def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
-    vidur = predictions.filter(_of_families(families.suffixes(ranking=True)))
+    composed = (pl.col("composed").fill_null(False) if "composed" in predictions.columns
+                else pl.lit(False))
+    vidur = predictions.filter(_of_families(families.suffixes(ranking=True)) & ~composed)
     ranks = ranking.ranking_table(ranking.sku_pairs(vidur))
     lines = ["## SKU ranking (tie-aware, `_vidur` GPUs)", "",
              f"Per workload, every pair of GPUs with a prediction is compared: measured order "
              f"against predicted order. Times within {ranking.TOLERANCE:.0%} of each other "
              "(relative to the smaller) are equal: a predicted tie earns no credit, a measured "
-             "tie has no right answer and is left out. The five unseen GPUs are ranked on every "
+             "tie has no right answer and is left out. Mixed steps, whose ground truth is "
+             "labelled `composed`, are left out here as in `all`. "
+             "The five unseen GPUs are ranked on every "
              "workload; the home A100 joins on its held-out workloads only (`home pairs`). "
              "Tie-aware accuracy = correct / (correct + wrong + ties).", ""]
     rows = [[r["predictor"], str(r["workloads"]), f"{r['pairs']:,}", f"{r['correct']:,}",
@@ -139,7 +146,8 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     places = ranking.bootstrap_places(vidur.filter((pl.col("split") == "unseen")
                                                    & pl.col("predictor").is_in(placed)))
     lines += ["### Places by unseen MAPE", "",
-              f"Unseen MAPE over all cells of the {wanted} unseen `_vidur` GPUs, with a "
+              f"Unseen MAPE over the cells of the {wanted} unseen `_vidur` GPUs not labelled "
+              "`composed`, as in `all`, with a "
               f"{ranking.CONFIDENCE:.0%} percentile bootstrap CI over workloads "
               f"({ranking.BOOTSTRAP_SAMPLES} resamples, seed 0, shared by all predictors). "
               "Place = 1 + the number of predictors whose CI lies entirely below; overlapping "

@@ -72,7 +72,14 @@ def sha256_of(path: Path) -> str:
 
 def explicit_root(configured: str | os.PathLike | None = None) -> Path | None:
     value = configured or os.environ.get("LEADERBOARD_SOURCES")
-    return Path(value).expanduser().resolve() if value else None
+    if not value:
+        return None
+    root = Path(value).expanduser().resolve()
+    if not root.is_dir():
+        origin = "sources_root" if configured else "LEADERBOARD_SOURCES"
+        raise SourceError(f"{origin}={value}: no such folder. Point it at a folder laid out as "
+                          "../shared/data/upstream (<owner>__<repo>/<path>), or unset it.")
+    return root
 
 
 def local_roots(configured: str | os.PathLike | None = None) -> list[Path]:

@@ -220,6 +220,13 @@ def test_corrupt_file_cli_error(tiny, capsys):
     assert not paths.store_path().exists()
 
 
+def test_misspelled_sources_folder_is_named(tiny, monkeypatch, capsys):
+    monkeypatch.setenv("LEADERBOARD_SOURCES", str(tiny.root) + "-typo")
+    assert data.main(["build"]) == 2
+    err = capsys.readouterr().err
+    assert f"LEADERBOARD_SOURCES={tiny.root}-typo: no such folder" in err and "Traceback" not in err
+
+
 # ------------------------------------------------------------------------------- a new GPU
 
 

@@ -55,6 +55,21 @@ def test_one_attention_point_per_kind_and_a_uniform_workload(real_store):
 
 
 @requires_shared
+def test_mixed_steps_are_labelled_composed_and_counted_in_the_card(real_store):
+    """A cell holding both a prompt (from an empty cache) and a decode is composed of two
+    separately timed attention points, which V1's FlashAttention runs as one kernel."""
+    for name in [*SIX, *FOUR, "h100_vidur_fp8"]:
+        cells = _cells(real_store, name)
+        both = [any(q == 1 and c > 0 for q, c in zip(qs, cs, strict=True))
+                and any(not (q == 1 and c > 0) for q, c in zip(qs, cs, strict=True))
+                for qs, cs in zip(cells["q_lens"], cells["ctx_lens"], strict=True)]
+        assert cells["composed"].to_list() == both, name
+        assert 300 <= sum(both) < len(cells), name
+        (card,) = real_store.sql(f"SELECT card FROM datasets WHERE name = '{name}'")[0]
+        assert f"({sum(both)} here)" in card and "labelled `composed`" in " ".join(card.split())
+
+
+@requires_shared
 def test_every_lineage_row_names_exactly_one_measured_row(real_store):
     for table in ("gemm", "attention", "collective"):
         cols = TABLES[table].key

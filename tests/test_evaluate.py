@@ -102,7 +102,11 @@ def test_unseen_target_gets_only_the_home_and_its_own_datasheet(probes, store_ho
     assert set(seen(probes, "home_cells")["sku"]) == {"a100_sxm"}
     assert json.loads((SPY(probes) / "gpu.json").read_text())["sku"] == "h200_sxm"
     assert not {"gt_ms", "gt_spread_ms"} & set(seen(probes, "cells").columns)
-    assert result.metrics["phases"]["all"]["n"] == _count(store_home, "h200_vidur")
+    # composed (mixed) cells are scored in their phase only, never in "all"
+    phases = result.metrics["phases"]
+    assert phases["all"]["n"] == _count(store_home, "h200_vidur") - _count(
+        store_home, "h200_vidur", "mixed") > 0
+    assert phases["mixed"]["n"] == _count(store_home, "h200_vidur", "mixed") > 0
 
 
 @pytest.mark.parametrize("predictor, reason", [
@@ -207,7 +211,8 @@ def test_run_folder_and_output_json(probes, store_home, tmp_path):
         assert metrics[key]
     saved = pl.read_parquet(result.folder / "predictions.parquet")
     assert len(saved) == _count(store_home, "l40s_vidur") and saved["pred_ms"].eq(1.0).all()
-    assert metrics["phases"]["all"]["mape"] == pytest.approx(saved["signed_pct"].abs().mean())
+    assert metrics["phases"]["all"]["mape"] == pytest.approx(
+        saved.filter(~pl.col("composed"))["signed_pct"].abs().mean())
 
 
 def test_op_level_datasets_are_scored_the_same_way(probes, tmp_path):

@@ -39,6 +39,19 @@ def test_a_registered_metric_joins_summaries_and_the_table(capsys):
         metrics.unregister_metric("max_ape")
 
 
+def test_all_leaves_out_composed_cells_and_their_phase_keeps_them():
+    frame = pl.DataFrame({"signed_pct": [-10.0, 20.0, 40.0, -80.0],
+                          "phase": ["decode", "prefill", "mixed", "mixed"],
+                          "warm_share": [0.0, 0.5, 0.0, 0.0],
+                          "composed": [False, False, True, False]})
+    phases = metrics.by_phase(frame)
+    assert phases["all"]["n"] == 3 and phases["all"]["mape"] == pytest.approx(110 / 3)
+    assert phases["all_cold"]["n"] == 2 and phases["all_cold"]["mape"] == pytest.approx(45.0)
+    assert phases["mixed"]["n"] == 2 and phases["mixed"]["mape"] == pytest.approx(60.0)
+    unlabelled = metrics.by_phase(frame.drop("composed"))
+    assert unlabelled["all"]["n"] == 4 and unlabelled["all"]["mape"] == pytest.approx(37.5)
+
+
 def test_a_metric_twice_is_refused():
     with pytest.raises(ValueError, match="already registered.*Did you mean 'mape'"):
         register_metric(Metric("mape", "again", np.mean))
