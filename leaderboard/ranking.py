@@ -81,6 +81,11 @@ def ranking_table(pairs: pl.DataFrame) -> pl.DataFrame:
             .sort("tie_aware_accuracy", "predictor", descending=[True, False], nulls_last=True))
 
 
+PLACES_SCHEMA = {"predictor": pl.String, "mape": pl.Float64, "ci_low": pl.Float64,
+                 "ci_high": pl.Float64, "cells": pl.Int64, "workloads": pl.Int64,
+                 "place": pl.Int64}
+
+
 def bootstrap_places(predictions: pl.DataFrame, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
                      confidence: float = CONFIDENCE) -> pl.DataFrame:
     """Per predictor: unseen MAPE, its bootstrap CI over workloads, and its place. Needs
@@ -89,6 +94,8 @@ def bootstrap_places(predictions: pl.DataFrame, samples: int = BOOTSTRAP_SAMPLES
            .group_by("predictor", "workload_id")
            .agg(ape_sum=pl.col("signed_pct").abs().sum(), cells=pl.len()))
     workloads = ape["workload_id"].unique().sort()
+    if workloads.is_empty():  # nothing to place (no predictor qualified)
+        return pl.DataFrame(schema=PLACES_SCHEMA)
     index = {w: i for i, w in enumerate(workloads)}
     # One multinomial draw of workloads per resample, shared by all predictors (paired).
     rng = np.random.default_rng(seed)
@@ -106,10 +113,6 @@ def bootstrap_places(predictions: pl.DataFrame, samples: int = BOOTSTRAP_SAMPLES
         rows.append({"predictor": predictor, "mape": sums.sum() / cells.sum(),
                      "ci_low": float(low), "ci_high": float(high), "cells": int(cells.sum()),
                      "workloads": int((cells > 0).sum())})
-    if not rows:
-        return pl.DataFrame(schema={"predictor": pl.String, "mape": pl.Float64,
-                                    "ci_low": pl.Float64, "ci_high": pl.Float64,
-                                    "cells": pl.Int64, "workloads": pl.Int64, "place": pl.Int64})
     table = pl.DataFrame(rows)
     highs = table["ci_high"].to_numpy()
     place = [1 + int((highs < low).sum()) for low in table["ci_low"]]

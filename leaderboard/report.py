@@ -78,7 +78,7 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "outside this repository score it. `INVALID` marks a run "
              "with a non-finite or non-positive prediction, or whose predictor failed or cannot "
              "score the dataset (reasons below); `—`: no run. Rows "
-             "are sorted by the mean unseen MAPE over all phases. `all` and `all_cold` leave "
+             "are sorted by the mean unseen MAPE over `all`. `all` and `all_cold` leave "
              "out the cells labelled `composed`: the mixed steps of the `_vidur` families, whose "
              "separately timed prefill and decode attention may stand in for one kernel "
              "(docs/design.md); their own `mixed` table still scores them. `target rows`: the most "
@@ -137,12 +137,15 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     lines += table(["predictor", "workloads", "pairs", "correct", "wrong", "ties", "home pairs",
                      "measured ties (left out)", "decisive acc.", "tie-aware acc.",
                      "most tied GPU pair"], rows, "lrrrrrrrrrl")
-    # A predictor is placed only with a VALID run on every unseen `_vidur` GPU.
+    # A predictor is placed only with a VALID run sealed by Landlock on every unseen `_vidur`
+    # GPU: in `process` mode nothing but the predictor's discipline keeps it from the store.
     unseen = runs.filter((pl.col("split") == "unseen")
                          & (pl.col("dataset").map_elements(family, pl.String) == "vidur"))
-    complete = unseen.group_by("predictor").agg(pl.col("valid").all(), pl.len())
+    complete = unseen.group_by("predictor").agg(
+        pl.col("valid").all(), (pl.col("sandbox") == "landlock").all().alias("sealed"), pl.len())
     wanted = len(datasets_of(runs, "vidur")[1])
-    placed = set(complete.filter(pl.col("valid") & (pl.col("len") == wanted))["predictor"])
+    placed = set(complete.filter(pl.col("valid") & pl.col("sealed")
+                                 & (pl.col("len") == wanted))["predictor"])
     places = ranking.bootstrap_places(vidur.filter((pl.col("split") == "unseen")
                                                    & pl.col("predictor").is_in(placed)))
     lines += ["### Places by unseen MAPE", "",
@@ -158,7 +161,8 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
         for r in places.iter_rows(named=True)], "rlrrr")
     unplaced = sorted(set(runs["predictor"]) - placed)
     if unplaced:
-        lines += [f"Not placed (no VALID run on every unseen GPU): {', '.join(unplaced)}.", ""]
+        lines += [f"Not placed (no VALID run sealed by Landlock on every unseen GPU): "
+                  f"{', '.join(unplaced)}.", ""]
     return lines
 
 

@@ -54,7 +54,8 @@ def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:
              f"Every predictor fitted on {' and '.join(TWO_HOMES)} together "
              "(`dataset.home=[a100_vidur,h100_vidur]`); each home GPU's rows normalised by its "
              "own datasheet. Both homes are scored on their held-out cells only, never as "
-             "unseen. Rows sorted by the unseen mean over all phases.", ""]
+             "unseen. Rows sorted by the unseen mean over `all` (every cell not labelled "
+             "`composed`).", ""]
     predictors = sorted(set(runs["predictor"]), key=lambda p: (
         mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
     for phase in PHASES:
@@ -78,7 +79,8 @@ def baseline_strength(runs: pl.DataFrame) -> list[str]:
         points = run["home_points_used"] if run else None
         rows.append([predictor, fmt(here, 2), points or "—", claim or "none published", source])
     return ["## Baselines at their published strength", "",
-            "Each baseline's all-phase MAPE on the A100 home's held-out cells here, beside the "
+            "Each baseline's MAPE over `all` (composed mixed cells out) on the A100 home's "
+            "held-out cells here, beside the "
             "error its authors report for their own setting. With `full_grid` the profiled "
             "predictors fitted on every measured A100 point, so the held-out cells' points are "
             "in-sample, as they are for Vidur itself. A published figure is for the authors' "

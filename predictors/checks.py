@@ -40,7 +40,8 @@ def synthetic_cells(sku: str, seed: int = 0) -> pl.DataFrame:
                          "num_prefill": len(q) - len(decode), "num_decode": len(decode),
                          "total_tokens": sum(q), "prefill_tokens": sum(q) - len(decode),
                          "decode_ctx_sum": sum(decode), "gt_ms": gt, "gt_kind": "gpu_block",
-                         "gt_spread_ms": 0.0, "composed": True, "warm_share": 0.0, "weight": 1})
+                         "gt_spread_ms": 0.0, "composed": phase == "mixed", "warm_share": 0.0,
+                         "weight": 1})
     return pl.DataFrame(rows)
 
 

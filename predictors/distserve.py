@@ -126,8 +126,9 @@ class DistServe(Predictor):
     ``mixed``: how a step with both prefill and decode requests is timed. ``"prefill_only"`` is
     the simulator's rule (decodes packed into a prefill batch add nothing); ``"additive"`` (the
     default, §6.5 variant ii) adds the decode part without its intercept. The default is additive
-    because the ground truth here times every kernel of the step, and a mixed step's decode
-    tokens run through the GEMMs and decode attention; DistServe itself never builds such steps
+    because a mixed step's decode tokens run through the GEMMs and decode attention (the
+    ``_vidur`` mixed cells sum a prefill and a decode attention point, and are labelled
+    ``composed``: scored in their phase only); DistServe itself never builds such steps
     (it disaggregates prefill and decode), so its simulator's shortcut describes no real step.
     ``prefill_todo_ms``: add the simulator's TODO +1 ms to every step with prefill tokens. Off by
     default: it is a placeholder for pipeline overhead, not GPU kernel time, which is what the

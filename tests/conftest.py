@@ -3,6 +3,10 @@
 Every test runs with its own ``LEADERBOARD_HOME``, no ``LEADERBOARD_SOURCES`` or
 ``LEADERBOARD_GPU_SPECS``, and ``LEADERBOARD_SOURCES_URL`` pointing at a closed local port, so
 nothing reads the developer's cache or reaches the internet by accident.
+
+The real upstream files are read from ``../shared/data/upstream``; a clone without it may point
+``LEADERBOARD_SOURCES`` at a copy laid out the same way (with its ``MANIFEST.json``), which then
+stands in for ``../shared`` in every test.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from leaderboard_core import paths
 
 ENV_VARS = ("LEADERBOARD_HOME", "LEADERBOARD_SOURCES", "LEADERBOARD_GPU_SPECS",
             "LEADERBOARD_SOURCES_URL")
+if not (paths.SHARED_UPSTREAM / "MANIFEST.json").is_file() and os.environ.get("LEADERBOARD_SOURCES"):
+    paths.SHARED_UPSTREAM = Path(os.environ["LEADERBOARD_SOURCES"]).expanduser().resolve()
 SHARED = paths.SHARED_UPSTREAM
 HAS_SHARED = (SHARED / "MANIFEST.json").is_file()
 requires_shared = pytest.mark.skipif(not HAS_SHARED, reason=f"no shared upstream data at {SHARED}")

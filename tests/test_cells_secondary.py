@@ -118,6 +118,8 @@ def test_cells_follow_the_schema(sets):
         assert s.cells.schema == pl.Schema(CELL_SCHEMA), s.name
         assert s.lineage.schema == pl.Schema(LINEAGE_SCHEMA), s.name
         assert s.cells["cell_id"].is_unique().all(), s.name
+        # one measured attention row per mixed batch here: nothing stands in for a kernel
+        assert not s.cells["composed"].any(), s.name
         assert (s.cells["gt_ms"] > 0).all(), s.name
         assert set(s.lineage["cell_id"]) == set(s.cells["cell_id"]), s.name
         # The phase label agrees with the schema's own reading of the composition.

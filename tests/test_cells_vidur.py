@@ -64,6 +64,10 @@ def test_mixed_steps_are_labelled_composed_and_counted_in_the_card(real_store):
                 and any(not (q == 1 and c > 0) for q, c in zip(qs, cs, strict=True))
                 for qs, cs in zip(cells["q_lens"], cells["ctx_lens"], strict=True)]
         assert cells["composed"].to_list() == both, name
+        two_kinds = {cid for (cid,) in real_store.sql(
+            f"""SELECT cell_id FROM cell_lineage WHERE dataset = '{name}' AND op LIKE 'attn_%'
+                GROUP BY cell_id HAVING count(DISTINCT op) = 2""")}
+        assert set(cells.filter("composed")["cell_id"]) == two_kinds, name
         assert 300 <= sum(both) < len(cells), name
         (card,) = real_store.sql(f"SELECT card FROM datasets WHERE name = '{name}'")[0]
         assert f"({sum(both)} here)" in card and "labelled `composed`" in " ".join(card.split())

@@ -251,3 +251,27 @@ def test_report_help_lists_its_overrides(capsys):
         report.main(["--help"])
     out = capsys.readouterr().out
     assert "report.rerun=true" in out and "partial: keep" in out and "jobs: 2" in out
+
+
+def test_composed_cells_are_left_out_of_the_ranking_and_the_places():
+    """Four workloads on two unseen GPUs; the composed one is predicted in the wrong order and
+    10x off, so counting it would show as a wrong pair and two more cells."""
+    rows = []
+    for w in range(4):
+        composed = w == 3
+        for dataset, sku, gt in (("h100_vidur", "h100_sxm", 2.0), ("h200_vidur", "h200_sxm", 1.0)):
+            pred = (3.0 - gt) * 10 if composed else gt * 1.05
+            rows.append({"predictor": "p", "dataset": dataset, "sku": sku, "split": "unseen",
+                         "workload_id": f"w{w}", "gt_ms": gt, "pred_ms": pred,
+                         "signed_pct": (pred - gt) / gt * 100, "composed": composed})
+    runs = pl.DataFrame({"predictor": ["p", "p"], "dataset": ["h100_vidur", "h200_vidur"],
+                         "split": ["unseen", "unseen"], "valid": [True, True],
+                         "family": ["vidur", "vidur"], "sandbox": ["landlock", "landlock"]})
+    text = "\n".join(report.rankings(pl.DataFrame(rows), runs))
+    assert "| p | 3 | 3 | 3 | 0 | 0 |" in text  # workloads, pairs, correct, wrong, ties
+    (place,) = [line for line in text.splitlines() if line.startswith("| 1 | p |")]
+    assert place.endswith("| 6 |") and "| 5.00 |" in place
+    # a run that was not sealed by Landlock is never placed
+    unsealed = runs.with_columns(sandbox=pl.Series(["landlock", "process"]))
+    text = "\n".join(report.rankings(pl.DataFrame(rows), unsealed))
+    assert "| 1 | p |" not in text and "sealed by Landlock on every unseen GPU): p." in text

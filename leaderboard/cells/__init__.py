@@ -27,7 +27,9 @@ def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_
     entries = []
     for s in sets:
         phases = dict(s.cells.group_by("phase").len().iter_rows())
-        digest = s.cells.select("cell_id", "gt_ms").sort("cell_id").write_csv()
+        # what a cell scores as: its time, whether it counts in "all", its L2-warm share
+        digest = s.cells.select("cell_id", "gt_ms", "composed", "warm_share").sort(
+            "cell_id").write_csv()
         entries.append({
             "name": s.name, "kind": "cells", "source": s.cells["source"][0] if len(s.cells) else None,
             "sku": s.sku, "rows": len(s.cells),
