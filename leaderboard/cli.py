@@ -21,7 +21,7 @@ from rich.table import Table
 
 from leaderboard import predictor_index
 from leaderboard.catalog import StoreCatalog
-from leaderboard.config import dataset_names, load_config
+from leaderboard.config import dataset_names, load_config, unknown_key
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
 from leaderboard.metrics import registered as registered_metrics
@@ -62,6 +62,8 @@ def check_choices(argv: list[str]) -> None:
             if choice not in valid:
                 _fail(f"unknown {key} '{choice}'; {suggestion(choice, valid)}")
     check_parameters(argv)
+    if message := unknown_key([a for a in argv if "=" in a]):
+        _fail(message)
 
 
 def check_parameters(argv: list[str]) -> None:

@@ -10,6 +10,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from leaderboard import predictor_index
 from leaderboard_core import paths
+from leaderboard_core.naming import suggestion
+
+# The config groups (conf/<group>/*.yaml): ``group=choice`` picks a node, it is not a key.
+GROUPS = ("predictor", "dataset", "split")
 
 
 def include_predictors(overrides) -> None:
@@ -32,6 +36,30 @@ def register_predictor_nodes(overrides=()) -> None:
 
 def dataset_names() -> list[str]:
     return sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml"))
+
+
+def unknown_key(overrides: list[str]) -> str | None:
+    """The error for the first override whose key the config lacks (``dataset.hom=x``), with
+    the keys beside it and the closest; None when every key exists. Hydra's own answer would
+    suggest ``+dataset.hom=x``, which adds a key nothing reads. ``+``/``~`` overrides, Hydra's
+    keys and ``predictor.<field>`` (checked against the predictor) are left alone."""
+    choices = [f"{k}={v.split(',')[0]}" for k, _, v in (a.partition("=") for a in overrides)
+               if k in GROUPS and v]
+    config = None
+    for arg in overrides:
+        key = arg.partition("=")[0]
+        if key.startswith(("+", "~", "hydra.", "hydra/", "predictor.")) or key in GROUPS:
+            continue
+        config = config if config is not None else load_config(choices)
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(config, parent) if parent else config
+        if isinstance(node, DictConfig) and leaf in node:
+            continue
+        where = f"'{parent}'" if parent else "the config"
+        keys = sorted(node.keys()) if isinstance(node, DictConfig) else []
+        return (f"unknown key '{key}': {where} has no '{leaf}'; "
+                f"{suggestion(leaf, keys) if keys else f'{parent} is not a section'}")
+    return None
 
 
 def load_config(overrides: list[str] | None = None, with_hydra: bool = False) -> DictConfig:
@@ -65,4 +93,7 @@ def command_config(argv: list[str], prog: str, doc: str, section: str,
         print(f"{prog}: {flag} is deprecated and goes in the next release; use {override}",
               file=sys.stderr)
         overrides.append(override)
+    if message := unknown_key(overrides):
+        print(f"{prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
     return load_config(overrides)

@@ -131,11 +131,14 @@ def job_folder():
 
 def scratch_env(scratch: str) -> dict[str, str]:
     """A child's environment: ``KEPT_ENV`` and the locale, no suite path, ``scratch`` for its
-    home and temporary files."""
+    home and temporary files, and the suite's code from the tree this process runs: a virtual
+    environment installed from another checkout would otherwise hand the child that checkout,
+    which Landlock does not let it read."""
     env = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith("LC_")}
     # No /dev/shm in the child (runs could leave each other notes there): joblib runs serial.
     return {**env, "HOME": scratch, "TMPDIR": scratch, "JOBLIB_TEMP_FOLDER": scratch,
-            "JOBLIB_MULTIPROCESSING": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+            "JOBLIB_MULTIPROCESSING": "0", "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": str(paths.REPO_ROOT)}
 
 
 def child_env(folder: Path, cache: Path) -> dict[str, str]:

@@ -82,6 +82,23 @@ def test_a_misspelt_parameter_names_the_predictors_fields(capsys):
     cli.check_choices(["predictor=genz", "predictor.memory_efficiency=0.5"])  # a real field passes
 
 
+@pytest.mark.parametrize("typo, closest", [
+    ("dataset.hom=a100_vidur", "home"), ("split.sed=3", "seed"), ("datset=h100_vidur", "dataset"),
+    ("report.rerum=true", "rerun")])
+def test_a_misspelt_key_names_the_closest_instead_of_appending_it(typo, closest, capsys):
+    from leaderboard import cli
+
+    with pytest.raises(SystemExit):
+        cli.check_choices(["predictor=genz", "dataset=h100_vidur", typo])
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"unknown key '{typo.partition('=')[0]}'" in err and f"Did you mean '{closest}'?" in err
+    assert "+" not in err  # Hydra's own answer, +key=value, adds a key nothing reads
+    # real keys of every kind pass: a group's, a section's, a list value, a sweep, an append
+    cli.check_choices(["predictor=genz", "dataset=h100_vidur,l40s_vidur", "split.seed=3",
+                       "dataset.home=[a100_vidur,h100_vidur]", "report.rerun=true",
+                       "hydra/launcher=joblib", "+extra=1", "predictor.memory_efficiency=0.5"])
+
+
 def test_hf_without_repo_and_name_says_what_to_pass(tmp_path):
     done = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=genz", "dataset=hf",
                            f"runs_dir={tmp_path}"], capture_output=True, text=True, timeout=120,
