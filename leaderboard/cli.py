@@ -125,7 +125,10 @@ def run_task(cfg: DictConfig) -> None:
                    hub_revision=cfg.dataset.get("revision"),
                    seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
                    home_points=cfg.split.home_points,
-                   runs_dir=cfg.runs_dir, output_json=cfg.output.json, sources_root=cfg.sources.root,
+                   # relative to the repository root, as report.out is: the same folder
+                   # whatever the working folder, so the report finds every run
+                   runs_dir=str(paths.REPO_ROOT / cfg.runs_dir), output_json=cfg.output.json,
+                   sources_root=cfg.sources.root,
                    gpu_specs=cfg.gpu_specs, reading_max_points=cfg.reading.max_points,
                    reading_max_fraction=cfg.reading.max_fraction)
     try:

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = cfg.report
     if opts.partial not in PARTIAL:
         raise SystemExit(f"report.partial={opts.partial}: choose one of {', '.join(PARTIAL)}")
-    runs_dir, out = Path(cfg.runs_dir), paths.REPO_ROOT / opts.out
+    runs_dir, out = paths.REPO_ROOT / cfg.runs_dir, paths.REPO_ROOT / opts.out
     atlas_dir = paths.REPO_ROOT / opts.atlas_dir
     if opts.rerun:
         for outcome in rerun.rerun_all(runs_dir, opts.jobs):
