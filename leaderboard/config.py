@@ -42,23 +42,33 @@ def unknown_key(overrides: list[str]) -> str | None:
     """The error for the first override whose key the config lacks (``dataset.hom=x``), with
     the keys beside it and the closest; None when every key exists. Hydra's own answer would
     suggest ``+dataset.hom=x``, which adds a key nothing reads. ``+``/``~`` overrides, Hydra's
-    keys and ``predictor.<field>`` (checked against the predictor) are left alone."""
+    keys and flags, and ``predictor.<field>`` (checked against the predictor) are left alone."""
+    chosen = (*GROUPS, "predictors_path")  # they decide which nodes, and so which keys, exist
     choices = [f"{k}={v.split(',')[0]}" for k, _, v in (a.partition("=") for a in overrides)
-               if k in GROUPS and v]
+               if k in chosen and v]
     config = None
     for arg in overrides:
         key = arg.partition("=")[0]
-        if key.startswith(("+", "~", "hydra.", "hydra/", "predictor.")) or key in GROUPS:
+        if key.startswith(("+", "~", "-", "hydra.", "hydra/", "predictor.")) or key in chosen:
             continue
         config = config if config is not None else load_config(choices)
-        parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(config, parent) if parent else config
-        if isinstance(node, DictConfig) and leaf in node:
-            continue
-        where = f"'{parent}'" if parent else "the config"
-        keys = sorted(node.keys()) if isinstance(node, DictConfig) else []
-        return (f"unknown key '{key}': {where} has no '{leaf}'; "
-                f"{suggestion(leaf, keys) if keys else f'{parent} is not a section'}")
+        if message := _missing_part(config, key):
+            return message
+    return None
+
+
+def _missing_part(config: DictConfig, key: str) -> str | None:
+    """Walk ``key`` down the config; the error at the first part that is not there."""
+    node, path = config, []
+    for part in key.split("."):
+        where = f"'{'.'.join(path)}'" if path else "the config"
+        if not isinstance(node, DictConfig):
+            return f"unknown key '{key}': {where} takes a value, not keys"
+        if part not in node.keys():  # keys(), not `in`: a mandatory ``???`` value is a key
+            return (f"unknown key '{key}': {where} has no '{part}'; "
+                    f"{suggestion(part, sorted(node.keys()))}")
+        node = None if OmegaConf.is_missing(node, part) else node[part]
+        path.append(part)
     return None
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leaderboard import store
-from leaderboard.config import load_config
+from leaderboard.config import load_config, unknown_key
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
 from leaderboard_core.specs import SpecError
@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also list traces and fitted coefficients, not only ops/cells")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. sources.root=/data")
     args = parser.parse_args(argv)
+    if message := unknown_key(args.overrides):
+        parser.error(message)
     cfg = load_config(args.overrides)
     where = {"sources_root": cfg.sources.root, "gpu_specs": cfg.gpu_specs}
     try:

@@ -142,7 +142,8 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     unseen = runs.filter((pl.col("split") == "unseen")
                          & (pl.col("dataset").map_elements(family, pl.String) == "vidur"))
     complete = unseen.group_by("predictor").agg(
-        pl.col("valid").all(), (pl.col("sandbox") == "landlock").all().alias("sealed"), pl.len())
+        pl.col("valid").all(), (pl.col("sandbox") == "landlock").fill_null(False).all().alias("sealed"),
+        pl.len())
     wanted = len(datasets_of(runs, "vidur")[1])
     placed = set(complete.filter(pl.col("valid") & pl.col("sealed")
                                  & (pl.col("len") == wanted))["predictor"])

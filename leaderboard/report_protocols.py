@@ -68,7 +68,7 @@ def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:
 
 
 def baseline_strength(runs: pl.DataFrame) -> list[str]:
-    """Each baseline's all-phase MAPE on its own home here, beside its published error."""
+    """Each baseline's MAPE over ``all`` on its own home here, beside its published error."""
     vidur = runs.filter((pl.col("split") == "home_heldout")
                         & (pl.col("dataset").map_elements(family, pl.String) == "vidur"))
     by = {r["predictor"]: r for r in vidur.iter_rows(named=True)}

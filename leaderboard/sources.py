@@ -72,19 +72,19 @@ def sha256_of(path: Path) -> str:
 
 def explicit_root(configured: str | os.PathLike | None = None) -> Path | None:
     value = configured or os.environ.get("LEADERBOARD_SOURCES")
-    if not value:
-        return None
-    root = Path(value).expanduser().resolve()
-    if not root.is_dir():
-        origin = "sources_root" if configured else "LEADERBOARD_SOURCES"
-        raise SourceError(f"{origin}={value}: no such folder. Point it at a folder laid out as "
-                          "../shared/data/upstream (<owner>__<repo>/<path>), or unset it.")
-    return root
+    return Path(value).expanduser().resolve() if value else None
 
 
 def local_roots(configured: str | os.PathLike | None = None) -> list[Path]:
-    """Roots searched for local copies, in resolution order (the download cache last)."""
-    roots = [explicit_root(configured), paths.SHARED_UPSTREAM, paths.source_cache()]
+    """Roots searched for local copies, in resolution order (the download cache last). An
+    explicit root that is not a folder is an error, not a silent fall-through to the others."""
+    explicit = explicit_root(configured)
+    if explicit is not None and not explicit.is_dir():
+        origin = "sources.root" if configured else "LEADERBOARD_SOURCES"
+        raise SourceError(f"{origin}={configured or os.environ['LEADERBOARD_SOURCES']}: no such "
+                          "folder. Point it at a folder laid out as ../shared/data/upstream "
+                          "(<owner>__<repo>/<path>), or unset it.")
+    roots = [explicit, paths.SHARED_UPSTREAM, paths.source_cache()]
     return [r for r in roots if r is not None and r.is_dir()]
 
 

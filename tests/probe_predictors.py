@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import threading
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -221,10 +222,14 @@ class GcObjects(Cheat):
 
 
 class RawUpstream(Cheat):
-    """Reads the raw upstream splitwise file the store's splitwise cells were built from."""
+    """Reads the raw upstream splitwise file the store's splitwise cells were built from (under
+    ``upstream``, the test's upstream folder: the child has no ``$LEADERBOARD_SOURCES``)."""
+
+    def __init__(self, upstream: str = str(paths.SHARED_UPSTREAM)):
+        self.upstream = upstream
 
     def truth(self, gpu):
-        raw = (paths.SHARED_UPSTREAM / "Mutinifni__splitwise-sim" / "data" / "perf_model.csv"
+        raw = (Path(self.upstream) / "Mutinifni__splitwise-sim" / "data" / "perf_model.csv"
                ).read_bytes()
         raise AssertionError(f"read {len(raw)} bytes of raw target measurements")
 

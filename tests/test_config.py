@@ -96,7 +96,22 @@ def test_a_misspelt_key_names_the_closest_instead_of_appending_it(typo, closest,
     # real keys of every kind pass: a group's, a section's, a list value, a sweep, an append
     cli.check_choices(["predictor=genz", "dataset=h100_vidur,l40s_vidur", "split.seed=3",
                        "dataset.home=[a100_vidur,h100_vidur]", "report.rerun=true",
-                       "hydra/launcher=joblib", "+extra=1", "predictor.memory_efficiency=0.5"])
+                       "hydra/launcher=joblib", "+extra=1", "predictor.memory_efficiency=0.5",
+                       "--cfg=job", "sources.only=[vidur]"])
+    # a node's mandatory keys (??? until given) are keys too: the README's hub form
+    cli.check_choices(["predictor=genz", "dataset=hf", "dataset.repo=/tmp/export",
+                       "dataset.name=h200_vidur"])
+
+
+def test_a_misspelt_section_or_a_key_below_a_value_is_named():
+    from leaderboard.config import command_config, unknown_key
+
+    assert "the config has no 'sourcess'; valid names:" in unknown_key(["sourcess.root=/x"])
+    assert "Did you mean 'sources'?" in unknown_key(["sourcess.root=/x"])
+    assert "'runs_dir' takes a value, not keys" in unknown_key(["runs_dir.x=1"])
+    with pytest.raises(SystemExit) as stop:
+        command_config(["report.rerum=true"], "prog", "doc", "report", {})
+    assert stop.value.code == 2
 
 
 def test_hf_without_repo_and_name_says_what_to_pass(tmp_path):

@@ -129,7 +129,9 @@ def test_a_predictor_that_peeks_or_fails_is_invalid(probes, tmp_path, predictor,
 
 @pytest.mark.skipif(not landlock.abi_version(), reason="the kernel has no Landlock")
 def test_landlock_refuses_the_raw_upstream_files(probes, tmp_path):
-    result = _run(tmp_path, "raw_upstream", "h100_splitwise")
+    upstream = paths.SHARED_UPSTREAM
+    assert (upstream / "Mutinifni__splitwise-sim" / "data" / "perf_model.csv").is_file()
+    result = _run(tmp_path, "raw_upstream", "h100_splitwise", params={"upstream": str(upstream)})
     assert result.metrics["sandbox"] == "landlock" and result.metrics["valid"] is False
     assert any("PermissionError" in r for r in result.metrics["invalid_reasons"])
 
