@@ -117,20 +117,7 @@ def run_task(cfg: DictConfig) -> None:
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
     if cfg.predictors_path:  # a multirun worker is a fresh process: register them there too
         predictor_index.include(cfg.predictors_path)
-    params = {k: v for k, v in OmegaConf.to_container(cfg.predictor).items() if k != "name"}
-    hub_repo = cfg.dataset.get("repo")  # only dataset=hf has one
-    home = cfg.dataset.home  # one name, or a list of homes: dataset.home=[a100_vidur,h100_vidur]
-    spec = RunSpec(predictor=cfg.predictor.name, dataset=cfg.dataset.name, params=params,
-                   home=list(home) if OmegaConf.is_list(home) else home, hub_repo=hub_repo,
-                   hub_revision=cfg.dataset.get("revision"),
-                   seed=cfg.split.seed, test_fraction=cfg.split.test_fraction,
-                   home_points=cfg.split.home_points,
-                   # relative to the repository root, as report.out is: the same folder
-                   # whatever the working folder, so the report finds every run
-                   runs_dir=str(paths.REPO_ROOT / cfg.runs_dir), output_json=cfg.output.json,
-                   sources_root=cfg.sources.root,
-                   gpu_specs=cfg.gpu_specs, reading_max_points=cfg.reading.max_points,
-                   reading_max_fraction=cfg.reading.max_fraction)
+    spec = RunSpec.from_config(cfg)
     try:
         result = run(spec)
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:

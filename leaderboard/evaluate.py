@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from omegaconf import OmegaConf
 
 from leaderboard import atlas, debris, homes, metrics, predictor_index, readings, sandbox
 from leaderboard import op_level as op_level_api
@@ -23,6 +24,7 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
 from leaderboard.serving import scoring as serving_api
 from leaderboard.split import default_split, split
+from leaderboard_core import paths
 from leaderboard_core.contract import BY_OP_PREFIX, GROUND_TRUTH_COLUMNS, Home, NotSupported
 from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard_core.versioning import code_hash, code_version
@@ -50,6 +52,28 @@ class RunSpec:
     hub_revision: str | None = None
     reading_max_points: int = readings.MAX_POINTS
     reading_max_fraction: float = readings.MAX_FRACTION
+
+    def __post_init__(self):
+        # relative to the repository root, as report.out is: one folder whatever the working
+        # folder, so the report finds every run
+        self.runs_dir = paths.REPO_ROOT / self.runs_dir
+
+    @classmethod
+    def from_config(cls, cfg) -> RunSpec:
+        """The run a composed ``conf/config.yaml`` (with its overrides) describes. Here, not in
+        the CLI, because it decides a run's numbers: this module is in the code hash."""
+        home = cfg.dataset.home  # one name, or a list of homes: dataset.home=[a100_vidur,...]
+        return cls(predictor=cfg.predictor.name, dataset=cfg.dataset.name,
+                   params={k: v for k, v in OmegaConf.to_container(cfg.predictor).items()
+                           if k != "name"},
+                   home=list(home) if OmegaConf.is_list(home) else home,
+                   hub_repo=cfg.dataset.get("repo"),  # only dataset=hf has one
+                   hub_revision=cfg.dataset.get("revision"), seed=cfg.split.seed,
+                   test_fraction=cfg.split.test_fraction, home_points=cfg.split.home_points,
+                   runs_dir=cfg.runs_dir, output_json=cfg.output.json,
+                   sources_root=cfg.sources.root, gpu_specs=cfg.gpu_specs,
+                   reading_max_points=cfg.reading.max_points,
+                   reading_max_fraction=cfg.reading.max_fraction)
 
 
 @dataclass

@@ -129,3 +129,18 @@ def test_explain_takes_overrides_and_the_old_cell_form(capsys):
         "rf_scaled", "a100_vidur", "c1")
     assert arguments(["dataset=h100_vidur", "cell=c2"]) == ("ours", "h100_vidur", "c2")
     assert "cell is deprecated and goes in the next release; use explain.cell=c2" in capsys.readouterr().err
+
+
+def test_a_run_spec_follows_the_config_and_its_runs_dir_the_repository(tmp_path):
+    from leaderboard.evaluate import RunSpec
+
+    cfg = load_config(["predictor=genz", "dataset=h100_vidur", "split.seed=7",
+                       "dataset.home=[a100_vidur,h100_vidur]", "reading.max_points=3",
+                       "runs_dir=somewhere/runs", "predictor.memory_efficiency=0.5"])
+    spec = RunSpec.from_config(cfg)
+    assert (spec.predictor, spec.dataset, spec.seed, spec.reading_max_points) == (
+        "genz", "h100_vidur", 7, 3)
+    assert spec.home == ["a100_vidur", "h100_vidur"] and type(spec.home) is list
+    assert spec.params["memory_efficiency"] == 0.5 and "name" not in spec.params
+    assert spec.runs_dir == paths.REPO_ROOT / "somewhere" / "runs"
+    assert RunSpec("genz", "h100_vidur", {}, runs_dir=tmp_path).runs_dir == tmp_path
