@@ -74,6 +74,14 @@ def summarize(signed_pct: np.ndarray, level: str = "step") -> dict[str, float | 
             **{m.name: None if empty else m.aggregate(signed_pct) for m in registered(level)}}
 
 
+def in_all(predictions: pl.DataFrame) -> pl.Series:
+    """Which rows "all" and "all_cold" count: every row not labelled ``composed`` (a frame
+    without the column, as op and serving runs have, counts every row)."""
+    if "composed" not in predictions.columns:
+        return pl.Series("in_all", [True] * len(predictions), dtype=pl.Boolean)
+    return (~predictions["composed"].fill_null(False)).alias("in_all")
+
+
 def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES,
              level: str = "step") -> dict[str, dict]:
     """Statistics over every row not labelled ``composed`` (when ``groups`` names "all"), over
@@ -82,8 +90,7 @@ def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES,
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
     present = [g for g in groups if g not in ("all", COLD)] + sorted(set(phase) - set(groups))
-    measured = (~predictions["composed"].fill_null(False)).to_numpy() \
-        if "composed" in predictions.columns else np.ones(len(signed), dtype=bool)
+    measured = in_all(predictions).to_numpy()
     out = {"all": summarize(signed[measured], level)} if "all" in groups else {}
     warm = predictions.get_column("warm_share") if "warm_share" in predictions.columns else None
     if COLD in groups and warm is not None and warm.null_count() < len(warm):

@@ -29,6 +29,7 @@ import polars as pl
 from leaderboard import (
     atlas,
     families,
+    metrics,
     op_atlas,
     predictor_index,
     ranking,
@@ -116,9 +117,8 @@ def _of_families(suffixes: tuple[str, ...]) -> pl.Expr:
 
 
 def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
-    composed = (pl.col("composed").fill_null(False) if "composed" in predictions.columns
-                else pl.lit(False))
-    vidur = predictions.filter(_of_families(families.suffixes(ranking=True)) & ~composed)
+    vidur = predictions.filter(_of_families(families.suffixes(ranking=True))
+                               & metrics.in_all(predictions))
     ranks = ranking.ranking_table(ranking.sku_pairs(vidur))
     lines = ["## SKU ranking (tie-aware, `_vidur` GPUs)", "",
              f"Per workload, every pair of GPUs with a prediction is compared: measured order "
