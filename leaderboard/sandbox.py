@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from leaderboard import sources
 from leaderboard.readings import ReadingRefused
 from leaderboard.serving.scoring import simulate
 from leaderboard_core import guard, paths, progress
@@ -163,6 +164,16 @@ def listable() -> list[str]:
     return [str(paths.REPO_ROOT)]
 
 
+def watched() -> list[str]:
+    """Where measurements lie, so where the child's opens are recorded (``guard``): the suite's
+    home (store, downloaded sources, other runs' folders), the runs and pins in the repository,
+    the upstream copies and the Hugging Face cache. Not the whole repository or user home:
+    libraries scan package metadata there and catch the refusal."""
+    roots = [paths.home(), paths.REPO_ROOT / "results", paths.DATASETS_DIR, paths.SHARED_UPSTREAM,
+             sources.explicit_root(), os.environ.get("HF_HOME") or "~/.cache/huggingface"]
+    return sorted({str(Path(r).expanduser().resolve()) for r in roots if r})
+
+
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,
         cache: Path) -> dict:
     """The child's instructions; ``described`` is the predictor's ``predictor_index`` entry,
@@ -172,7 +183,7 @@ def job(described: dict, params: dict, level: str, budget: int, folder: Path,
             "progress": progress.shown(),
             "sys_path": [p for p in sys.path if p],
             "read": [*readable_code([Path(described["file"]).parent]), str(folder / "in")],
-            "list": listable(),
+            "list": listable(), "watch": watched(),
             "write": [str(folder / "out"), str(cache), "/dev/null"]}
 
 
@@ -334,4 +345,8 @@ def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
         last = traceback.extract_tb(exc.__traceback__)[-1]
         facts["invalid_reasons"].append(
             f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
+    if tried := guard.attempts():
+        facts["invalid_reasons"].append(
+            f"the predictor reached for sealed data ({len(tried)} time(s); first: {tried[0]}); "
+            "a run that tries is INVALID, whether or not it caught the refusal")
     return facts

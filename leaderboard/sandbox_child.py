@@ -3,8 +3,9 @@
 
 Started by ``leaderboard.sandbox`` and ``leaderboard.predictor_index`` only. It confines itself
 before importing anything that starts a thread (Landlock binds the threads created after it),
-then runs the predictor and writes ``out/facts.json``. Requests to the parent go as JSON lines
-over the pipe ``OUT_FD``; answers come back over ``IN_FD``.
+has every open inside the watched folders recorded (``guard.watch_opens``), then runs the
+predictor and writes ``out/facts.json``. Requests to the parent go as JSON lines over the pipe
+``OUT_FD``; answers come back over ``IN_FD``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from leaderboard import landlock
+from leaderboard_core import guard
 
 
 def describe(request: dict, answer_fd: int) -> None:
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> None:
     folder, inbox_fd, outbox_fd = Path(argv[1]), int(argv[2]), int(argv[3])
     job = json.loads((folder / "in" / "job.json").read_text())
     confined = landlock.confine(job["read"], job["write"], job["list"])
+    guard.watch_opens(job["watch"], [*job["read"], *job["write"]])
     sys.path.extend(p for p in job["sys_path"] if p not in sys.path)
     from leaderboard.sandbox import child_run  # noqa: PLC0415 - only once confined
 

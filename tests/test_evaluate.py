@@ -136,6 +136,21 @@ def test_landlock_refuses_the_raw_upstream_files(probes, tmp_path):
     assert any("PermissionError" in r for r in result.metrics["invalid_reasons"])
 
 
+@pytest.mark.parametrize("predictor, attempt", [
+    ("quiet_store", "open the store during the sandboxed fit and predict"),
+    ("quiet_upstream", "open .*perf_model.csv"),
+])
+def test_a_predictor_that_swallows_the_refusal_is_still_invalid(probes, tmp_path, predictor,
+                                                                attempt):
+    """It reads nothing and predicts a constant, but it tried: the attempt is recorded in the
+    child, by the guard or by the audit hook on opens, and the run is INVALID."""
+    params = {"upstream": str(paths.SHARED_UPSTREAM)} if predictor == "quiet_upstream" else {}
+    result = _run(tmp_path, predictor, "h100_splitwise", params=params)
+    assert result.metrics["valid"] is False, result.metrics
+    reasons = [r for r in result.metrics["invalid_reasons"] if "reached for sealed data" in r]
+    assert len(reasons) == 1 and re.search(f"first: {attempt}", reasons[0]), result.metrics
+
+
 def test_the_deploy_reading_is_capped_counted_and_left_out_of_the_score(probes, store_home,
                                                                        tmp_path):
     assert _count(store_home, "h200_vidur") >= 1600  # so the cap is min(16, 1 %) = 16
