@@ -12,6 +12,9 @@ from leaderboard import predictor_index
 from leaderboard_core import paths
 from leaderboard_core.naming import suggestion
 
+# ``${repo_root:}`` in conf: the repository root, so relative places are the same from any folder.
+OmegaConf.register_new_resolver("repo_root", lambda: str(paths.REPO_ROOT), replace=True)
+
 # The config groups (conf/<group>/*.yaml): ``group=choice`` picks a node, it is not a key.
 GROUPS = ("predictor", "dataset", "split")
 

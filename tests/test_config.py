@@ -20,6 +20,9 @@ def test_defaults_compose():
     cfg = load_config(with_hydra=True)
     assert cfg.split.test_fraction == 0.3 and cfg.dataset.name
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
+    # Hydra's logs land in the repository's results/, not in the folder the command starts from
+    for kind in ("run", "sweep"):
+        assert cfg.hydra[kind].dir.startswith(str(paths.REPO_ROOT / "results" / "hydra") + "/")
 
 
 @pytest.mark.parametrize("name", registry.names())

@@ -79,3 +79,17 @@ def test_a_run_writes_nothing_outside_its_home(store_home, tmp_path, monkeypatch
     assert result.metrics["valid"], result.metrics["invalid_reasons"]
     assert not list((user / ".cache").iterdir())
     assert list((store_home.home / "predictor-cache").rglob("rf-*.joblib"))
+
+
+def test_the_child_imports_the_suite_from_this_tree_before_any_installed_copy(tmp_path):
+    """A virtual environment installed from another checkout points its site-packages there,
+    which the child may not read: the child's path must name this tree first."""
+    from leaderboard import sandbox  # noqa: PLC0415 - the harness side, as a run uses it
+
+    out = subprocess.run([sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"],
+                         env=sandbox.scratch_env(str(tmp_path)), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=True)
+    entries = [p for p in out.stdout.splitlines() if p]
+    site = [i for i, p in enumerate(entries) if "site-packages" in p]
+    assert str(paths.REPO_ROOT) in entries
+    assert entries.index(str(paths.REPO_ROOT)) < min(site, default=len(entries))
