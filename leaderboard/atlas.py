@@ -104,25 +104,33 @@ def bucket_label(k: int) -> str:
     return str(low) if k == 0 else f"{low}-{2 * low - 1}"
 
 
+def signed_heatmap(ax, values: np.ndarray, notes: dict[tuple[int, int], str],
+                   row_labels: list[str], col_labels: list[str]):
+    """``values`` (a signed error %, NaN where empty) coloured on the fixed scale, each box of
+    ``notes`` annotated with its text; the image, for a colour bar. The step and per-op atlases
+    share it, so their colours read the same."""
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-SIGNED_RANGE,
+                      vmax=SIGNED_RANGE, aspect="auto")
+    ax.set_xticks(range(len(col_labels)), col_labels, rotation=30, ha="right", fontsize=9)
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=9)
+    for (r, c), text in notes.items():
+        dark = abs(values[r, c]) > 0.6 * SIGNED_RANGE
+        ax.text(c, r, text, ha="center", va="center", fontsize=8,
+                color="white" if dark else "black", linespacing=0.95)
+    return image
+
+
 def _heatmap(ax, table: pl.DataFrame, row_key: str, col_key: str, rows: list, cols: list,
              row_labels: list[str], col_labels: list[str]):
     """Mean signed APE coloured on the fixed scale, each filled box annotated with value and n."""
     values = np.full((len(rows), len(cols)), np.nan)
-    counts = np.zeros((len(rows), len(cols)), dtype=int)
+    notes = {}
     for rec in table.iter_rows(named=True):
         r, c = rows.index(rec[row_key]), cols.index(rec[col_key])
-        values[r, c], counts[r, c] = rec["mean_signed_pct"], rec["n"]
-    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-SIGNED_RANGE,
-                      vmax=SIGNED_RANGE, aspect="auto")
-    ax.set_xticks(range(len(cols)), col_labels, rotation=30, ha="right", fontsize=9)
-    ax.set_yticks(range(len(rows)), row_labels, fontsize=9)
-    for (r, c), n in np.ndenumerate(counts):
-        if n:
-            dark = abs(values[r, c]) > 0.6 * SIGNED_RANGE
-            ax.text(c, r, f"{values[r, c]:+.0f}\nn={n}", ha="center", va="center", fontsize=8,
-                    color="white" if dark else "black", linespacing=0.95)
-    return image
+        values[r, c] = rec["mean_signed_pct"]
+        notes[r, c] = f"{values[r, c]:+.0f}\nn={rec['n']}"
+    return signed_heatmap(ax, values, notes, row_labels, col_labels)
 
 
 def draw(title: str, cells: pl.DataFrame, families: pl.DataFrame, groups: list[str],

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from leaderboard.atlas import SIGNED_RANGE  # noqa: E402
+from leaderboard.atlas import signed_heatmap  # noqa: E402
 from leaderboard.catalog import StoreCatalog  # noqa: E402
 from leaderboard_core.contract import BY_OP_PREFIX  # noqa: E402
 from leaderboard_core.report_tables import table as markdown_table  # noqa: E402
@@ -82,14 +82,7 @@ def draw(tbl: pl.DataFrame, predictor: str, path: Path) -> Path:
         notes[i, j] = f"{values[i, j]:+.0f}\n{r['mape']:.0f}"
     fig, ax = plt.subplots(figsize=(1.3 * len(datasets) + 3, 0.55 * len(ops) + 1.8), dpi=72,
                            layout="constrained")
-    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-SIGNED_RANGE,
-                      vmax=SIGNED_RANGE, aspect="auto")
-    ax.set_xticks(range(len(datasets)), datasets, rotation=30, ha="right", fontsize=9)
-    ax.set_yticks(range(len(ops)), ops, fontsize=9)
-    for (i, j), text in notes.items():
-        ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=0.95,
-                color="white" if abs(values[i, j]) > 0.6 * SIGNED_RANGE else "black")
+    image = signed_heatmap(ax, values, notes, ops, datasets)
     ax.set_title(f"Per-op error: {predictor} (median predicted / measured - 1, %; below: MAPE %)",
                  fontsize=10)
     fig.colorbar(image, ax=ax, shrink=0.8, label="median signed error %")
