@@ -96,7 +96,7 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
-        supplier)
+        supplier, inputs.data_roots)
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
     if pred is None:
@@ -119,7 +119,7 @@ def _simulate(described: dict, params: dict, inputs: RunInputs) -> tuple[pl.Data
     refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
     pred, _, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
-        "serving", 0, refuse_all)
+        "serving", 0, refuse_all, inputs.data_roots)
     if facts.get("not_supported"):
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0
@@ -142,6 +142,7 @@ class RunInputs:
     home_rows: list[dict] = field(default_factory=list)  # every home, the first one included
     home_points: str = "behind_cells"  # what the home's op points are (``homes.points_of``)
     serving: bool = False  # a serving dataset: targets are TTFT/TPOT of replayed loads
+    data_roots: tuple[str, ...] = ()  # where this run's measurements come from or go
 
     @property
     def level(self) -> str:
@@ -179,7 +180,15 @@ def load_inputs(spec: RunSpec) -> RunInputs:
         lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
     return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
                      "split_by_point" if op_level else homes.points_of(spec.home_points, home_rows,
-                                                                        rows), serving)
+                                                                        rows), serving,
+                     _data_roots(spec))
+
+
+def _data_roots(spec: RunSpec) -> tuple[str, ...]:
+    """The run's own places of measurements: its sources root, runs folder and a hub export
+    that is a local folder (the sandbox records a predictor's opens there)."""
+    roots = [spec.sources_root, spec.runs_dir, spec.hub_repo]
+    return tuple(str(r) for r in roots if r and Path(r).expanduser().is_dir())
 
 
 def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import sources
+from leaderboard import landlock, sources
 from leaderboard.readings import ReadingRefused
 from leaderboard.serving.scoring import simulate
 from leaderboard_core import guard, paths, progress
@@ -164,32 +164,39 @@ def listable() -> list[str]:
     return [str(paths.REPO_ROOT)]
 
 
-def watched() -> list[str]:
+def watched(data_roots=()) -> list[str]:
     """Where measurements lie, so where the child's opens are recorded (``guard``): the suite's
     home (store, downloaded sources, other runs' folders), the runs and pins in the repository,
-    the upstream copies and the Hugging Face cache. Not the whole repository or user home:
-    libraries scan package metadata there and catch the refusal."""
+    the upstream copies, the Hugging Face caches, and the run's own ``data_roots`` (its sources
+    root, runs folder, hub export)."""
+    hf = [os.environ.get(k) for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")]
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
     roots = [paths.home(), paths.REPO_ROOT / "results", paths.DATASETS_DIR, paths.SHARED_UPSTREAM,
-             sources.explicit_root(), os.environ.get("HF_HOME") or "~/.cache/huggingface"]
+             sources.explicit_root(), *hf, f"{cache}/huggingface", *data_roots]
     return sorted({str(Path(r).expanduser().resolve()) for r in roots if r})
 
 
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,
-        cache: Path) -> dict:
+        cache: Path, data_roots=()) -> dict:
     """The child's instructions; ``described`` is the predictor's ``predictor_index`` entry,
-    whose own module folder the child may read."""
+    whose own module folder the child may read. Where its opens are recorded: ``watch``, less
+    the folders it may read or write, less the repository (``quiet``: libraries scan package
+    metadata there); and no ``sys.path`` entry inside a watched folder, which a metadata scan
+    would open."""
+    read = [*readable_code([Path(described["file"]).parent]), str(folder / "in")]
+    write = [str(folder / "out"), str(cache), "/dev/null"]
+    watch, quiet = watched(data_roots), [str(paths.REPO_ROOT)]
+    roots = guard.watch_roots(watch, [*read, *write], quiet)
     return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
             "params": params, "level": level, "budget": budget,
             "progress": progress.shown(),
-            "sys_path": [p for p in sys.path if p],
-            "read": [*readable_code([Path(described["file"]).parent]), str(folder / "in")],
-            "list": listable(), "watch": watched(),
-            "write": [str(folder / "out"), str(cache), "/dev/null"]}
+            "sys_path": [p for p in sys.path if p and not guard.recorded(p, roots)],
+            "read": read, "list": listable(), "write": write, "watch": watch, "quiet": quiet}
 
 
 def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
-                    level: str, budget: int, supply: Callable[[ReadingRequest], Reading]
-                    ) -> tuple[np.ndarray | None, list[str], dict]:
+                    level: str, budget: int, supply: Callable[[ReadingRequest], Reading],
+                    data_roots=()) -> tuple[np.ndarray | None, list[str], dict]:
     """The child's predictions (None if it failed), the cells its reading took out of the score,
     and the facts it measured (fit seconds, predict seconds, sandbox, INVALID reasons, and the
     per-op split ``by_op`` of the predictions where the predictor offers one)."""
@@ -199,7 +206,7 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
         (folder / "in" / "gpu.json").write_text(json.dumps(_gpu_json(gpu), default=str))
         cache = predictor_cache(described["name"], params, folder / "in" / "home")
         (folder / "in" / "job.json").write_text(json.dumps(
-            job(described, params, level, budget, folder, cache), default=str))
+            job(described, params, level, budget, folder, cache, data_roots), default=str))
         unscored, reasons = _talk(folder, cache, supply)
         facts_file = folder / "out" / "facts.json"
         if not facts_file.is_file():
@@ -207,6 +214,8 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
                 "the predictor's process died before writing its results"]}
         facts = json.loads(facts_file.read_text())
         facts["invalid_reasons"][:0] = reasons
+        if not landlock.abi_version():  # the child says how it ran; it cannot have had Landlock
+            facts["sandbox"] = "process"
         pred_file = folder / "out" / "pred.npy"
         pred = np.load(pred_file, allow_pickle=False) if pred_file.is_file() else None
         by_op_file = folder / "out" / "by_op.npy"
@@ -345,8 +354,12 @@ def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
         last = traceback.extract_tb(exc.__traceback__)[-1]
         facts["invalid_reasons"].append(
             f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
-    if tried := guard.attempts():
-        facts["invalid_reasons"].append(
-            f"the predictor reached for sealed data ({len(tried)} time(s); first: {tried[0]}); "
-            "a run that tries is INVALID, whether or not it caught the refusal")
     return facts
+
+
+def attempt_reasons() -> list[str]:
+    """The INVALID reason for what this child tried and the seal refused or watched."""
+    tried = guard.attempts()
+    return [f"the predictor reached for sealed data ({len(tried)} attempt(s); first: "
+            f"{tried[0]}); a run that tries is INVALID, whether or not it caught the refusal"
+            ] if tried else []

@@ -43,9 +43,10 @@ def main(argv: list[str]) -> None:
     folder, inbox_fd, outbox_fd = Path(argv[1]), int(argv[2]), int(argv[3])
     job = json.loads((folder / "in" / "job.json").read_text())
     confined = landlock.confine(job["read"], job["write"], job["list"])
-    guard.watch_opens(job["watch"], [*job["read"], *job["write"]])
+    guard.watch_opens(guard.watch_roots(job["watch"], [*job["read"], *job["write"]],
+                                        job["quiet"]))
     sys.path.extend(p for p in job["sys_path"] if p not in sys.path)
-    from leaderboard.sandbox import child_run  # noqa: PLC0415 - only once confined
+    from leaderboard.sandbox import attempt_reasons, child_run  # noqa: PLC0415 - once confined
 
     with open(inbox_fd) as inbox, open(outbox_fd, "w") as outbox:
         def ask(request: dict) -> dict:
@@ -54,6 +55,7 @@ def main(argv: list[str]) -> None:
             return json.loads(inbox.readline())
 
         facts = child_run(job, folder, ask)
+    facts["invalid_reasons"].extend(attempt_reasons())  # every level, serving included
     facts["sandbox"] = "landlock" if confined else "process"
     (folder / "out" / "facts.json").write_text(json.dumps(facts))
 

@@ -8,9 +8,10 @@ benchmarks).
 
 A predictor could catch the refusal and go on. So every refusal is also recorded
 (``attempts``), and in the child ``watch_opens`` records each file it opens, or tries to,
-inside the watched folders (the suite's home, the sources, the runs) and outside those
-it may read: the harness marks a run that tried INVALID, whether or not it caught the error,
-and whether the kernel or this guard refused it.
+inside the folders where measurements lie: the harness marks a run that tried INVALID, whether
+or not it caught the error. The record lives in the predictor's own process, so it catches a
+predictor that tries and swallows the refusal, not code written against the harness itself;
+what keeps the data out is the refusal (Landlock, and this guard).
 """
 
 from __future__ import annotations
@@ -53,26 +54,40 @@ def check(action: str) -> None:
 
 
 def attempts() -> list[str]:
-    """What this process tried and the seal refused or watched, in order."""
-    return list(_attempts)
+    """What this process tried and the seal refused or watched, each once, in order."""
+    return list(dict.fromkeys(_attempts))
 
 
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def watch_opens(watched: list[str], allowed: list[str]) -> None:
-    """Record, for good, every file this process opens or tries to open inside ``watched`` and
-    outside ``allowed`` (an audit hook: Python code cannot remove it). Paths are compared
-    resolved, so a link elsewhere that points into a watched folder counts."""
-    watched_roots = tuple(os.path.realpath(p) for p in watched)
-    allowed_roots = tuple(os.path.realpath(p) for p in allowed)
+def watch_roots(watched: list[str], allowed: list[str], quiet: list[str] = ()
+                ) -> list[tuple[str, bool]]:
+    """(resolved folder, recorded?) innermost first: a ``watched`` folder records the files
+    opened in it, an ``allowed`` one (what the process may read or write) or a ``quiet`` one
+    (where libraries scan package metadata) does not."""
+    roots = ([(os.path.realpath(p), True) for p in watched]
+             + [(os.path.realpath(p), False) for p in [*allowed, *quiet]])
+    return sorted(roots, key=lambda root: len(root[0]), reverse=True)
+
+
+def recorded(path: str | bytes | os.PathLike, roots: list[tuple[str, bool]]) -> bool:
+    """Whether the innermost of ``roots`` holding ``path`` (resolved, so a link into a watched
+    folder counts) is a watched one."""
+    path = os.path.realpath(os.fsdecode(path))
+    return next((is_watched for root, is_watched in roots if _inside(path, root)), False)
+
+
+def watch_opens(roots: list[tuple[str, bool]]) -> None:
+    """Record, for good, every file this process opens or tries to open through Python's I/O
+    (``open``, ``io.open_code``, ``os.open`` and what calls them) where ``roots``
+    (``watch_roots``) say so. Files that native code opens (polars, pyarrow, DuckDB, another
+    process) are not seen."""
 
     def hook(event: str, args: tuple) -> None:
-        if event != "open" or not isinstance(args[0], (str, bytes, os.PathLike)):
-            return
-        path = os.path.realpath(os.fsdecode(args[0]))
-        if _inside(path, watched_roots) and not _inside(path, allowed_roots):
-            _attempts.append(f"open {path}")
+        if (event == "open" and isinstance(args[0], (str, bytes, os.PathLike))
+                and recorded(args[0], roots)):
+            _attempts.append(f"open {os.path.realpath(os.fsdecode(args[0]))}")
 
     sys.addaudithook(hook)

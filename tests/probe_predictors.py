@@ -257,6 +257,17 @@ class QuietUpstream(RawUpstream):
         return np.full(len(cells), 1.0)
 
 
+class ScansMetadata(Spy):
+    """Honest, but asks for every installed distribution's entry points, as plugin-loading
+    libraries do on import (each folder of sys.path is scanned)."""
+
+    def predict(self, cells, gpu):
+        import importlib.metadata  # noqa: PLC0415 - the scan is the point
+
+        importlib.metadata.entry_points()
+        return np.full(len(cells), 1.0)
+
+
 class TwoMsSteps(Predictor):
     """Every step takes 2 ms: a serving replay's TTFT/TPOT can then be worked out by hand."""
 
@@ -269,4 +280,4 @@ class TwoMsSteps(Predictor):
 CHEATS = {"env_store": EnvStore, "home_store": HomeStore, "thread_store": ThreadStore,
           "constructor_store": ConstructorStore, "stack_frame": StackFrame,
           "gc_objects": GcObjects, "raw_upstream": RawUpstream, "quiet_store": QuietStore,
-          "quiet_upstream": QuietUpstream}
+          "quiet_upstream": QuietUpstream, "scans_metadata": ScansMetadata}

@@ -136,19 +136,30 @@ def test_landlock_refuses_the_raw_upstream_files(probes, tmp_path):
     assert any("PermissionError" in r for r in result.metrics["invalid_reasons"])
 
 
-@pytest.mark.parametrize("predictor, attempt", [
-    ("quiet_store", "open the store during the sandboxed fit and predict"),
-    ("quiet_upstream", "open .*perf_model.csv"),
+@pytest.mark.parametrize("predictor, dataset, attempt", [
+    ("quiet_store", "h100_splitwise", "open the store during the sandboxed fit and predict"),
+    ("quiet_upstream", "h100_splitwise", "open .*perf_model.csv"),
+    ("quiet_store", "h100_silicon", "open the store during"),  # serving: a replay, no predict
 ])
 def test_a_predictor_that_swallows_the_refusal_is_still_invalid(probes, tmp_path, predictor,
-                                                                attempt):
+                                                                dataset, attempt):
     """It reads nothing and predicts a constant, but it tried: the attempt is recorded in the
     child, by the guard or by the audit hook on opens, and the run is INVALID."""
     params = {"upstream": str(paths.SHARED_UPSTREAM)} if predictor == "quiet_upstream" else {}
-    result = _run(tmp_path, predictor, "h100_splitwise", params=params)
+    result = _run(tmp_path, predictor, dataset, params=params)
     assert result.metrics["valid"] is False, result.metrics
     reasons = [r for r in result.metrics["invalid_reasons"] if "reached for sealed data" in r]
-    assert len(reasons) == 1 and re.search(f"first: {attempt}", reasons[0]), result.metrics
+    assert len(reasons) == 1 and re.search(f"1 attempt.*first: {attempt}", reasons[0]), reasons
+
+
+def test_a_library_scanning_a_watched_working_folder_is_not_an_attempt(probes, tmp_path,
+                                                                      monkeypatch):
+    """A run started from inside a watched folder (here the suite's home) must not hand that
+    folder to the child's import path, where a package-metadata scan would open it."""
+    monkeypatch.chdir(probes.home)
+    monkeypatch.syspath_prepend(str(probes.home))
+    result = _run(tmp_path, "scans_metadata", "h100_splitwise")
+    assert result.metrics["valid"], result.metrics["invalid_reasons"]
 
 
 def test_the_deploy_reading_is_capped_counted_and_left_out_of_the_score(probes, store_home,

@@ -3,16 +3,18 @@ GPU specs, leftovers of dead processes, writes outside LEADERBOARD_HOME."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from leaderboard import debris
 from leaderboard.evaluate import RunSpec, run
-from leaderboard_core import paths
+from leaderboard_core import guard, paths
 from leaderboard_core.specs import SpecError, load_gpu_specs
 from predictors import registry
 
@@ -83,13 +85,33 @@ def test_a_run_writes_nothing_outside_its_home(store_home, tmp_path, monkeypatch
 
 def test_the_child_imports_the_suite_from_this_tree_before_any_installed_copy(tmp_path):
     """A virtual environment installed from another checkout points its site-packages there,
-    which the child may not read: the child's path must name this tree first."""
+    which the child may not read: the child's path must name this tree before them, and the
+    suite it imports must be this one."""
     from leaderboard import sandbox  # noqa: PLC0415 - the harness side, as a run uses it
 
-    out = subprocess.run([sys.executable, "-c", "import sys; print('\\n'.join(sys.path))"],
-                         env=sandbox.scratch_env(str(tmp_path)), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60, check=True)
-    entries = [p for p in out.stdout.splitlines() if p]
-    site = [i for i, p in enumerate(entries) if "site-packages" in p]
-    assert str(paths.REPO_ROOT) in entries
+    probe = ("import json, sys, sysconfig, leaderboard; print(leaderboard.__file__); "
+             "print(json.dumps([sysconfig.get_path('purelib'), sysconfig.get_path('platlib')]));"
+             "print('\\n'.join(sys.path))")
+    out = subprocess.run([sys.executable, "-c", probe], env=sandbox.scratch_env(str(tmp_path)),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    module, installed, *entries = out.stdout.splitlines()
+    assert Path(module).resolve().parent == paths.REPO_ROOT / "leaderboard"
+    site = [entries.index(p) for p in json.loads(installed) if p in entries]
     assert entries.index(str(paths.REPO_ROOT)) < min(site, default=len(entries))
+
+
+def test_the_innermost_folder_decides_what_an_open_records(tmp_path):
+    """The child records opens in watched folders, not in those it may use (allowed) or where
+    libraries scan metadata (quiet), however they nest; a link counts where it points."""
+    data, repo, cache = tmp_path / "data", tmp_path / "data" / "repo", tmp_path / "data" / "cache"
+    for folder in (repo / "results", cache):
+        folder.mkdir(parents=True)
+    (data / "store.duckdb").write_text("")
+    (tmp_path / "link").symlink_to(data / "store.duckdb")
+    roots = guard.watch_roots([str(data), str(repo / "results")], [str(cache)], [str(repo)])
+    assert guard.recorded(data / "store.duckdb", roots)
+    assert guard.recorded(tmp_path / "link", roots)
+    assert guard.recorded(repo / "results" / "runs" / "x" / "predictions.parquet", roots)
+    assert not guard.recorded(repo / "pkg.egg-info" / "entry_points.txt", roots)
+    assert not guard.recorded(cache / "fit.pkl", roots)
+    assert not guard.recorded(tmp_path / "elsewhere.txt", roots)
