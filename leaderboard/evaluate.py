@@ -185,10 +185,11 @@ def load_inputs(spec: RunSpec) -> RunInputs:
 
 
 def _data_roots(spec: RunSpec) -> tuple[str, ...]:
-    """The run's own places of measurements: its sources root, runs folder and a hub export
-    that is a local folder (the sandbox records a predictor's opens there)."""
-    roots = [spec.sources_root, spec.runs_dir, spec.hub_repo]
-    return tuple(str(r) for r in roots if r and Path(r).expanduser().is_dir())
+    """The run's own places of measurements, where the sandbox records a predictor's opens:
+    its sources root, its runs folder (made later by the first run that finishes) and a hub
+    export that is a local folder (else ``hub_repo`` is a repository id)."""
+    local_hub = spec.hub_repo if spec.hub_repo and Path(spec.hub_repo).expanduser().is_dir() else None
+    return tuple(str(r) for r in (spec.sources_root, spec.runs_dir, local_hub) if r)
 
 
 def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,

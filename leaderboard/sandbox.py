@@ -169,11 +169,13 @@ def watched(data_roots=()) -> list[str]:
     home (store, downloaded sources, other runs' folders), the runs and pins in the repository,
     the upstream copies, the Hugging Face caches, and the run's own ``data_roots`` (its sources
     root, runs folder, hub export)."""
-    hf = [os.environ.get(k) for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE")]
+    hf = [os.environ.get(k) for k in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
+                                      "HF_DATASETS_CACHE", "TRANSFORMERS_CACHE")]
     cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
     roots = [paths.home(), paths.REPO_ROOT / "results", paths.DATASETS_DIR, paths.SHARED_UPSTREAM,
              sources.explicit_root(), *hf, f"{cache}/huggingface", *data_roots]
-    return sorted({str(Path(r).expanduser().resolve()) for r in roots if r})
+    return sorted({str(Path(os.path.expandvars(str(r))).expanduser().resolve())
+                   for r in roots if r})
 
 
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,

@@ -69,7 +69,9 @@ def watch_roots(watched: list[str], allowed: list[str], quiet: list[str] = ()
     (where libraries scan package metadata) does not."""
     roots = ([(os.path.realpath(p), True) for p in watched]
              + [(os.path.realpath(p), False) for p in [*allowed, *quiet]])
-    return sorted(roots, key=lambda root: len(root[0]), reverse=True)
+    # innermost first; a folder both watched and allowed (LEADERBOARD_HOME set to the
+    # repository) is allowed: the child may use it, so using it is no attempt
+    return sorted(roots, key=lambda root: (len(root[0]), not root[1]), reverse=True)
 
 
 def recorded(path: str | bytes | os.PathLike, roots: list[tuple[str, bool]]) -> bool:

@@ -11,7 +11,7 @@ import polars as pl
 import probe_predictors
 import pytest
 
-from leaderboard import landlock, sandbox
+from leaderboard import evaluate, landlock, sandbox
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
 from leaderboard_core import paths
@@ -149,17 +149,31 @@ def test_a_predictor_that_swallows_the_refusal_is_still_invalid(probes, tmp_path
     result = _run(tmp_path, predictor, dataset, params=params)
     assert result.metrics["valid"] is False, result.metrics
     reasons = [r for r in result.metrics["invalid_reasons"] if "reached for sealed data" in r]
-    assert len(reasons) == 1 and re.search(f"1 attempt.*first: {attempt}", reasons[0]), reasons
+    assert len(reasons) == 1 and re.search(fr"\(1 attempt\(s\); first: {attempt}", reasons[0]), reasons
 
 
 def test_a_library_scanning_a_watched_working_folder_is_not_an_attempt(probes, tmp_path,
                                                                       monkeypatch):
     """A run started from inside a watched folder (here the suite's home) must not hand that
-    folder to the child's import path, where a package-metadata scan would open it."""
+    folder to the child's import path, where a package-metadata scan would open it (under
+    Landlock, which refuses the listing, importlib.metadata opens the folder itself)."""
     monkeypatch.chdir(probes.home)
     monkeypatch.syspath_prepend(str(probes.home))
+    folder = tmp_path / "job"
+    job = sandbox.job({"module": "m", "qualname": "q", "name": "n", "file": __file__}, {},
+                      "step", 0, folder, tmp_path / "cache")
+    assert str(probes.home) not in job["sys_path"] and str(probes.home) in job["watch"]
     result = _run(tmp_path, "scans_metadata", "h100_splitwise")
     assert result.metrics["valid"], result.metrics["invalid_reasons"]
+
+
+def test_the_runs_own_places_are_watched_even_before_they_exist(tmp_path):
+    spec = RunSpec("ours", "h100_vidur", {}, runs_dir=tmp_path / "new_runs",
+                   sources_root=str(tmp_path / "up"), hub_repo="someone/some-export")
+    assert evaluate._data_roots(spec) == (str(tmp_path / "up"), str(tmp_path / "new_runs"))
+    (tmp_path / "export").mkdir()
+    spec.hub_repo = str(tmp_path / "export")
+    assert str(tmp_path / "export") in evaluate._data_roots(spec)
 
 
 def test_the_deploy_reading_is_capped_counted_and_left_out_of_the_score(probes, store_home,

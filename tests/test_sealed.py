@@ -115,3 +115,8 @@ def test_the_innermost_folder_decides_what_an_open_records(tmp_path):
     assert not guard.recorded(repo / "pkg.egg-info" / "entry_points.txt", roots)
     assert not guard.recorded(cache / "fit.pkl", roots)
     assert not guard.recorded(tmp_path / "elsewhere.txt", roots)
+    # a folder both watched and allowed (LEADERBOARD_HOME set to a folder the child reads) is
+    # allowed, whichever list names it first
+    for tie in (guard.watch_roots([str(repo)], [], [str(repo)]),
+                guard.watch_roots([str(repo)], [str(repo)])):
+        assert not guard.recorded(repo / "pkg.egg-info" / "PKG-INFO", tie)
