@@ -65,9 +65,9 @@ def check_params(name: str, fields) -> None:
 def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     # A scratch folder of its own, not under the suite's home: describing writes nothing there.
     with tempfile.TemporaryDirectory(prefix="leaderboard-describe-") as scratch:
-        request = {"folders": list(folders), "write": [scratch, "/dev/null"],
-                   "read": sandbox.readable_code(folders), "list": sandbox.listable(),
-                   "sys_path": [p for p in sys.path if p]}
+        read, write = sandbox.readable_code(folders), [scratch, "/dev/null"]
+        request = {"folders": list(folders), "write": write, "read": read,
+                   "list": sandbox.listable(), **sandbox.seal_request(read, write)}
         answer_r, answer_w = os.pipe()
         command = [sys.executable, "-m", "leaderboard.sandbox_child", "--describe",
                    json.dumps(request), str(answer_w)]

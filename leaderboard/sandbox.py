@@ -178,22 +178,27 @@ def watched(data_roots=()) -> list[str]:
                    for r in roots if r})
 
 
+def seal_request(read: list[str], write: list[str], data_roots=()) -> dict:
+    """What a child needs to record its opens (``guard.watch_opens``): ``watch``, less the
+    folders it may read or write, less the repository (``quiet``: libraries scan package
+    metadata there); and its ``sys.path``, without any entry inside a watched folder, which a
+    metadata scan would open."""
+    watch, quiet = watched(data_roots), [str(paths.REPO_ROOT)]
+    roots = guard.watch_roots(watch, [*read, *write], quiet)
+    return {"watch": watch, "quiet": quiet,
+            "sys_path": [p for p in sys.path if p and not guard.recorded(p, roots)]}
+
+
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,
         cache: Path, data_roots=()) -> dict:
     """The child's instructions; ``described`` is the predictor's ``predictor_index`` entry,
-    whose own module folder the child may read. Where its opens are recorded: ``watch``, less
-    the folders it may read or write, less the repository (``quiet``: libraries scan package
-    metadata there); and no ``sys.path`` entry inside a watched folder, which a metadata scan
-    would open."""
+    whose own module folder the child may read."""
     read = [*readable_code([Path(described["file"]).parent]), str(folder / "in")]
     write = [str(folder / "out"), str(cache), "/dev/null"]
-    watch, quiet = watched(data_roots), [str(paths.REPO_ROOT)]
-    roots = guard.watch_roots(watch, [*read, *write], quiet)
     return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
             "params": params, "level": level, "budget": budget,
-            "progress": progress.shown(),
-            "sys_path": [p for p in sys.path if p and not guard.recorded(p, roots)],
-            "read": read, "list": listable(), "write": write, "watch": watch, "quiet": quiet}
+            "progress": progress.shown(), "read": read, "list": listable(), "write": write,
+            **seal_request(read, write, data_roots)}
 
 
 def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,

@@ -18,10 +18,19 @@ from leaderboard import landlock
 from leaderboard_core import guard
 
 
+def _watch(request: dict) -> None:
+    guard.watch_opens(guard.watch_roots(request["watch"], [*request["read"], *request["write"]],
+                                        request["quiet"]))
+
+
 def describe(request: dict, answer_fd: int) -> None:
-    """Register every predictor (those of ``request["folders"]`` too) once confined, and write
-    their descriptions, or the error that stopped it, as one JSON object to ``answer_fd``."""
+    """Register every predictor (those of ``request["folders"]`` too) once confined, sealed and
+    watched as a run's child is, and write their descriptions, or the error that stopped it (a
+    module that reached for sealed data when imported among them), as one JSON object to
+    ``answer_fd``."""
     landlock.confine(request["read"], request["write"], request["list"])
+    guard.seal_process("the import of the predictor modules")
+    _watch(request)
     sys.path.extend(p for p in request["sys_path"] if p not in sys.path)
     from predictors import registry  # noqa: PLC0415 - only once confined
 
@@ -32,6 +41,9 @@ def describe(request: dict, answer_fd: int) -> None:
                                  for name in registry.names()}}
     except Exception as exc:  # noqa: BLE001 - a broken predictor module, told to the parent
         answer = {"error": f"registering the predictors failed: {type(exc).__name__}: {exc}"}
+    if tried := guard.attempts():
+        answer = {"error": f"a predictor module reached for sealed data when imported (first: "
+                           f"{tried[0]}); no predictor runs until that code is removed"}
     with open(answer_fd, "w") as out:
         out.write(json.dumps(answer, default=str))
 
@@ -43,8 +55,7 @@ def main(argv: list[str]) -> None:
     folder, inbox_fd, outbox_fd = Path(argv[1]), int(argv[2]), int(argv[3])
     job = json.loads((folder / "in" / "job.json").read_text())
     confined = landlock.confine(job["read"], job["write"], job["list"])
-    guard.watch_opens(guard.watch_roots(job["watch"], [*job["read"], *job["write"]],
-                                        job["quiet"]))
+    _watch(job)
     sys.path.extend(p for p in job["sys_path"] if p not in sys.path)
     from leaderboard.sandbox import attempt_reasons, child_run  # noqa: PLC0415 - once confined
 

@@ -69,3 +69,21 @@ def test_a_missing_predictors_path_names_the_folder(tmp_path):
                           f"predictors_path={tmp_path / 'nowhere'}"], capture_output=True,
                          text=True, cwd=paths.REPO_ROOT, timeout=120)
     assert out.returncode == 2 and "nowhere is not a directory" in out.stderr
+
+
+def test_a_module_that_reaches_for_the_store_when_imported_stops_every_run(store_home,
+                                                                             tmp_path):
+    """Importing a module runs it, in the child that describes the predictors (whose defaults
+    then reach every run): it is sealed and watched as a run's child, so a module that tries the
+    store and swallows the refusal is named, and nothing runs."""
+    from leaderboard import predictor_index  # noqa: PLC0415 - the harness side of describing
+
+    folder = tmp_path / "sly"
+    folder.mkdir()
+    store = store_home.home / "store" / "leaderboard.duckdb"
+    (folder / "sly.py").write_text(OUTSIDE.replace("toy_outside", "sly").replace(
+        "MARKER_PATH", str(store)).replace('"a"', '"rb"').replace(
+        "marker.write(f\"{os.getpid()}\\n\")", "marker.read(16)"))
+    with pytest.raises(ValueError, match=f"reached for sealed data when imported .*first: open "
+                                         f"{store}"):
+        predictor_index._described((str(folder),))
