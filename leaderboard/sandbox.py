@@ -29,6 +29,16 @@ import polars as pl
 
 from leaderboard import landlock, sources
 from leaderboard.readings import ReadingRefused
+from leaderboard.sandbox_bundle import (
+    gpu_json,
+    gpu_of,
+    read_frame,
+    read_home,
+    read_reading,
+    write_frame,
+    write_home,
+    write_reading,
+)
 from leaderboard.serving.scoring import simulate
 from leaderboard_core import guard, paths, progress
 from leaderboard_core.contract import Home, NotSupported, Reading, ReadingRequest
@@ -63,55 +73,6 @@ def _files_digest(folder: Path, digest=None) -> str:
         digest.update(file.relative_to(folder).as_posix().encode())
         digest.update(file.read_bytes())
     return digest.hexdigest()
-
-
-# ----------------------------------------------------------------------------- the bundle
-
-
-def write_frame(frame: pl.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.write_ipc(path)
-
-
-def read_frame(path: Path) -> pl.DataFrame:
-    return pl.read_ipc(path)
-
-
-def _gpu_json(gpu: GpuSpec) -> dict:
-    return {"sku": gpu.sku, "data": gpu.data, "path": str(gpu.path)}
-
-
-def _gpu_of(data: dict) -> GpuSpec:
-    return GpuSpec(data["sku"], data["data"], Path(data["path"]))
-
-
-def write_home(home: Home, folder: Path) -> None:
-    write_frame(home.cells, folder / "cells.arrow")
-    write_frame(home.published, folder / "published.arrow")
-    for op, frame in home.ops.items():
-        write_frame(frame, folder / "ops" / f"{op}.arrow")
-    (folder / "home.json").write_text(json.dumps(
-        {"sku": home.sku, "dataset": home.dataset, "gpu": _gpu_json(home.gpu),
-         "gpus": {sku: _gpu_json(gpu) for sku, gpu in home.gpus.items()},
-         "models": home.models, "ops": list(home.ops)}, default=str))
-
-
-def read_home(folder: Path) -> Home:
-    meta = json.loads((folder / "home.json").read_text())
-    return Home(sku=meta["sku"], gpu=_gpu_of(meta["gpu"]), dataset=meta["dataset"],
-                cells=read_frame(folder / "cells.arrow"),
-                ops={op: read_frame(folder / "ops" / f"{op}.arrow") for op in meta["ops"]},
-                models=meta["models"], published=read_frame(folder / "published.arrow"),
-                gpus={sku: _gpu_of(gpu) for sku, gpu in meta["gpus"].items()})
-
-
-def write_reading(reading: Reading, folder: Path) -> None:
-    write_home(Home("", GpuSpec("", {}, Path()), "", reading.cells, reading.ops), folder)
-
-
-def read_reading(folder: Path) -> Reading:
-    home = read_home(folder)
-    return Reading(home.cells, home.ops)
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -210,7 +171,7 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
     with job_folder() as folder:
         write_home(home, folder / "in" / "home")
         write_frame(blind, folder / "in" / "blind.arrow")
-        (folder / "in" / "gpu.json").write_text(json.dumps(_gpu_json(gpu), default=str))
+        (folder / "in" / "gpu.json").write_text(json.dumps(gpu_json(gpu), default=str))
         cache = predictor_cache(described["name"], params, folder / "in" / "home")
         (folder / "in" / "job.json").write_text(json.dumps(
             job(described, params, level, budget, folder, cache, data_roots), default=str))
@@ -327,7 +288,7 @@ def child_run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
     try:
         estimator = _resolve(job["predictor"])(**job["params"])
         home, blind = read_home(inputs / "home"), read_frame(inputs / "blind.arrow")
-        gpu = _gpu_of(json.loads((inputs / "gpu.json").read_text()))
+        gpu = gpu_of(json.loads((inputs / "gpu.json").read_text()))
         started = time.perf_counter()
         fitted = estimator.fit(home)
         facts["fit_seconds"] = time.perf_counter() - started

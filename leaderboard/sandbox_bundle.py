@@ -1,0 +1,61 @@
+"""The job folder's files: what the parent hands a sandboxed child and the child reads back.
+
+Frames go as Arrow IPC, the rest as JSON: the home bundle (``write_home``), a deploy reading
+(the same layout), a GPU's datasheet. Both sides of ``leaderboard.sandbox`` use it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from leaderboard_core.contract import Home, Reading
+from leaderboard_core.specs import GpuSpec
+
+
+def write_frame(frame: pl.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.write_ipc(path)
+
+
+def read_frame(path: Path) -> pl.DataFrame:
+    return pl.read_ipc(path)
+
+
+def gpu_json(gpu: GpuSpec) -> dict:
+    return {"sku": gpu.sku, "data": gpu.data, "path": str(gpu.path)}
+
+
+def gpu_of(data: dict) -> GpuSpec:
+    return GpuSpec(data["sku"], data["data"], Path(data["path"]))
+
+
+def write_home(home: Home, folder: Path) -> None:
+    write_frame(home.cells, folder / "cells.arrow")
+    write_frame(home.published, folder / "published.arrow")
+    for op, frame in home.ops.items():
+        write_frame(frame, folder / "ops" / f"{op}.arrow")
+    (folder / "home.json").write_text(json.dumps(
+        {"sku": home.sku, "dataset": home.dataset, "gpu": gpu_json(home.gpu),
+         "gpus": {sku: gpu_json(gpu) for sku, gpu in home.gpus.items()},
+         "models": home.models, "ops": list(home.ops)}, default=str))
+
+
+def read_home(folder: Path) -> Home:
+    meta = json.loads((folder / "home.json").read_text())
+    return Home(sku=meta["sku"], gpu=gpu_of(meta["gpu"]), dataset=meta["dataset"],
+                cells=read_frame(folder / "cells.arrow"),
+                ops={op: read_frame(folder / "ops" / f"{op}.arrow") for op in meta["ops"]},
+                models=meta["models"], published=read_frame(folder / "published.arrow"),
+                gpus={sku: gpu_of(gpu) for sku, gpu in meta["gpus"].items()})
+
+
+def write_reading(reading: Reading, folder: Path) -> None:
+    write_home(Home("", GpuSpec("", {}, Path()), "", reading.cells, reading.ops), folder)
+
+
+def read_reading(folder: Path) -> Reading:
+    home = read_home(folder)
+    return Reading(home.cells, home.ops)
