@@ -245,7 +245,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += main_leaderboard(runs)
     body += report_protocols.two_home_leaderboard(report_protocols.two_home_runs(current, runs))
     body += report_protocols.baseline_strength(runs)
-    body += report_sections.predictor_sections(runs)
+    body += report_sections.predictor_sections(runs) + report_sections.kernel_floors()
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(predictions["dataset"]))), atlas_dir)

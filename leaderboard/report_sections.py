@@ -1,10 +1,11 @@
 """RESULTS.md sections the harness gathers from the predictors: the sections each predictor offers
 of its own (``ours``: its ablation ladder, targets and wall-clock mode), one ``explain`` example
-per predictor that offers one, and the predict-throughput benchmark of every predictor.
+per predictor that offers one, the kernel floors behind ``ours``'s missed targets, and the
+predict-throughput benchmark of every predictor.
 
 Every number is read from the current leaderboard runs, from a live ``explain`` of the committed
-code, or from ``benchmarks/predict_throughput.json`` (written by
-``python benchmarks/predict_throughput.py --json benchmarks/predict_throughput.json``).
+code, or from a benchmark's JSON: ``benchmarks/predict_throughput.json`` and
+``benchmarks/kernel_floors.json`` (each written by its script with ``--json``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from predictors import registry
 from predictors.base import Predictor
 
 THROUGHPUT_JSON = paths.REPO_ROOT / "benchmarks" / "predict_throughput.json"
+FLOORS_JSON = paths.REPO_ROOT / "benchmarks" / "kernel_floors.json"
+FLOOR_COLUMNS = ("attention_us", "ours_attention_us", "allreduce_us", "ours_allreduce_us")
 # The dataset of the report's explain examples: an unseen GPU of the main family.
 EXPLAIN_DATASET = "h200_vidur"
 
@@ -61,10 +64,45 @@ def explain_examples(runs: pl.DataFrame) -> list[str]:
     return lines
 
 
+def _shown(path: Path) -> Path:
+    return path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path
+
+
+def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
+    """Why ``ours`` misses its decode targets: two kernel floors per GPU and vLLM version,
+    measured and as ``ours`` prices them (``benchmarks/kernel_floors.py``)."""
+    title = "## Why ours misses its decode targets: kernel floors by GPU and vLLM version"
+    if not path.exists():
+        return [title, "", f"No benchmark result at `{_shown(path)}` yet.", ""]
+    bench = json.loads(path.read_text())
+    attention, allreduce = bench["attention"], bench["allreduce"]
+    rows = [[r["gpu"], r["vllm"], "yes" if r["in_vidur"] else "",
+             *(fmt(r[k]) for k in FLOOR_COLUMNS)] for r in bench["rows"]]
+    return [title, "",
+            "A decode step is mostly kernels that run near their fixed floor, so how well `ours` "
+            "prices floors decides most of its decode error on a GPU it never saw. "
+            "`python benchmarks/kernel_floors.py --json benchmarks/kernel_floors.json` reads two "
+            "such kernels from the store, on every GPU of the `_vidur` family at every vLLM "
+            "version aiconfigurator measured: decode attention of "
+            f"{attention['batch']} request over {attention['kv_len']} cached tokens "
+            f"({attention['num_heads']} query heads, {attention['num_kv_heads']} KV heads, head "
+            f"size {attention['head_dim']}, bf16), and the TP{allreduce['num_gpus']} all-reduce "
+            f"of {allreduce['message_bytes'] // 1024} KiB under CUDA graphs (vLLM's custom "
+            "all-reduce). Beside each is `ours`'s price of the same kernel, from the datasheet "
+            "and the A100 home's fit; `in _vidur` marks the version a `_vidur` dataset's cells "
+            "come from. `ours` does not see the vLLM version. Where a floor moves between "
+            "versions on one GPU, or between GPUs against their clocks, no datasheet number or "
+            "home fit can follow it, and the targets forbid fitting it on the target: that is "
+            f"where the targets above are missed. Code {bench['code_version']}, {bench['date']}.",
+            "",
+            *table(["GPU", "vLLM", "in _vidur", "decode attention µs", "ours µs",
+                    f"TP{allreduce['num_gpus']} all-reduce µs", "ours µs"], rows, "lllrrrr")]
+
+
 def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
     if not path.exists():
         return ["## Predict throughput benchmark", "",
-                f"No benchmark result at `{path.relative_to(paths.REPO_ROOT)}` yet.", ""]
+                f"No benchmark result at `{_shown(path)}` yet.", ""]
     bench = json.loads(path.read_text())
     rows = [[r["predictor"], r.get("kind", "?"), fmt(r.get("fit_s"), 3), f"{r.get('cells', 0):,}",
              fmt(r.get("cells_per_s"), 0), fmt(r.get("target_cells_per_s"), 0),
