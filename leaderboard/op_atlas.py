@@ -7,6 +7,7 @@ sum of ``latency_ms x count`` of the cell's lineage rows of that op, which is wh
 ground truth sums. Per (predictor, dataset, op): the op's share of the measured step time, the
 median and the 10th/90th percentile of predicted / measured over the cells holding the op, and
 its MAPE. A part with no lineage op of its name (light kernels, a host term) is not placed.
+Per phase, each op's error in units of its step (``by_phase``): which ops carry a phase's error.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from leaderboard_core.contract import BY_OP_PREFIX  # noqa: E402
 from leaderboard_core.report_tables import table as markdown_table  # noqa: E402
 
 KEYS = ("predictor", "dataset", "split")
+PHASES = ("prefill", "decode")  # the phases with targets; mixed cells are composed (design.md)
 
 
 def measured_by_op(datasets: list[str]) -> pl.DataFrame:
@@ -43,30 +45,61 @@ def of_lineage(lineage: pl.DataFrame) -> pl.DataFrame:
         measured_ms=(pl.col("latency_ms") * pl.col("count")).sum())
 
 
+def _paired(predictions: pl.DataFrame, measured: pl.DataFrame, keys: tuple[str, ...]):
+    """(the valid scored rows, one row per (cell, placed op) with its predicted and measured
+    ms beside the cell's ``keys`` and step ``gt_ms``), or None for runs with no per-op parts."""
+    parts = [c for c in predictions.columns if c.startswith(BY_OP_PREFIX)]
+    if not parts:
+        return None
+    valid = pl.col("valid") if "valid" in predictions.columns else pl.lit(True)
+    scored = predictions.filter(pl.col("pred_ms").is_finite() & valid)
+    long = (scored.select(*keys, "cell_id", "gt_ms", *parts)
+            .unpivot(index=[*keys, "cell_id", "gt_ms"], on=parts, variable_name="op",
+                     value_name="pred_ms")
+            .drop_nulls("pred_ms")
+            .with_columns(pl.col("op").str.strip_prefix(BY_OP_PREFIX))
+            .join(measured, on=["dataset", "cell_id", "op"], how="inner"))
+    return scored, long
+
+
 def table(predictions: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
     """Per (predictor, dataset, split, op): n cells, share % of the measured step time, the
     ratio predicted / measured (median, p10, p90) and MAPE %, for runs with per-op parts."""
-    parts = [c for c in predictions.columns if c.startswith(BY_OP_PREFIX)]
-    if not parts:
+    paired = _paired(predictions, measured, KEYS)
+    if paired is None:
         return pl.DataFrame()
-    valid = pl.col("valid") if "valid" in predictions.columns else pl.lit(True)
-    scored = predictions.filter(pl.col("pred_ms").is_finite() & valid)
+    scored, long = paired
     total = scored.group_by(*KEYS).agg(step_ms=pl.col("gt_ms").sum())
-    long = (scored.select(*KEYS, "cell_id", *parts)
-            .unpivot(index=[*KEYS, "cell_id"], on=parts, variable_name="op", value_name="pred_ms")
-            .drop_nulls("pred_ms")
-            .with_columns(pl.col("op").str.strip_prefix(BY_OP_PREFIX))
-            .join(measured, on=["dataset", "cell_id", "op"], how="inner")
-            .with_columns(ratio=pl.col("pred_ms") / pl.col("measured_ms")))
+    ratio = pl.col("pred_ms") / pl.col("measured_ms")
     return (long.group_by(*KEYS, "op")
             .agg(n=pl.len(), op_ms=pl.col("measured_ms").sum(),
-                 ratio_median=pl.col("ratio").median(),
-                 ratio_p10=pl.col("ratio").quantile(0.1, "linear"),
-                 ratio_p90=pl.col("ratio").quantile(0.9, "linear"),
-                 mape=((pl.col("ratio") - 1).abs().mean() * 100))
+                 ratio_median=ratio.median(),
+                 ratio_p10=ratio.quantile(0.1, "linear"),
+                 ratio_p90=ratio.quantile(0.9, "linear"),
+                 mape=((ratio - 1).abs().mean() * 100))
             .join(total, on=list(KEYS))
             .with_columns(share_pct=pl.col("op_ms") / pl.col("step_ms") * 100)
             .drop("op_ms", "step_ms").sort(*KEYS, "op"))
+
+
+def by_phase(predictions: pl.DataFrame, measured: pl.DataFrame) -> pl.DataFrame:
+    """Per (predictor, dataset, split, phase, op): each op's error in units of its step, the
+    scale of the step's MAPE. Over the phase's cells (a cell without the op adds 0): the mean of
+    |predicted - measured| of the op over the step's measured time (``abs_pct``; a step's APE is
+    at most the sum over its ops, plus its unplaced parts) and the same signed (``signed_pct``)."""
+    keys = (*KEYS, "phase")
+    paired = _paired(predictions, measured, keys)
+    if paired is None:
+        return pl.DataFrame()
+    scored, long = paired
+    cells = scored.group_by(*keys).agg(cells=pl.len())
+    error = (pl.col("pred_ms") - pl.col("measured_ms")) / pl.col("gt_ms") * 100
+    return (long.group_by(*keys, "op")
+            .agg(abs_sum=error.abs().sum(), signed_sum=error.sum())
+            .join(cells, on=list(keys))
+            .select(*keys, "op", abs_pct=pl.col("abs_sum") / pl.col("cells"),
+                    signed_pct=pl.col("signed_sum") / pl.col("cells"))
+            .sort(*keys, "op"))
 
 
 def draw(tbl: pl.DataFrame, predictor: str, path: Path) -> Path:
@@ -92,7 +125,20 @@ def draw(tbl: pl.DataFrame, predictor: str, path: Path) -> Path:
     return path
 
 
-def section(mine: pl.DataFrame, family: str, images: dict[str, Path], relative) -> list[str]:
+def _phase_rows(phases: pl.DataFrame, predictor: str, datasets: list[str]) -> list[list[str]]:
+    rows = []
+    for phase in PHASES:
+        mine = phases.filter((pl.col("predictor") == predictor) & (pl.col("phase") == phase))
+        for op in sorted(set(mine["op"])):
+            cells = {r["dataset"]: r for r in mine.filter(pl.col("op") == op).iter_rows(named=True)}
+            rows.append([f"{phase}: {op}", *(
+                f"{cells[d]['abs_pct']:.1f} ({cells[d]['signed_pct']:+.1f})" if d in cells
+                else "—" for d in datasets)])
+    return rows
+
+
+def section(mine: pl.DataFrame, family: str, images: dict[str, Path], relative,
+            phases: pl.DataFrame) -> list[str]:
     """The report's per-op section for ``family``'s datasets (``mine``, the per-op table of
     them): one table per predictor (rows: op; columns: dataset; each entry median ratio and
     MAPE) and its picture."""
@@ -116,6 +162,13 @@ def section(mine: pl.DataFrame, family: str, images: dict[str, Path], relative) 
         lines += [f"### {predictor}", "", *markdown_table(header, body, "l" + "r" * len(datasets))]
         if predictor in images:
             lines += [f"![per-op error of {predictor}]({relative(images[predictor])})", ""]
+        by_phase_rows = _phase_rows(phases, predictor, datasets)
+        if by_phase_rows:
+            lines += [f"Which ops carry {predictor}'s error, by phase: each op's mean |predicted "
+                      "- measured| in % of its step's measured time (signed in brackets); a "
+                      "step's error is at most the sum over its ops.", "",
+                      *markdown_table(["phase: op", *header[1:]], by_phase_rows,
+                                      "l" + "r" * len(datasets))]
     return lines
 
 
@@ -126,16 +179,19 @@ def write(predictions: pl.DataFrame, family: str, atlas_dir: Path, relative) -> 
     if not parts:
         return []
     split = predictions.filter(pl.any_horizontal(pl.col(parts).is_not_null()))
-    tbl = table(split, measured_by_op(sorted(set(split["dataset"]))))
+    measured = measured_by_op(sorted(set(split["dataset"])))
+    tbl, phases = table(split, measured), by_phase(split, measured)
     if tbl.is_empty():
         return []
     atlas_dir.mkdir(parents=True, exist_ok=True)
     tbl.write_parquet(atlas_dir / "op_atlas.parquet")
-    mine = tbl.filter(pl.col("dataset").str.ends_with(f"_{family}"))
+    phases.write_parquet(atlas_dir / "op_by_phase.parquet")
+    in_family = pl.col("dataset").str.ends_with(f"_{family}")
+    mine = tbl.filter(in_family)
     for stale in (atlas_dir / "ops").glob("*.png"):
         stale.unlink()
     images = {p: draw(mine, p, atlas_dir / "ops" / f"{p}.png") for p in sorted(set(mine["predictor"]))}
-    return section(mine, family, images, relative)
+    return section(mine, family, images, relative, phases.filter(in_family))
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

@@ -30,7 +30,16 @@ _FOLDERS: list[str] = []
 
 def include(folder: str | Path) -> None:
     """Add a ``predictors_path`` folder, without importing it here: its modules are registered in
-    the describing child and in every run's child, which inherit this process's ``sys.path``."""
+    the describing child and in every run's child, which inherit this process's ``sys.path``.
+    A folder that holds, or sits in, a folder where measurements lie is refused: the children
+    may read it."""
+    resolved = Path(folder).expanduser().resolve()
+    for data in map(Path, sandbox.watched()):
+        if resolved.is_relative_to(data) or data.is_relative_to(resolved):
+            where = "is inside" if resolved.is_relative_to(data) else "holds"
+            raise ValueError(f"predictors_path={resolved} {where} {data}, where measurements "
+                             "lie; a run's child may read its predictor folder, so put the "
+                             "predictor modules in a folder of their own")
     folder = str(registry.add_to_path(folder))
     if folder not in _FOLDERS:
         _FOLDERS.append(folder)

@@ -68,33 +68,48 @@ def _shown(path: Path) -> Path:
     return path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path
 
 
+def _widest_spread(rows: list[dict], key: str) -> tuple[str, float] | None:
+    """(GPU, (max - min) / min in %) of the GPU whose measured ``key`` moves most between vLLM
+    versions; None if no GPU has it at two versions."""
+    spreads = []
+    for gpu in dict.fromkeys(r["gpu"] for r in rows):
+        values = [r[key] for r in rows if r["gpu"] == gpu and r[key] is not None]
+        if len(values) >= 2:
+            spreads.append((gpu, (max(values) - min(values)) / min(values) * 100))
+    return max(spreads, key=lambda s: s[1], default=None)
+
+
 def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
-    """Why ``ours`` misses its decode targets: two kernel floors per GPU and vLLM version,
-    measured and as ``ours`` prices them (``benchmarks/kernel_floors.py``)."""
-    title = "## Why ours misses its decode targets: kernel floors by GPU and vLLM version"
+    """Two kernel floors per GPU and vLLM version, measured and as ``ours`` prices them
+    (``benchmarks/kernel_floors.py``): part of why ``ours`` misses its decode targets."""
+    title = "## Kernel floors by GPU and vLLM version, and ours's price"
     if not path.exists():
         return [title, "", f"No benchmark result at `{_shown(path)}` yet.", ""]
     bench = json.loads(path.read_text())
-    attention, allreduce = bench["attention"], bench["allreduce"]
+    attention, allreduce, found = bench["attention"], bench["allreduce"], bench["rows"]
     rows = [[r["gpu"], r["vllm"], "yes" if r["in_vidur"] else "",
-             *(fmt(r[k]) for k in FLOOR_COLUMNS)] for r in bench["rows"]]
+             *(fmt(r[k]) for k in FLOOR_COLUMNS)] for r in found]
+    moved = [f"the {kernel} floor moves by up to {spread:.0f} % ({gpu})"
+             for kernel, key in (("decode-attention", "attention_us"),
+                                 ("all-reduce", "allreduce_us"))
+             if (widest := _widest_spread(found, key)) for gpu, spread in [widest]]
     return [title, "",
-            "A decode step is mostly kernels that run near their fixed floor, so how well `ours` "
-            "prices floors decides most of its decode error on a GPU it never saw. "
+            "Many decode kernels run near their fixed floor. "
             "`python benchmarks/kernel_floors.py --json benchmarks/kernel_floors.json` reads two "
-            "such kernels from the store, on every GPU of the `_vidur` family at every vLLM "
-            "version aiconfigurator measured: decode attention of "
-            f"{attention['batch']} request over {attention['kv_len']} cached tokens "
-            f"({attention['num_heads']} query heads, {attention['num_kv_heads']} KV heads, head "
-            f"size {attention['head_dim']}, bf16), and the TP{allreduce['num_gpus']} all-reduce "
-            f"of {allreduce['message_bytes'] // 1024} KiB under CUDA graphs (vLLM's custom "
-            "all-reduce). Beside each is `ours`'s price of the same kernel, from the datasheet "
-            "and the A100 home's fit; `in _vidur` marks the version a `_vidur` dataset's cells "
-            "come from. `ours` does not see the vLLM version. Where a floor moves between "
-            "versions on one GPU, or between GPUs against their clocks, no datasheet number or "
-            "home fit can follow it, and the targets forbid fitting it on the target: that is "
-            f"where the targets above are missed. Code {bench['code_version']}, {bench['date']}.",
-            "",
+            "from the store, on every GPU of the `_vidur` family at every vLLM version "
+            f"aiconfigurator measured: decode attention of {attention['batch']} request over "
+            f"{attention['kv_len']} cached tokens ({attention['num_heads']} query heads, "
+            f"{attention['num_kv_heads']} KV heads, head size {attention['head_dim']}: the "
+            "`_vidur` cells' most used shape; bf16), and the "
+            f"TP{allreduce['num_gpus']} all-reduce of {allreduce['message_bytes'] // 1024} KiB "
+            "under CUDA graphs (vLLM's custom all-reduce). Beside each is `ours`'s price of the "
+            "same kernel, from the datasheet and the A100 home's fit; it does not see the vLLM "
+            "version, so it has one price per GPU. `in _vidur`: the version the `_vidur` "
+            "dataset's cells come from. "
+            + (f"Between vLLM versions on one GPU, {' and '.join(moved)}: a spread no datasheet "
+               "number or home fit can follow. " if moved else "")
+            + "Which ops carry the error of each phase and GPU is in the per-op section's "
+            f"tables by phase. Code {bench['code_version']}, {bench['date']}.", "",
             *table(["GPU", "vLLM", "in _vidur", "decode attention µs", "ours µs",
                     f"TP{allreduce['num_gpus']} all-reduce µs", "ours µs"], rows, "lllrrrr")]
 

@@ -31,6 +31,27 @@ def test_per_op_table_by_hand():
     assert rows["allreduce"]["share_pct"] == pytest.approx(100 / 7)
 
 
+def test_ops_error_by_phase_by_hand():
+    """The cells of the test above, a in decode and b in prefill, plus c in decode with no
+    all-reduce: GEMM measured 1.0, predicted 1.5, step 2.0 ms. Decode, over a and c: GEMM
+    (3 - 2) / 3 and (1.5 - 1) / 2, all-reduce (0.5 - 1) / 3 and nothing for c."""
+    predictions = pl.DataFrame({
+        "predictor": ["p"] * 3, "dataset": ["x_vidur"] * 3, "split": ["unseen"] * 3,
+        "phase": ["decode", "prefill", "decode"], "cell_id": ["a", "b", "c"],
+        "gt_ms": [3.0, 4.0, 2.0], "pred_ms": [3.5, 4.0, 1.5],
+        "op_ms_gemm": [3.0, 4.0, 1.5], "op_ms_allreduce": [0.5, None, None]})
+    lineage = pl.DataFrame({"dataset": ["x_vidur"] * 5, "cell_id": ["a", "a", "a", "b", "c"],
+                            "op": ["gemm", "gemm", "allreduce", "gemm", "gemm"],
+                            "latency_ms": [0.5, 1.0, 0.25, 2.0, 1.0], "count": [2, 1, 4, 2, 1]})
+    rows = {(r["phase"], r["op"]): r for r in op_atlas.by_phase(
+        predictions, op_atlas.of_lineage(lineage)).iter_rows(named=True)}
+    assert set(rows) == {("decode", "gemm"), ("decode", "allreduce"), ("prefill", "gemm")}
+    assert rows["decode", "gemm"]["signed_pct"] == pytest.approx((100 / 3 + 25) / 2)
+    assert rows["decode", "allreduce"]["abs_pct"] == pytest.approx(50 / 3 / 2)
+    assert rows["decode", "allreduce"]["signed_pct"] == pytest.approx(-50 / 3 / 2)
+    assert rows["prefill", "gemm"]["abs_pct"] == 0.0
+
+
 def test_no_split_predictions_give_no_table():
     plain = pl.DataFrame({"predictor": ["p"], "dataset": ["x_vidur"], "split": ["unseen"],
                           "cell_id": ["a"], "gt_ms": [1.0], "pred_ms": [1.0]})

@@ -71,19 +71,35 @@ def test_a_missing_predictors_path_names_the_folder(tmp_path):
     assert out.returncode == 2 and "nowhere is not a directory" in out.stderr
 
 
-def test_a_module_that_reaches_for_the_store_when_imported_stops_every_run(store_home,
-                                                                             tmp_path):
+SLY = {  # a module that tries the store when imported, and swallows the refusal
+    "opens the file": "with open(STORE, 'rb') as f:\n        f.read(16)",
+    "asks the guard": "from leaderboard_core import paths\n    paths.store_path()",
+}
+
+
+@pytest.mark.parametrize("how", SLY)
+def test_a_module_that_reaches_for_the_store_when_imported_stops_the_commands(store_home,
+                                                                            tmp_path, how):
     """Importing a module runs it, in the child that describes the predictors (whose defaults
-    then reach every run): it is sealed and watched as a run's child, so a module that tries the
-    store and swallows the refusal is named, and nothing runs."""
+    then reach every run): that child is sealed and watched as a run's child, so a module that
+    tries the store, by a plain open (the audit hook) or through the suite (the seal), and
+    swallows the refusal is named, and nothing runs."""
     from leaderboard import predictor_index  # noqa: PLC0415 - the harness side of describing
 
     folder = tmp_path / "sly"
     folder.mkdir()
     store = store_home.home / "store" / "leaderboard.duckdb"
-    (folder / "sly.py").write_text(OUTSIDE.replace("toy_outside", "sly").replace(
-        "MARKER_PATH", str(store)).replace('"a"', '"rb"').replace(
-        "marker.write(f\"{os.getpid()}\\n\")", "marker.read(16)"))
-    with pytest.raises(ValueError, match=f"reached for sealed data when imported .*first: open "
-                                         f"{store}"):
+    attempt = SLY[how].replace("STORE", repr(str(store)))
+    (folder / "sly.py").write_text(f"try:\n    {attempt}\nexcept Exception:\n    pass\n"
+                                   + OUTSIDE.replace("toy_outside", "sly"))
+    first = f"open {store}" if how == "opens the file" else "locate the store during the import"
+    with pytest.raises(ValueError, match=f"reached for sealed data when imported .*first: {first}"):
         predictor_index._described((str(folder),))
+
+
+def test_a_predictors_path_in_or_around_the_measurements_is_refused(store_home, tmp_path):
+    from leaderboard import predictor_index  # noqa: PLC0415 - the harness side
+
+    for folder in (store_home.home / "mine", store_home.home.parent):
+        with pytest.raises(ValueError, match="where measurements lie"):
+            predictor_index.include(folder)

@@ -55,8 +55,8 @@ def targets(runs: pl.DataFrame) -> list[str]:
             "Targets per unseen GPU: decode MAPE ≤ 5 %, prefill ≤ 10 %, `all` ≤ 7 % (prefill "
             "and decode cells; the composed mixed cells are out), and at least 1.5× lower `all` "
             "MAPE than `rf_scaled`. On the home: within 2× of the "
-            "random forest's held-out error. Missed targets are reported as missed; why, in "
-            "the section on kernel floors below.", "",
+            "random forest's held-out error. Missed targets are reported as missed; why: the "
+            "per-op tables by phase and the kernel floors below.", "",
             *table(["GPU", "decode %", "prefill %", "all %", "rf_scaled all %",
                     "rf_scaled / ours"], rows, "lrrrrr"),
             *table(["home", "ours all %", "rf held-out all %", "within 2×"], home_rows, "lrrl")]
