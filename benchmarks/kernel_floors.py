@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from leaderboard import store
-from leaderboard_core.report_tables import fmt, table
+from leaderboard import report_sections, store
 from leaderboard_core.specs import load_gpu_specs
 from leaderboard_core.versioning import code_version
 from predictors.ours import ops
@@ -100,22 +99,13 @@ def measure(con) -> tuple[dict, list[dict]]:
     return shape, rows
 
 
-def markdown(rows: list[dict]) -> str:
-    return "\n".join(table(
-        ["GPU", "vLLM", "in _vidur", "decode attention µs", "ours µs", "TP2 all-reduce µs",
-         "ours µs"],
-        [[r["gpu"], r["vllm"], "yes" if r["in_vidur"] else "",
-          *(fmt(r[k]) for k in ("attention_us", "ours_attention_us", "allreduce_us",
-                                "ours_allreduce_us"))] for r in rows], "lllrrrr"))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     with store.connect() as con:
         shape, rows = measure(con)
-    print(markdown(rows))
+    print("\n".join(report_sections.floor_table(rows, ALLREDUCE)))
     if args.json:
         meta = {"attention": shape, "allreduce": ALLREDUCE, "code_version": code_version(),
                 "date": datetime.now(UTC).isoformat(timespec="seconds")}

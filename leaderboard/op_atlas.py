@@ -125,16 +125,20 @@ def draw(tbl: pl.DataFrame, predictor: str, path: Path) -> Path:
     return path
 
 
+def _op_rows(rows: pl.DataFrame, datasets: list[str], entry, label=str) -> list[list[str]]:
+    """One markdown row per op of ``rows``: ``label(op)``, then ``entry(row)`` per dataset."""
+    out = []
+    for op in sorted(set(rows["op"])):
+        cells = {r["dataset"]: r for r in rows.filter(pl.col("op") == op).iter_rows(named=True)}
+        out.append([label(op), *(entry(cells[d]) if d in cells else "—" for d in datasets)])
+    return out
+
+
 def _phase_rows(phases: pl.DataFrame, predictor: str, datasets: list[str]) -> list[list[str]]:
-    rows = []
-    for phase in PHASES:
-        mine = phases.filter((pl.col("predictor") == predictor) & (pl.col("phase") == phase))
-        for op in sorted(set(mine["op"])):
-            cells = {r["dataset"]: r for r in mine.filter(pl.col("op") == op).iter_rows(named=True)}
-            rows.append([f"{phase}: {op}", *(
-                f"{cells[d]['abs_pct']:.1f} ({cells[d]['signed_pct']:+.1f})" if d in cells
-                else "—" for d in datasets)])
-    return rows
+    mine = phases.filter(pl.col("predictor") == predictor)
+    return [row for phase in PHASES for row in _op_rows(
+        mine.filter(pl.col("phase") == phase), datasets,
+        lambda r: f"{r['abs_pct']:.1f} ({r['signed_pct']:+.1f})", lambda op, phase=phase: f"{phase}: {op}")]
 
 
 def section(mine: pl.DataFrame, family: str, images: dict[str, Path], relative,
@@ -153,12 +157,8 @@ def section(mine: pl.DataFrame, family: str, images: dict[str, Path], relative,
         header = ["op", *(f"{d} (home)" if rows.filter(
             (pl.col("dataset") == d) & (pl.col("split") == "home_heldout")).height else d
                           for d in datasets)]
-        body = []
-        for op in sorted(set(rows["op"])):
-            cells = {r["dataset"]: r for r in rows.filter(pl.col("op") == op).iter_rows(named=True)}
-            body.append([op, *(f"×{cells[d]['ratio_median']:.2f} ({cells[d]['mape']:.0f} %, "
-                               f"share {cells[d]['share_pct']:.0f} %)" if d in cells else "—"
-                               for d in datasets)])
+        body = _op_rows(rows, datasets, lambda r: f"×{r['ratio_median']:.2f} ({r['mape']:.0f} %, "
+                                                  f"share {r['share_pct']:.0f} %)")
         lines += [f"### {predictor}", "", *markdown_table(header, body, "l" + "r" * len(datasets))]
         if predictor in images:
             lines += [f"![per-op error of {predictor}]({relative(images[predictor])})", ""]

@@ -79,6 +79,14 @@ def _widest_spread(rows: list[dict], key: str) -> tuple[str, float] | None:
     return max(spreads, key=lambda s: s[1], default=None)
 
 
+def floor_table(rows: list[dict], allreduce: dict) -> list[str]:
+    """The markdown table of ``benchmarks/kernel_floors.py``'s rows (the script prints it too)."""
+    body = [[r["gpu"], r["vllm"], "yes" if r["in_vidur"] else "",
+             *(fmt(r[k]) for k in FLOOR_COLUMNS)] for r in rows]
+    return table(["GPU", "vLLM", "in _vidur", "decode attention µs", "ours µs",
+                  f"TP{allreduce['num_gpus']} all-reduce µs", "ours µs"], body, "lllrrrr")
+
+
 def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
     """Two kernel floors per GPU and vLLM version, measured and as ``ours`` prices them
     (``benchmarks/kernel_floors.py``): part of why ``ours`` misses its decode targets."""
@@ -87,12 +95,10 @@ def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
         return [title, "", f"No benchmark result at `{_shown(path)}` yet.", ""]
     bench = json.loads(path.read_text())
     attention, allreduce, found = bench["attention"], bench["allreduce"], bench["rows"]
-    rows = [[r["gpu"], r["vllm"], "yes" if r["in_vidur"] else "",
-             *(fmt(r[k]) for k in FLOOR_COLUMNS)] for r in found]
-    moved = [f"the {kernel} floor moves by up to {spread:.0f} % ({gpu})"
-             for kernel, key in (("decode-attention", "attention_us"),
-                                 ("all-reduce", "allreduce_us"))
-             if (widest := _widest_spread(found, key)) for gpu, spread in [widest]]
+    moved = []
+    for kernel, key in (("decode-attention", "attention_us"), ("all-reduce", "allreduce_us")):
+        if widest := _widest_spread(found, key):
+            moved.append(f"the {kernel} floor moves by up to {widest[1]:.0f} % ({widest[0]})")
     return [title, "",
             "Many decode kernels run near their fixed floor. "
             "`python benchmarks/kernel_floors.py --json benchmarks/kernel_floors.json` reads two "
@@ -110,8 +116,7 @@ def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
                "number or home fit can follow. " if moved else "")
             + "Which ops carry the error of each phase and GPU is in the per-op section's "
             f"tables by phase. Code {bench['code_version']}, {bench['date']}.", "",
-            *table(["GPU", "vLLM", "in _vidur", "decode attention µs", "ours µs",
-                    f"TP{allreduce['num_gpus']} all-reduce µs", "ours µs"], rows, "lllrrrr")]
+            *floor_table(found, allreduce)]
 
 
 def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
