@@ -2,7 +2,8 @@
 
 Every test runs with its own ``LEADERBOARD_HOME``, no ``LEADERBOARD_SOURCES`` or
 ``LEADERBOARD_GPU_SPECS``, and ``LEADERBOARD_SOURCES_URL`` pointing at a closed local port, so
-nothing reads the developer's cache or reaches the internet by accident.
+nothing reads the developer's cache or reaches the internet by accident; ``network_guard`` fails
+any test that connects outside the loopback.
 
 The real upstream files are read from ``../shared/data/upstream``; a clone without it may point
 ``LEADERBOARD_SOURCES`` at a copy laid out the same way (with its ``MANIFEST.json``), which then
@@ -23,7 +24,9 @@ import pytest
 from leaderboard import sources, store
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
 from leaderboard_core import paths
+from network_guard import outbound_guard  # noqa: F401  (autouse: tests reach the loopback only)
 
+pytest_plugins = ["pytester"]
 ENV_VARS = ("LEADERBOARD_HOME", "LEADERBOARD_SOURCES", "LEADERBOARD_GPU_SPECS",
             "LEADERBOARD_SOURCES_URL")
 if not (paths.SHARED_UPSTREAM / "MANIFEST.json").is_file() and os.environ.get("LEADERBOARD_SOURCES"):
