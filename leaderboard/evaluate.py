@@ -96,7 +96,7 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
-        supplier, inputs.data_roots)
+        supplier, inputs.data_roots, predictor_index.folders())
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
     if pred is None:
@@ -114,12 +114,13 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
 
 
 def _simulate(described: dict, params: dict, inputs: RunInputs) -> tuple[pl.DataFrame, dict]:
-    """Serving targets: the sandboxed child fits the predictor and replays each load blind (no
-    deploy reading); this process keeps the measured TTFT/TPOT and builds the scored rows."""
+    """Serving targets: the sandboxed child fits the predictor and prices the steps this
+    process's replay schedules (no deploy reading); this process keeps the measured TTFT/TPOT
+    and builds the scored rows."""
     refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
     pred, _, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
-        "serving", 0, refuse_all, inputs.data_roots)
+        "serving", 0, refuse_all, inputs.data_roots, predictor_index.folders())
     if facts.get("not_supported"):
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0

@@ -1,7 +1,10 @@
 """Landlock (the Linux kernel's unprivileged sandbox) through its three syscalls, stdlib only.
 
 ``confine(read, write)`` restricts the calling process, for good, to reading the given paths and
-reading and writing the other given paths; every other file open fails with EACCES. It must be
+reading and writing the other given paths; every other file open fails with EACCES. Where the
+ABI has them it also denies every TCP bind and connect (v4) and scopes abstract unix sockets and
+signals to the process's own domain (v6): a second wall behind the namespaces of
+``leaderboard.sandbox``. It must be
 called before the process starts any thread: a rule set binds the calling thread and the
 threads it creates afterwards. Without Landlock (another OS, an old kernel, seccomp refusing the
 syscall) it returns False and changes nothing.
@@ -24,8 +27,13 @@ FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | 1 << 14 | 1 << 15  # + TRUNCATE, 
 READ = EXECUTE | READ_FILE | READ_DIR
 
 
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -60,8 +68,11 @@ def confine(read: list[str], write: list[str], listable: list[str] = ()) -> bool
     if abi < 1:
         return False
     libc, handled = _libc(), _handled(abi)
-    attr = _RulesetAttr(handled)
-    ruleset = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8),
+    # no net rule is added, so every TCP bind and connect is denied; older ABIs take the prefix
+    attr = _RulesetAttr(handled, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
+                        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
                            ctypes.c_uint32(0))
     if ruleset < 0:
         return False

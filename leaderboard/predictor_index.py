@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from leaderboard import sandbox
+from leaderboard import sandbox, seal_walls
 from leaderboard_core.naming import suggestion
 from predictors import registry
 from predictors.registry import UnknownPredictor, check_fields, describe
@@ -44,6 +44,15 @@ def include(folder: str | Path) -> None:
     if folder not in _FOLDERS:
         _FOLDERS.append(folder)
         _described.cache_clear()
+
+
+def folders() -> tuple[str, ...]:
+    """With the suite's code, all the predictor code a run's child may read, as this process
+    knows it (never a folder a child reported): the ``predictors_path`` folders it was given
+    and the folders of predictor modules it imported itself (the tests' probes)."""
+    imported = (Path(sys.modules[cls.__module__].__file__).resolve().parent
+                for cls in registry.imported().values())
+    return tuple(dict.fromkeys([*_FOLDERS, *map(str, imported)]))
 
 
 def index() -> dict[str, dict[str, Any]]:
@@ -78,10 +87,10 @@ def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         request = {"folders": list(folders), "write": write, "read": read,
                    "list": sandbox.listable(), **sandbox.seal_request(read, write)}
         answer_r, answer_w = os.pipe()
-        command = [sys.executable, "-m", "leaderboard.sandbox_child", "--describe",
-                   json.dumps(request), str(answer_w)]
+        command = seal_walls.child_command(["-m", "leaderboard.sandbox_child", "--describe",
+                                            json.dumps(request), str(answer_w)])
         child = subprocess.Popen(command, env=sandbox.scratch_env(scratch), cwd=scratch,
-                                 pass_fds=(answer_w,))
+                                 pass_fds=(answer_w,), preexec_fn=seal_walls.die_with_parent)
         os.close(answer_w)
         with os.fdopen(answer_r) as answer:
             text = answer.read()

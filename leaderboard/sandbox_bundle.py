@@ -6,7 +6,9 @@ Frames go as Arrow IPC, the rest as JSON: the home bundle (``write_home``), a de
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import polars as pl
@@ -59,3 +61,18 @@ def write_reading(reading: Reading, folder: Path) -> None:
 def read_reading(folder: Path) -> Reading:
     home = read_home(folder)
     return Reading(home.cells, home.ops)
+
+
+def tree_digest(folder: Path, digest=None) -> str:
+    """``digest`` (a fresh SHA-256 by default) updated with every entry's relative path, its
+    kind and, for a file, its bytes under ``folder``, in path order: folders and names count,
+    so rows kept as empty folders or file names change it too."""
+    digest = digest or hashlib.sha256()
+    for entry in sorted(folder.rglob("*")):
+        kind = "link" if entry.is_symlink() else "file" if entry.is_file() else "dir"
+        digest.update(f"{kind}:{entry.relative_to(folder).as_posix()}\0".encode())
+        if kind == "file":
+            digest.update(entry.read_bytes())
+        elif kind == "link":
+            digest.update(os.readlink(entry).encode())
+    return digest.hexdigest()

@@ -1,17 +1,22 @@
 """``python -m leaderboard.sandbox_child JOB_FOLDER IN_FD OUT_FD``: the sealed side of a run;
 ``python -m leaderboard.sandbox_child --describe REQUEST OUT_FD``: the predictors described.
 
-Started by ``leaderboard.sandbox`` and ``leaderboard.predictor_index`` only. It confines itself
-before importing anything that starts a thread (Landlock binds the threads created after it),
-has every open inside the watched folders recorded (``guard.watch_opens``), then runs the
-predictor and writes ``out/facts.json``. Requests to the parent go as JSON lines over the pipe
-``OUT_FD``; answers come back over ``IN_FD``.
+Started by ``leaderboard.sandbox`` and ``leaderboard.predictor_index`` only, as ``python -S``
+inside the namespaces of ``leaderboard.seal_walls``. It confines itself before importing
+anything that starts a thread (Landlock binds the threads created after it) and before any site
+folder is added (so a ``.pth`` line only ever runs confined), has every open inside the watched
+folders recorded (``guard.watch_opens``) and sent to the parent as it happens, then runs the
+predictor (``leaderboard.sandbox_job``) and writes ``out/facts.json``. Messages to the parent go
+as JSON lines over the pipe ``OUT_FD``, the last one ``{"done": true}``; answers come back over
+``IN_FD``.
 """
 
 from __future__ import annotations
 
 import json
+import site
 import sys
+import threading
 from pathlib import Path
 
 from leaderboard import landlock
@@ -23,6 +28,14 @@ def _watch(request: dict) -> None:
                                         request["quiet"]))
 
 
+def _add_site_folders(request: dict) -> None:
+    """The parent's import path, once confined; ``addsitedir`` runs each folder's ``.pth``
+    files as site processing would have, but now inside the walls."""
+    for folder in request["sys_path"]:
+        if folder not in sys.path:
+            site.addsitedir(folder)
+
+
 def describe(request: dict, answer_fd: int) -> None:
     """Register every predictor (those of ``request["folders"]`` too) once confined, sealed and
     watched as a run's child is, and write their descriptions, or the error that stopped it (a
@@ -31,7 +44,7 @@ def describe(request: dict, answer_fd: int) -> None:
     landlock.confine(request["read"], request["write"], request["list"])
     guard.seal_process("the import of the predictor modules")
     _watch(request)
-    sys.path.extend(p for p in request["sys_path"] if p not in sys.path)
+    _add_site_folders(request)
     from predictors import registry  # noqa: PLC0415 - only once confined
 
     try:
@@ -55,20 +68,31 @@ def main(argv: list[str]) -> None:
     folder, inbox_fd, outbox_fd = Path(argv[1]), int(argv[2]), int(argv[3])
     job = json.loads((folder / "in" / "job.json").read_text())
     confined = landlock.confine(job["read"], job["write"], job["list"])
-    _watch(job)
-    sys.path.extend(p for p in job["sys_path"] if p not in sys.path)
-    from leaderboard.sandbox import attempt_reasons, child_run  # noqa: PLC0415 - once confined
-
     with open(inbox_fd) as inbox, open(outbox_fd, "w") as outbox:
+        lock = threading.Lock()
+
+        def send(message: dict) -> None:
+            with lock:
+                outbox.write(json.dumps(message) + "\n")
+                outbox.flush()
+
         def ask(request: dict) -> dict:
-            outbox.write(json.dumps(request) + "\n")
-            outbox.flush()
+            send(request)
             return json.loads(inbox.readline())
 
-        facts = child_run(job, folder, ask)
-    facts["invalid_reasons"].extend(attempt_reasons())  # every level, serving included
-    facts["sandbox"] = "landlock" if confined else "process"
-    (folder / "out" / "facts.json").write_text(json.dumps(facts))
+        guard.report_attempts(lambda attempt: send({"attempt": attempt}))
+        _watch(job)
+        _add_site_folders(job)
+        from leaderboard import sandbox_job, seal_walls  # noqa: PLC0415 - once confined
+
+        facts = sandbox_job.run(job, folder, ask)
+        if left := seal_walls.leftover_processes():
+            facts["invalid_reasons"].append(
+                f"the predictor left {len(left)} process(es) running after it finished (they "
+                f"are killed with its namespace); a run's processes end with the run")
+        facts["sandbox"] = "landlock" if confined else "process"
+        (folder / "out" / "facts.json").write_text(json.dumps(facts))
+        send({"done": True})
 
 
 if __name__ == "__main__":

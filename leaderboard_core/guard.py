@@ -9,9 +9,11 @@ benchmarks).
 A predictor could catch the refusal and go on. So every refusal is also recorded
 (``attempts``), and in the child ``watch_opens`` records each file it opens, or tries to,
 inside the folders where measurements lie: the harness marks a run that tried INVALID, whether
-or not it caught the error. The record lives in the predictor's own process, so it catches a
-predictor that tries and swallows the refusal, not code written against the harness itself;
-what keeps the data out is the refusal (Landlock, and this guard).
+or not it caught the error. In a run's child each record is also sent to the parent as it
+happens (``report_attempts``), so clearing the list afterwards erases nothing the parent has.
+The hooks live in the predictor's own process, so they catch a predictor that tries and
+swallows the refusal, not code written against the harness itself; what keeps the data out is
+the refusal (namespaces, Landlock, and this guard).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from contextvars import ContextVar
 _sealed: ContextVar[str | None] = ContextVar("sealed", default=None)
 _process_stage: str | None = None
 _attempts: list[str] = []
+_reporters: list = []
 
 
 class LeakageError(RuntimeError):
@@ -48,9 +51,20 @@ def seal_process(stage: str) -> None:
 def check(action: str) -> None:
     stage = _sealed.get() or _process_stage
     if stage is not None:
-        _attempts.append(f"{action} during {stage}")
+        _record(f"{action} during {stage}")
         raise LeakageError(f"a predictor tried to {action} during {stage}; predictors get their "
                            "data from the harness only")
+
+
+def _record(attempt: str) -> None:
+    _attempts.append(attempt)
+    for report in _reporters:
+        report(attempt)
+
+
+def report_attempts(report) -> None:
+    """Call ``report(attempt)`` for every attempt from now on, as it happens."""
+    _reporters.append(report)
 
 
 def attempts() -> list[str]:
@@ -90,6 +104,6 @@ def watch_opens(roots: list[tuple[str, bool]]) -> None:
     def hook(event: str, args: tuple) -> None:
         if (event == "open" and isinstance(args[0], (str, bytes, os.PathLike))
                 and recorded(args[0], roots)):
-            _attempts.append(f"open {os.path.realpath(os.fsdecode(args[0]))}")
+            _record(f"open {os.path.realpath(os.fsdecode(args[0]))}")
 
     sys.addaudithook(hook)

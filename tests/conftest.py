@@ -20,11 +20,11 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from network_guard import outbound_guard  # noqa: F401  (autouse: tests reach the loopback only)
 
 from leaderboard import sources, store
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
 from leaderboard_core import paths
-from network_guard import outbound_guard  # noqa: F401  (autouse: tests reach the loopback only)
 
 pytest_plugins = ["pytester"]
 ENV_VARS = ("LEADERBOARD_HOME", "LEADERBOARD_SOURCES", "LEADERBOARD_GPU_SPECS",

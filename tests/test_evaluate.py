@@ -11,7 +11,7 @@ import polars as pl
 import probe_predictors
 import pytest
 
-from leaderboard import evaluate, landlock, sandbox
+from leaderboard import evaluate, landlock, sandbox, sandbox_talk
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
 from leaderboard_core import paths
@@ -25,9 +25,9 @@ PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors
           "splits_misshapen": probe_predictors.SplitsMisshapen,
           "hoards_reading": probe_predictors.HoardsReading, **probe_predictors.CHEATS}
 # The spies write what they saw to their cache, after a reading too, which a run refuses
-# (sandbox._talk compares the cache's digest); the probes fixture lets them, and the refusal is
+# (sandbox_talk._restore compares the cache's digest); the probes fixture lets them, and the refusal is
 # tested on its own.
-CACHE_DIGEST = sandbox._files_digest
+CACHE_DIGEST = sandbox_talk.tree_digest
 
 
 @pytest.fixture
@@ -36,8 +36,7 @@ def probes(monkeypatch, store_home):
     registry.discover()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     # Blind only the cache comparison around a reading; the cache's key is seeded, so kept.
-    monkeypatch.setattr(sandbox, "_files_digest", lambda folder, digest=None:
-                        CACHE_DIGEST(folder, digest) if digest else "")
+    monkeypatch.setattr(sandbox_talk, "tree_digest", lambda folder, digest=None: "")
     for name, cls in PROBES.items():
         registry.register(name)(cls)
     for old in (store_home.home / "predictor-cache").glob("*/llm-leaderboard/spy"):
@@ -160,7 +159,7 @@ def test_a_library_scanning_a_watched_working_folder_is_not_an_attempt(probes, t
     monkeypatch.chdir(probes.home)
     monkeypatch.syspath_prepend(str(probes.home))
     folder = tmp_path / "job"
-    job = sandbox.job({"module": "m", "qualname": "q", "name": "n", "file": __file__}, {},
+    job = sandbox.job({"module": "m", "qualname": "q", "name": "n"}, {},
                       "step", 0, folder, tmp_path / "cache")
     assert str(probes.home) not in job["sys_path"] and str(probes.home) in job["watch"]
     result = _run(tmp_path, "scans_metadata", "h100_splitwise")
@@ -195,14 +194,16 @@ def test_the_deploy_reading_is_capped_counted_and_left_out_of_the_score(probes, 
 def test_a_reading_kept_in_the_predictor_cache_is_invalid_and_removed(probes, tmp_path,
                                                                      monkeypatch):
     """The cache outlives the run: readings hoarded there would pass the cap over several
-    runs. A cache changed after the reading request makes the run INVALID and is removed."""
-    monkeypatch.setattr(sandbox, "_files_digest", CACHE_DIGEST)
+    runs. A cache changed after the reading request makes the run INVALID and is put back as it
+    was before the reading was answered."""
+    monkeypatch.setattr(sandbox_talk, "tree_digest", CACHE_DIGEST)
     for _ in range(2):
         result = _run(tmp_path, "hoards_reading", "h200_vidur")
         assert result.metrics["valid"] is False and result.metrics["profiled_rows"] == 2
         assert any("wrote to its cache after it asked for target rows" in r
                    for r in result.metrics["invalid_reasons"])
-        assert not list((probes.home / "predictor-cache").glob("hoards_reading-*"))
+        caches = list((probes.home / "predictor-cache").glob("hoards_reading-*"))
+        assert [p for c in caches for p in c.rglob("*") if p.is_file()] == []
 
 
 def test_a_reading_over_the_cap_is_invalid(probes, tmp_path):

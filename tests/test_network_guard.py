@@ -6,9 +6,8 @@ import shutil
 import socket
 from pathlib import Path
 
-import pytest
-
 import network_guard
+import pytest
 from network_guard import OutboundRefused, is_local_host
 
 DOCUMENTATION_V4 = "192.0.2.1"  # RFC 5737 TEST-NET-1: never routed

@@ -1,8 +1,10 @@
 """Serving-level scoring: ``serving`` datasets, scored on TTFT and TPOT like cells on phases.
 
 The predictor is fitted on its home's training cells exactly as for a step-level run, then
-times every step the replay schedules (``predict(cells, gpu)``). Fit and replay run in the
-sandboxed child (``leaderboard.sandbox``), which gets the loads but not the measured TTFT/TPOT.
+times every step the replay schedules (``predict(cells, gpu)``). Fit runs in the sandboxed
+child (``leaderboard.sandbox``); the replay runs in the harness, which sends the child each
+batch of steps to price, so a predictor can neither see the measured TTFT/TPOT nor replace the
+replay.
 Each target gives one ``ttft`` and one ``tpot`` prediction row; those two play the role phases
 play for cells. A predictor that answers NotSupported for these steps is reported as such, not
 as INVALID.
@@ -10,14 +12,13 @@ as INVALID.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 import numpy as np
 import polars as pl
 
 from leaderboard import families
 from leaderboard.serving.simulate import predict_targets
-from leaderboard_core import guard
 
 SERVING_PHASES = families.get("silicon").phases
 GROUND_TRUTH = ("gt_ttft_ms", "gt_tpot_ms")  # what the sandboxed replay never receives
@@ -25,12 +26,19 @@ PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "pha
                       "isl", "osl", "concurrency", "gt_kind", "gt_ms")
 
 
-def _timer(estimator, gpu, facts: dict):
+StepPricer = Callable[[pl.DataFrame], tuple[np.ndarray, float]]  # ms per step, seconds taken
+
+
+def replay(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted TTFT and TPOT per target. The replay (scheduling, timing) runs here, in the
+    harness; ``price`` asks the predictor's sandboxed child for the time of each step it
+    schedules, and nothing else. ``facts`` gains ``predict_seconds`` (the child's) and ``steps``."""
+    facts.update(predict_seconds=0.0, steps=0)
+
     def timer(cells: pl.DataFrame) -> np.ndarray:
-        started = time.perf_counter()
-        with guard.sealed("predict"):
-            ms = np.asarray(estimator.predict(cells, gpu), dtype=np.float64)
-        facts["predict_seconds"] += time.perf_counter() - started
+        ms, seconds = price(cells)
+        facts["predict_seconds"] += seconds
         facts["steps"] += len(cells)
         if ms.shape != (len(cells),):
             raise ValueError(f"predict returned shape {ms.shape}, expected ({len(cells)},)")
@@ -38,15 +46,8 @@ def _timer(estimator, gpu, facts: dict):
             raise ValueError(f"{int((~(np.isfinite(ms) & (ms > 0))).sum())} of {len(ms)} step "
                              "predictions are not finite and positive")
         return ms
-    return timer
 
-
-def simulate(estimator, targets: pl.DataFrame, gpu, models, facts: dict
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted TTFT and TPOT per target from a fitted estimator that times every replayed step.
-    Runs in the sandboxed child, on targets without their measured TTFT/TPOT."""
-    facts.update(predict_seconds=0.0, steps=0)
-    return predict_targets(targets, models, gpu, _timer(estimator, gpu, facts))
+    return predict_targets(targets, models, gpu, timer)
 
 
 def prediction_rows(targets: pl.DataFrame, ttft: np.ndarray, tpot: np.ndarray) -> pl.DataFrame:

@@ -1,0 +1,117 @@
+"""The sealed side of a run, imported by ``leaderboard.sandbox_child`` once it is confined:
+construct, fit, read, predict, and on serving datasets answer the step times the parent's replay
+asks for. Everything the predictor does comes back as facts for the parent."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from leaderboard.sandbox_bundle import gpu_of, read_frame, read_home, read_reading
+from leaderboard_core import guard, progress
+from leaderboard_core.contract import NotSupported
+
+
+def _resolve(ref: dict) -> type:
+    """The predictor class, by module and name (ladder rungs are made by a factory, so they are
+    found through the registry)."""
+    import importlib
+
+    from predictors import registry
+
+    found = importlib.import_module(ref["module"])
+    for part in ref["qualname"].split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else registry.get(ref["name"])
+
+
+def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts: dict) -> None:
+    """The predictor's per-op split of its step predictions, if it offers one: one row per part
+    in ``by_op.npy``, the part names in ``facts["by_op_names"]``. It is a diagnostic beside the
+    score: a failing or misshapen split is noted, the score stands."""
+    try:
+        parts = estimator.predict_by_op(blind, gpu)
+        if parts:
+            arrays = [np.asarray(v, dtype=np.float64) for v in parts.values()]
+            bad = sorted(k for k, v in zip(parts, arrays, strict=True) if v.shape != (rows,))
+            if bad:
+                raise ValueError(f"parts {bad} are not one value per cell ({rows})")
+            np.save(out / "by_op.npy", np.stack(arrays), allow_pickle=False)
+            facts["by_op_names"] = [str(k) for k in parts]
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal to the run
+        facts["by_op_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _failure(exc: Exception) -> str:
+    last = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})"
+
+
+def answer_steps(estimator, gpu, inputs: Path, out: Path, ask: Callable[[dict], dict]) -> None:
+    """Serving: the replay runs in the parent, which schedules every step; this side only
+    prices the steps it is sent (``in/<name>`` as Arrow), writing ``out/<name>.npy``, until the
+    parent says ``end``."""
+    request = ask({"replay": True})
+    while "steps" in request:
+        name = request["steps"]
+        started = time.perf_counter()
+        try:
+            ms = np.asarray(estimator.predict(read_frame(inputs / name), gpu), dtype=np.float64)
+        except NotSupported as exc:
+            request = ask({"not_supported": str(exc)})
+            continue
+        except Exception as exc:  # noqa: BLE001 - the parent makes the run INVALID
+            request = ask({"error": _failure(exc)})
+            continue
+        np.save(out / f"{name}.npy", ms, allow_pickle=False)
+        request = ask({"seconds": time.perf_counter() - started})
+
+
+def run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
+    """Construct, fit, read, predict: everything the predictor does, as facts for the parent."""
+    guard.seal_process("the sandboxed fit and predict")
+    progress.show(job["progress"])  # the child draws on the parent's terminal, if it may
+    facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": [],
+             "home_profiled_rows": 0}
+    inputs, out = folder / "in", folder / "out"
+    try:
+        estimator = _resolve(job["predictor"])(**job["params"])
+        home, blind = read_home(inputs / "home"), read_frame(inputs / "blind.arrow")
+        gpu = gpu_of(json.loads((inputs / "gpu.json").read_text()))
+        started = time.perf_counter()
+        fitted = estimator.fit(home)
+        facts["fit_seconds"] = time.perf_counter() - started
+        if fitted is not estimator:
+            facts["invalid_reasons"].append("fit did not return self")
+        facts["home_profiled_rows"] = int(getattr(estimator, "profiled_rows_", 0))
+        if job["level"] == "serving":
+            answer_steps(estimator, gpu, inputs, out, ask)
+            return facts
+        request = (estimator.request_reading(blind, gpu, job["budget"]) if job["level"] == "step"
+                   else None)
+        if request is not None and request.size:
+            answer = ask({"cells": list(request.cells), "op_points": list(request.op_points)})
+            if "refused" in answer:
+                return facts
+            estimator.take_reading(read_reading(inputs / "reading"), gpu)
+            blind = blind.filter(~pl.col("cell_id").is_in(answer["unscored"]))
+        predict = estimator.predict_ops if job["level"] == "op" else estimator.predict
+        predict(blind.head(8), gpu)  # warm caches, so the timing below is throughput
+        started = time.perf_counter()
+        pred = np.asarray(predict(blind, gpu), dtype=np.float64)
+        facts["predict_seconds"] = time.perf_counter() - started
+        np.save(out / "pred.npy", pred, allow_pickle=False)
+        if job["level"] == "step":
+            _save_by_op(estimator, blind, gpu, len(pred), out, facts)
+    except NotSupported as exc:  # a stated limit of the predictor, reported as such on serving
+        facts["not_supported"] = str(exc)
+        facts["invalid_reasons"].append(f"NotSupported: {exc}")
+    except Exception as exc:  # noqa: BLE001 - any failure of a predictor makes the run INVALID
+        facts["invalid_reasons"].append(_failure(exc))
+    return facts
