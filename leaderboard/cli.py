@@ -90,8 +90,16 @@ def stored_dataset_names() -> list[str]:
         return sorted(catalog.datasets())
 
 
+def verdict(metrics: dict) -> str:
+    """INVALID, UNSEALED (every cell predicted, but not behind namespaces and Landlock, so never
+    ranked) or VALID."""
+    if not metrics["valid"]:
+        return "INVALID"
+    return "VALID" if metrics.get("sealed") else "UNSEALED"
+
+
 def print_metrics(metrics: dict, folder) -> None:
-    status = "VALID" if metrics["valid"] else "INVALID"
+    status = verdict(metrics)
     homes = "+".join(metrics["home_datasets"])
     table = Table(title=f"{metrics['predictor']} on {metrics['dataset']} ({metrics['split']}, "
                         f"home {homes}, {metrics['home_points_used']}): {status}")
@@ -104,6 +112,10 @@ def print_metrics(metrics: dict, folder) -> None:
     Console().print(table)
     for reason in metrics["invalid_reasons"]:
         stderr.print(f"[red]invalid:[/] {reason}", highlight=False)
+    if status == "UNSEALED":
+        stderr.print(f"[yellow]unsealed:[/] sandbox {metrics['sandbox']}, not namespaces and "
+                     "Landlock: the report lists this run apart and never ranks it",
+                     highlight=False)
     Console().print(f"fit {metrics['fit_seconds'] or 0:.2f} s, predict "
                     f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; sandbox "
                     f"{metrics['sandbox']}, target rows read {metrics['profiled_rows']} of "

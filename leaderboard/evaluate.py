@@ -18,7 +18,16 @@ import numpy as np
 import polars as pl
 from omegaconf import OmegaConf
 
-from leaderboard import atlas, debris, homes, metrics, predictor_index, readings, sandbox
+from leaderboard import (
+    atlas,
+    debris,
+    homes,
+    metrics,
+    predictor_index,
+    readings,
+    sandbox,
+    seal_walls,
+)
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
@@ -275,6 +284,9 @@ def run(spec: RunSpec) -> RunResult:
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
         "by_op_error": facts.get("by_op_error"),
         "sandbox": facts.get("sandbox", "process"),
+        # ranked only when sealed: without namespaces and Landlock nothing but the predictor's
+        # discipline keeps it from the store
+        "sealed": facts.get("sandbox") == seal_walls.SEALED,
         "spec_hash": spec_hash(inputs.gpu, inputs.home.models),
         # target rows read (deploy reading), against the cap; home rows fit read are apart
         "profiled_rows": facts["target_rows"], "reading_cap": budget,

@@ -137,16 +137,13 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     lines += table(["predictor", "workloads", "pairs", "correct", "wrong", "ties", "home pairs",
                      "measured ties (left out)", "decisive acc.", "tie-aware acc.",
                      "most tied GPU pair"], rows, "lrrrrrrrrrl")
-    # A predictor is placed only with a VALID run sealed by Landlock on every unseen `_vidur`
-    # GPU: in `process` mode nothing but the predictor's discipline keeps it from the store.
+    # A predictor is placed only with a VALID run on every unseen `_vidur` GPU (``runs`` are
+    # sealed runs only: ``render`` keeps the others apart).
     unseen = runs.filter((pl.col("split") == "unseen")
                          & (pl.col("dataset").map_elements(family, pl.String) == "vidur"))
-    complete = unseen.group_by("predictor").agg(
-        pl.col("valid").all(), (pl.col("sandbox") == "landlock").fill_null(False).all().alias("sealed"),
-        pl.len())
+    complete = unseen.group_by("predictor").agg(pl.col("valid").all(), pl.len())
     wanted = len(datasets_of(runs, "vidur")[1])
-    placed = set(complete.filter(pl.col("valid") & pl.col("sealed")
-                                 & (pl.col("len") == wanted))["predictor"])
+    placed = set(complete.filter(pl.col("valid") & (pl.col("len") == wanted))["predictor"])
     places = ranking.bootstrap_places(vidur.filter((pl.col("split") == "unseen")
                                                    & pl.col("predictor").is_in(placed)))
     lines += ["### Places by unseen MAPE", "",
@@ -162,9 +159,23 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
         for r in places.iter_rows(named=True)], "rlrrr")
     unplaced = sorted(set(runs["predictor"]) - placed)
     if unplaced:
-        lines += [f"Not placed (no VALID run sealed by Landlock on every unseen GPU): "
+        lines += [f"Not placed (no sealed VALID run on every unseen GPU): "
                   f"{', '.join(unplaced)}.", ""]
     return lines
+
+
+def unsealed_runs(unsealed: pl.DataFrame) -> list[str]:
+    """The current runs not sealed by namespaces and Landlock: listed, never ranked."""
+    if not len(unsealed):
+        return []
+    rows = [[p, d, s or "process", "VALID" if v else "INVALID",
+             fmt(json.loads(ph or "{}").get("all", {}).get("mape"))]
+            for p, d, s, v, ph in unsealed.sort("predictor", "dataset").select(
+                "predictor", "dataset", "sandbox", "valid", "phases").iter_rows()]
+    return ["## Unsealed runs (not ranked)", "",
+            "Runs whose child ran without its namespaces and Landlock: nothing but the "
+            "predictor's discipline kept it from the store, so no table above counts them.", "",
+            *table(["predictor", "dataset", "sandbox", "run", "all MAPE %"], rows, "lllll")]
 
 
 def atlases(images: dict[str, Path], out: Path, atlas_dir: Path) -> list[str]:
@@ -232,7 +243,10 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     every = results.load_runs(runs_dir)
     fresh = results.up_to_date(every, versions)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
-    current = results.current(fresh, versions).pl()
+    everything = results.current(fresh, versions).pl()
+    # Only sealed runs make any table but the one that lists the others
+    sealed = pl.col("sealed").fill_null(False)
+    current, unsealed = everything.filter(sealed), everything.filter(~sealed)
     runs = leaderboard_runs(current, datasets)
     is_serving = _of_families(families.suffixes(level="serving"))
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
@@ -254,6 +268,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += report_sections.explain_examples(runs)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir)
     body += report_sections.throughput() + performance(runs)
+    body += unsealed_runs(unsealed)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
     return "\n".join([BEGIN, "", *body, END])
 

@@ -34,7 +34,7 @@ RUN_COLUMNS = {
     "fit_seconds": "DOUBLE", "profiled_rows": "BIGINT", "deploy_rows": "BIGINT",
     "predict_cells_per_s": "DOUBLE", "phases": "JSON", "created_at": "VARCHAR",
     "home_datasets": "VARCHAR[]", "home_points": "VARCHAR", "home_points_used": "VARCHAR",
-    "sandbox": "VARCHAR", "spec_hash": "VARCHAR", "home_profiled_rows": "BIGINT",
+    "sandbox": "VARCHAR", "sealed": "BOOLEAN", "spec_hash": "VARCHAR", "home_profiled_rows": "BIGINT",
 }
 RUN_FILES = ("metrics.json", "predictions.parquet")
 

@@ -55,7 +55,8 @@ def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str
         "test_fraction": 0.3, "dataset_version": VERSIONS[dataset],
         "home_dataset_version": VERSIONS[home], "code_version": "abc", "code_hash": code_hash(),
         "valid": True, "invalid_reasons": [], "fit_seconds": 0.01, "profiled_rows": 0,
-        "deploy_rows": 0, "predict_cells_per_s": 1e5, "sandbox": "landlock",
+        "deploy_rows": 0, "predict_cells_per_s": 1e5, "sandbox": "namespaces+landlock",
+        "sealed": True,
         "spec_hash": results.spec_hashes()[SKUS[dataset]],
         "phases": {"all": {"n": len(predictions), "mape": 10.0}}, "created_at": created_at,
         "home_datasets": [home], "home_points": "full_grid", "home_points_used": "full_grid",
@@ -171,6 +172,9 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     write_run(runs, "cells", dataset="a100_vidur", predictor="rf_verbatim", home_points="behind_cells",
               params=VidurRandomForest.default_params(),
               phases={"all": {"n": 40, "mape": 9.75}})
+    monkeypatch.setitem(registry._REGISTRY, "peeker", TinyPredictor)
+    write_run(runs, "unsealed", dataset="h200_vidur", predictor="peeker", sandbox="process",
+              sealed=False, predictions=cells(seed=9), phases={"all": {"n": 40, "mape": 0.0}})
     monkeypatch.setattr(atlas, "dominant_op_families", lambda datasets: pl.DataFrame(
         {"dataset": "h100_vidur", "cell_id": [f"c{i}" for i in range(40)], "op_family": "gemm"}))
     out = tmp_path / "RESULTS.md"
@@ -182,6 +186,10 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert "![error atlas of tiny](atlas/tiny.png)" in block
     assert (tmp_path / "atlas" / "tiny.png").stat().st_size > 1000
     assert "1 dropped as stale" in block
+    # an unsealed run is listed apart, and in no other table
+    unsealed = block[block.index("## Unsealed runs"):block.index("## Provenance")]
+    assert "| peeker | h200_vidur | process | VALID | 0.0 |" in unsealed
+    assert "peeker" not in block.replace(unsealed, "")
     assert "| tiny | 10.0 | 10.0 | 10.0 | 10.0 |" in block  # the one-home table: no two-home run
     two = block[block.index("## Two homes"):block.index("## Baselines at their published")]
     assert "| predictor | a100_vidur (home) | h100_vidur (home) | h200_vidur | unseen mean |" in two
@@ -204,14 +212,15 @@ def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
     for i, dataset in enumerate(VERSIONS):
         write_run(runs, f"t{i}", dataset=dataset, predictions=cells(seed=i))
         write_run(runs, f"r{i}", dataset=dataset, predictor="reader", predictions=cells(seed=i),
-                  profiled_rows=[0, 16, 9][i], sandbox=["landlock", "process", "landlock"][i])
+                  profiled_rows=[0, 16, 9][i], sandbox=["namespaces+landlock", "namespaces",
+                                                        "namespaces+landlock"][i])
     current = results.current(results.load_runs(runs), VERSIONS).pl()
     lines = report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)))
     header = next(line for line in lines if line.startswith("| predictor"))
     assert header.endswith("| unseen mean | target rows | sandbox |")
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
-    assert rows["| tiny"].endswith("| 10.0 | 0 | landlock |")
-    assert rows["| reader"].endswith("| 10.0 | 16 | landlock/process |")
+    assert rows["| tiny"].endswith("| 10.0 | 0 | namespaces+landlock |")
+    assert rows["| reader"].endswith("| 10.0 | 16 | namespaces/namespaces+landlock |")
 
 
 @pytest.fixture
@@ -266,12 +275,12 @@ def test_composed_cells_are_left_out_of_the_ranking_and_the_places():
                          "signed_pct": (pred - gt) / gt * 100, "composed": composed})
     runs = pl.DataFrame({"predictor": ["p", "p"], "dataset": ["h100_vidur", "h200_vidur"],
                          "split": ["unseen", "unseen"], "valid": [True, True],
-                         "family": ["vidur", "vidur"], "sandbox": ["landlock", "landlock"]})
+                         "family": ["vidur", "vidur"]})
     text = "\n".join(report.rankings(pl.DataFrame(rows), runs))
     assert "| p | 3 | 3 | 3 | 0 | 0 |" in text  # workloads, pairs, correct, wrong, ties
     (place,) = [line for line in text.splitlines() if line.startswith("| 1 | p |")]
     assert place.endswith("| 6 |") and "| 5.00 |" in place
-    # a run that was not sealed by Landlock is never placed
-    unsealed = runs.with_columns(sandbox=pl.Series(["landlock", "process"]))
-    text = "\n".join(report.rankings(pl.DataFrame(rows), unsealed))
-    assert "| 1 | p |" not in text and "sealed by Landlock on every unseen GPU): p." in text
+    # a predictor without a VALID run on every unseen GPU is never placed
+    one_invalid = runs.with_columns(valid=pl.Series([True, False]))
+    text = "\n".join(report.rankings(pl.DataFrame(rows), one_invalid))
+    assert "| 1 | p |" not in text and "sealed VALID run on every unseen GPU): p." in text
