@@ -103,6 +103,17 @@ def readable_code(predictor_dirs) -> list[str]:
     return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
 
 
+def checked_code(predictor_dirs, data_roots=()) -> list[str]:
+    """``readable_code``, refused (``seal_walls.check_readable``) if a folder where measurements
+    lie is inside it or a pinned measurement is in it. The job's own folder is not scanned: it
+    changes every run (which would defeat the scan's cache) and holds only what the parent
+    wrote."""
+    read = readable_code(predictor_dirs)
+    seal_walls.check_readable([r for r in read if not r.startswith(PSEUDO_FS)],
+                              watched(data_roots))
+    return read
+
+
 def listable() -> list[str]:
     """The repository root, as a listing only (it also holds results/ and datasets/)."""
     return [str(paths.REPO_ROOT)]
@@ -137,12 +148,9 @@ def job(described: dict, params: dict, level: str, budget: int, folder: Path,
         cache: Path, predictor_dirs=(), data_roots=()) -> dict:
     """The child's instructions. What it may read is decided here, from what this process
     knows (the suite's code, the ``predictors_path`` folders it was given, the job folder),
-    never from what a child reported; a folder where measurements lie inside any of it, or a
-    pinned measurement in it, refuses the run (``seal_walls.check_readable``)."""
-    read = [*readable_code(predictor_dirs), str(folder / "in")]
+    never from what a child reported (``checked_code``)."""
+    read = [*checked_code(predictor_dirs, data_roots), str(folder / "in")]
     write = [str(folder / "out"), str(cache), "/dev/null"]
-    seal_walls.check_readable([r for r in read if not r.startswith(PSEUDO_FS)],
-                              watched(data_roots))
     namespaced = ["/proc"] if seal_walls.namespaces_available() else []  # its own PIDs only
     return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
             "params": params, "level": level, "budget": budget,

@@ -3,6 +3,7 @@ the predictor cache's snapshot around a reading. ``leaderboard.sandbox`` starts 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -15,9 +16,13 @@ import polars as pl
 from leaderboard import seal_walls
 from leaderboard.readings import ReadingRefused
 from leaderboard.sandbox_bundle import tree_digest, write_frame, write_reading
-from leaderboard.serving.scoring import replay
+from leaderboard.serving.scoring import replay_priced
 from leaderboard_core.contract import Home, NotSupported, ReadingRequest
 from leaderboard_core.specs import GpuSpec
+
+
+class ChildGone(RuntimeError):
+    """The child closed its pipe while the harness waited for an answer."""
 
 
 class Channel:
@@ -63,15 +68,11 @@ class Channel:
         return answer
 
 
-class ChildGone(RuntimeError):
-    pass
-
-
 def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: GpuSpec,
            served: dict) -> None:
     """The serving replay, here in the harness: each batch of scheduled steps goes to the child
     as ``in/steps-<k>.arrow``; its answer is the step times, nothing more."""
-    batches = iter(range(1 << 62))
+    batches = itertools.count()
 
     def price(cells: pl.DataFrame) -> tuple[np.ndarray, float]:
         name = f"steps-{next(batches)}.arrow"
@@ -83,12 +84,17 @@ def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: 
         if "error" in answer:
             raise ValueError(answer["error"])
         result = folder / "out" / f"{name}.npy"
-        ms = np.load(result, allow_pickle=False).astype(np.float64, copy=False)
-        result.unlink()
-        return ms, float(answer.get("seconds", 0.0))
+        try:  # the child's output: whatever it wrote, the harness does not crash on it
+            ms = np.load(result, allow_pickle=False).astype(np.float64, copy=False)
+            seconds = float(answer.get("seconds", 0.0))
+            result.unlink()
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"the predictor's step times for {name} are unreadable: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        return ms, seconds
 
     try:
-        served["pred"] = np.stack(replay(blind, home.models, gpu, price, served))
+        served["pred"] = np.stack(replay_priced(blind, home.models, gpu, price, served))
     except NotSupported as exc:
         served["not_supported"] = str(exc)
         served["invalid_reasons"] = [f"NotSupported: {exc}"]

@@ -105,7 +105,6 @@ def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
     single kernels. The harness reads this from a sealed child (``leaderboard.predictor_index``) and
     never imports a predictor module itself."""
     return {"name": name, "module": cls.__module__, "qualname": cls.__qualname__,
-            "file": str(Path(sys.modules[cls.__module__].__file__).resolve()),
             "defaults": cls.default_params(),
             "annotations": {p.name: str(p.annotation) if p.annotation is not p.empty
                             else type(p.default).__name__ for p in cls._parameters()},

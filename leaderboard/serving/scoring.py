@@ -29,7 +29,7 @@ PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "pha
 StepPricer = Callable[[pl.DataFrame], tuple[np.ndarray, float]]  # ms per step, seconds taken
 
 
-def replay(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
+def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
            ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted TTFT and TPOT per target. The replay (scheduling, timing) runs here, in the
     harness; ``price`` asks the predictor's sandboxed child for the time of each step it
