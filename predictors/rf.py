@@ -18,6 +18,12 @@ evaluates the forest per group instead; off by default); all prefills as one req
 Q = round(sqrt(Σq²)) and K = Σ ceil(c/64)·64; ×1.1 for GQA models when more than one request
 shares a kernel; the all-reduce twice per layer plus 0.02 ms NCCL launch each; × layers.
 
+The launch constant is CPU-side time, so it is priced only where the ground truth is wall clock
+(``gt_kind`` other than ``gpu_block``: measured serving, Vidur's wall-clock steps; a cell without
+``gt_kind`` counts as wall clock). On ``gpu_block`` cells (the CUDA-graph kernel times of the
+``_vidur`` families) it is left out unless ``vidur_launch_on_gpu_block=True`` keeps Vidur's
+quirk of adding it everywhere.
+
 With several homes each home GPU's points are first scaled to the first home's datasheet by
 their roofline-time ratio (``in_first_home_units``), then pooled: the forests learn first-home
 times from every home.
@@ -234,11 +240,13 @@ class VidurRandomForest(Predictor):
                      "prefill_batches": tuple(PREFILL_BATCHES)}
 
     def __init__(self, grid: str = "reduced", random_state: int = 0,
-                 decode_attention: str = "mean_context", prefill_batches: str = "one"):
+                 decode_attention: str = "mean_context", prefill_batches: str = "one",
+                 vidur_launch_on_gpu_block: bool = False):
         self.grid = grid
         self.random_state = random_state
         self.decode_attention = decode_attention
         self.prefill_batches = prefill_batches
+        self.vidur_launch_on_gpu_block = vidur_launch_on_gpu_block
 
     def fit(self, home: Home) -> VidurRandomForest:
         if (self.grid not in GRIDS or self.decode_attention not in DECODE_MODES
@@ -308,6 +316,7 @@ class VidurRandomForest(Predictor):
                                                  "allreduce_launch")}
         sum_q2, kv_sum = steps.sum(steps.pf_q**2), steps.sum(round_up(steps.pf_ctx, KV_GRANULARITY))
         groups = self._decode_groups(cells) if self.decode_attention == "per_context_group" else None
+        launch = self._launch_ms(cells)
         configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
         for name, tp, rows in configs.iter_rows():
             if (name, tp, "attn_decode") not in self.forests_:
@@ -328,8 +337,14 @@ class VidurRandomForest(Predictor):
                                      * (1 + gqa * (n_dec > 1)) * layers)
             if tp > 1:
                 out["allreduce"][i] = f["allreduce"](t8) * ALLREDUCES_PER_LAYER * layers
-                out["allreduce_launch"][i] = NCCL_LAUNCH_MS * ALLREDUCES_PER_LAYER * layers
+                out["allreduce_launch"][i] = launch[i] * ALLREDUCES_PER_LAYER * layers
         return out
+
+    def _launch_ms(self, cells: pl.DataFrame) -> np.ndarray:
+        """Vidur's NCCL launch per all-reduce, on the cells whose ground truth includes CPU time."""
+        wall_clock = (np.ones(len(cells), bool) if "gt_kind" not in cells.columns
+                      else (cells["gt_kind"] != "gpu_block").fill_null(True).to_numpy())
+        return np.where(wall_clock | self.vidur_launch_on_gpu_block, NCCL_LAUNCH_MS, 0.0)
 
     def _token_op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
         """Vidur's token-level ops, each at T rounded up to 8, times the layers."""

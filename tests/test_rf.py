@@ -252,3 +252,17 @@ def test_vidurprof_is_the_forests_home_ground(store_home, tmp_path):
     scaled = run(RunSpec("rf_scaled", "h100_vidurprof", {}, runs_dir=tmp_path)).metrics
     verbatim = run(RunSpec("rf_verbatim", "h100_vidurprof", {}, runs_dir=tmp_path)).metrics
     assert scaled["valid"] and scaled["phases"]["all"]["mape"] < verbatim["phases"]["all"]["mape"] / 3
+
+
+def test_the_launch_constant_is_priced_on_wall_clock_cells_only(fitted):
+    """Vidur's 0.02 ms NCCL launch per all-reduce is CPU-side: GPU-kernel (gpu_block) cells
+    leave it out unless the quirk flag keeps it; wall-clock and serving cells keep it."""
+    gpu, tp2 = load_gpu_specs()["a100_sxm"], CELLS[3:]
+    base = fitted.predict(tp2, gpu)[0]  # no gt_kind: wall clock, as in test_composition_by_hand
+    launch = 36 * 2 * 0.02  # layers x two all-reduces x 0.02 ms
+    for kind, expected in (("gpu_block", base - launch), ("wall_clock", base), ("serving", base)):
+        cells = tp2.with_columns(gt_kind=pl.lit(kind))
+        assert fitted.predict(cells, gpu)[0] == pytest.approx(expected, rel=1e-12), kind
+    quirk = with_params(fitted, vidur_launch_on_gpu_block=True)
+    assert quirk.predict(tp2.with_columns(gt_kind=pl.lit("gpu_block")), gpu)[0] == pytest.approx(
+        base, rel=1e-12)
