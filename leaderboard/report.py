@@ -267,7 +267,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += report_sections.explain_examples(runs)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir)
-    body += report_sections.throughput() + performance(runs)
+    body += report_sections.throughput() + report_sections.seal_overhead() + performance(runs)
     body += unsealed_runs(unsealed)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
     return "\n".join([BEGIN, "", *body, END])

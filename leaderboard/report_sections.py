@@ -24,6 +24,7 @@ from predictors.base import Predictor
 
 THROUGHPUT_JSON = paths.REPO_ROOT / "benchmarks" / "predict_throughput.json"
 FLOORS_JSON = paths.REPO_ROOT / "benchmarks" / "kernel_floors.json"
+SEAL_JSON = paths.REPO_ROOT / "benchmarks" / "seal_overhead.json"
 FLOOR_COLUMNS = ("attention_us", "ours_attention_us", "allreduce_us", "ours_allreduce_us")
 # The dataset of the report's explain examples: an unseen GPU of the main family.
 EXPLAIN_DATASET = "h200_vidur"
@@ -136,6 +137,24 @@ def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
             f"{bench['code_version']}, {bench['date']}.", "",
             *table(["predictor", "kind", "fit s", "cells", "cells/s", "target", "met"], rows,
                    "llrrrrl")]
+
+def seal_overhead(path: Path = SEAL_JSON) -> list[str]:
+    if not path.exists():
+        return ["## Seal cost benchmark", "", f"No benchmark result at `{_shown(path)}` yet.", ""]
+    bench = json.loads(path.read_text())
+    rows = [[r["predictor"], r["dataset"], fmt(r["walled_s"], 2), r["walled_sandbox"],
+             fmt(r["bare_s"], 2), r["bare_sandbox"], fmt(r["ratio"], 2),
+             "yes" if r["met"] else "**NO**"] for r in bench["results"]]
+    return ["## Seal cost benchmark", "",
+            "`python benchmarks/seal_overhead.py --json benchmarks/seal_overhead.json`: the "
+            "median wall time of a whole run with every wall of the seal, and with the parent's "
+            "walls taken down (no namespaces, no scan of the readable roots; the child still "
+            f"confines itself with Landlock, and serving still replays in the harness), median "
+            f"of {bench['repeats']}; target walled / bare ≤ {bench['target_ratio']}; code "
+            f"{bench['code_version']}, {bench['date']}.", "",
+            *table(["predictor", "dataset", "walled s", "sandbox", "bare s", "sandbox",
+                    "ratio", "met"], rows, "llrlrlrl")]
+
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

@@ -284,3 +284,18 @@ def test_composed_cells_are_left_out_of_the_ranking_and_the_places():
     one_invalid = runs.with_columns(valid=pl.Series([True, False]))
     text = "\n".join(report.rankings(pl.DataFrame(rows), one_invalid))
     assert "| 1 | p |" not in text and "sealed VALID run on every unseen GPU): p." in text
+
+
+def test_the_seal_cost_section_shows_each_run_and_the_target(tmp_path):
+    from leaderboard import report_sections
+
+    bench = {"repeats": 3, "target_ratio": 1.3, "code_version": "abc", "date": "2026-12-01",
+             "results": [{"predictor": "ours", "dataset": "h100_vidur", "walled_s": 2.6,
+                          "walled_sandbox": "namespaces+landlock", "bare_s": 1.9,
+                          "bare_sandbox": "landlock", "ratio": 2.6 / 1.9, "met": False}]}
+    path = tmp_path / "seal.json"
+    path.write_text(json.dumps(bench))
+    text = "\n".join(report_sections.seal_overhead(path))
+    assert "| ours | h100_vidur | 2.60 | namespaces+landlock | 1.90 | landlock | 1.37 | **NO** |" in text
+    assert "target walled / bare ≤ 1.3" in text
+    assert "No benchmark result" in "\n".join(report_sections.seal_overhead(tmp_path / "none"))
