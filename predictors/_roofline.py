@@ -1,15 +1,18 @@
-"""Datasheet pieces shared by the roofline baselines (genz, llm_viewer, liminal).
+"""Datasheet pieces shared by the roofline baselines (genz, llm_viewer, liminal) and by the
+profiled ones that scale home measurements by roofline ratios (rf_scaled, table_scaled).
 
 Only what two or more of them use lives here: the bf16 element size, the TP all-reduce count,
-the per-direction link bandwidth read from a GPU's datasheet, and GenZ's ring all-reduce
-formula (baselines.md §3.3), which LLM-Viewer's optional collectives and LIMINAL's sync term
-reuse.
+the per-direction link bandwidth read from a GPU's datasheet, GenZ's ring all-reduce formula
+(baselines.md §3.3), which LLM-Viewer's optional collectives and LIMINAL's sync term reuse, and
+the roofline time of one measured op point with the home-pooling it allows.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 
+from leaderboard_core.contract import Home
 from leaderboard_core.specs import GpuSpec
 
 BF16_BYTES = 2.0
@@ -51,3 +54,50 @@ def ring_allreduce_s(message_bytes: np.ndarray, group: np.ndarray, link_bytes_pe
     seconds = (fixed_s + hops * link_latency_s
                + hops / np.maximum(group, 1.0) * message_bytes / link_bytes_per_s)
     return np.where((group > 1) & (message_bytes > 0), seconds, 0.0)
+
+
+def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.ndarray:
+    """Roofline time of each measured op point on a GPU of these peaks: max(FLOP/F, BYTE/B),
+    or the message over the link for the all-reduce; the point-level form of
+    ``roofline_ratios``."""
+    col = lambda c: points[c].to_numpy().astype(np.float64)  # noqa: E731
+    e = BF16_BYTES
+    if op == "allreduce":
+        return col("message_bytes") / peak["link_bw"]
+    if op.startswith("gemm"):  # a step's gemm_qkv ... or an op-level point's gemm
+        m, n, k = col("m"), col("n"), col("k")
+        flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
+    else:
+        b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
+        kv = col("kv_len")  # cached context, as in the cells' lookups
+        if op == "attn_prefill":
+            q = col("q_len")
+            flop = 4 * b * q * (kv + q / 2) * heads * d
+            byte = e * b * (2 * q * heads * d + 2 * (kv + q) * kv_heads * d)
+        else:
+            flop = 4 * b * kv * heads * d
+            byte = e * b * (2 * kv * kv_heads * d + 2 * heads * d)
+    return np.maximum(flop / peak["flops"], byte / peak["mem_bw"])
+
+
+def in_first_home_units(home: Home) -> dict[str, pl.DataFrame]:
+    """The home's op points, each home GPU's latencies scaled to the first home's datasheet by
+    the point's roofline-time ratio, so one forest per op learns one GPU's times (several homes);
+    one home's points as they are."""
+    if len(home.gpus) == 1:
+        return home.ops
+    first = peaks(home.gpu)
+    out = {}
+    for op, frame in home.ops.items():
+        parts = [rows.with_columns(latency_ms=rows["latency_ms"].to_numpy()
+                                   * point_seconds(op, rows, first) / point_seconds(op, rows, peaks(gpu)))
+                 for gpu, rows in home.by_gpu(frame)]
+        out[op] = pl.concat(parts)
+    return out
+
+
+def peaks(gpu) -> dict[str, float]:
+    """Datasheet peaks; ``fp8_flops`` is NaN on a GPU without FP8 tensor cores."""
+    fp8 = fp8_peak_flops(gpu)
+    return {"flops": peak_flops(gpu), "fp8_flops": np.nan if fp8 is None else fp8,
+            "mem_bw": gpu.mem_bw_bytes_per_s, "link_bw": link_gbs_per_direction(gpu) * 1e9}

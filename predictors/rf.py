@@ -54,9 +54,8 @@ from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
     BF16_BYTES,
     FP8_BYTES,
-    fp8_peak_flops,
-    link_gbs_per_direction,
-    peak_flops,
+    in_first_home_units,
+    peaks,
 )
 from predictors.base import Predictor
 from predictors.registry import register
@@ -175,53 +174,6 @@ def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
         rows["allreduce"] = ops["allreduce"].filter(num_gpus=tp).select(
             "row", x=pl.concat_list(pl.col("message_bytes") / (h * 2)), y="latency_ms")
     return rows
-
-
-def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.ndarray:
-    """Roofline time of each measured op point on a GPU of these peaks: max(FLOP/F, BYTE/B),
-    or the message over the link for the all-reduce; the point-level form of
-    ``roofline_ratios``."""
-    col = lambda c: points[c].to_numpy().astype(np.float64)  # noqa: E731
-    e = BF16_BYTES
-    if op == "allreduce":
-        return col("message_bytes") / peak["link_bw"]
-    if op in GEMMS:
-        m, n, k = col("m"), col("n"), col("k")
-        flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
-    else:
-        b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
-        kv = col("kv_len")  # cached context, as in the cells' lookups
-        if op == "attn_prefill":
-            q = col("q_len")
-            flop = 4 * b * q * (kv + q / 2) * heads * d
-            byte = e * b * (2 * q * heads * d + 2 * (kv + q) * kv_heads * d)
-        else:
-            flop = 4 * b * kv * heads * d
-            byte = e * b * (2 * kv * kv_heads * d + 2 * heads * d)
-    return np.maximum(flop / peak["flops"], byte / peak["mem_bw"])
-
-
-def in_first_home_units(home: Home) -> dict[str, pl.DataFrame]:
-    """The home's op points, each home GPU's latencies scaled to the first home's datasheet by
-    the point's roofline-time ratio, so one forest per op learns one GPU's times (several homes);
-    one home's points as they are."""
-    if len(home.gpus) == 1:
-        return home.ops
-    first = peaks(home.gpu)
-    out = {}
-    for op, frame in home.ops.items():
-        parts = [rows.with_columns(latency_ms=rows["latency_ms"].to_numpy()
-                                   * point_seconds(op, rows, first) / point_seconds(op, rows, peaks(gpu)))
-                 for gpu, rows in home.by_gpu(frame)]
-        out[op] = pl.concat(parts)
-    return out
-
-
-def peaks(gpu) -> dict[str, float]:
-    """Datasheet peaks; ``fp8_flops`` is NaN on a GPU without FP8 tensor cores."""
-    fp8 = fp8_peak_flops(gpu)
-    return {"flops": peak_flops(gpu), "fp8_flops": np.nan if fp8 is None else fp8,
-            "mem_bw": gpu.mem_bw_bytes_per_s, "link_bw": link_gbs_per_direction(gpu) * 1e9}
 
 
 def gemm_precisions(cells: pl.DataFrame) -> set[str]:

@@ -1,0 +1,199 @@
+"""``table_scaled``: a profiled lookup. Each op a step runs (or each op-level point) is read from
+the home GPU's measured table, then scaled to the target by the datasheet ratio of the op's
+roofline bound, as ``rf_scaled`` scales its forests (baselines.md §2.6 (b)).
+
+The lookup follows the interpolation rules aiconfigurator describes for its own tables
+(``perf_interp_design.md``), re-implemented from the description:
+
+- a shape measured on the home is its measured time (exact on the grid);
+- between measured shapes, linear interpolation of log time in the log of the shape's varying
+  dimensions (GEMM m, n, k; attention batch, new tokens, context; all-reduce bytes), inside the
+  hull of the measured points of the same fixed key (dtype and head layout, or the TP degree);
+- outside it, the nearest measured point, and the query counts as extrapolated (``lookup``
+  returns the mask);
+- a key the home never measured (a head layout or dtype of an op-level target) borrows the
+  nearest measured key, rescaled by the home roofline time of the two shapes (extrapolated).
+
+A step is composed as the ``_vidur`` cells are: per layer the four GEMMs at m = the step's
+tokens, one prefill-attention kernel over its prefills (a uniform batch at their mean length)
+and one decode-attention kernel over its decodes (at their mean context), two all-reduces of
+the activations at TP > 1; times the layers. On the home every ``_vidur`` cell is a measured
+grid point, so the home column is in-sample for this predictor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+from leaderboard_core.contract import Home, NotSupported, PredictorCard
+from leaderboard_core.specs import load_models, tp_shapes
+from predictors._roofline import (
+    ALLREDUCES_PER_LAYER,
+    BF16_BYTES,
+    in_first_home_units,
+    peaks,
+    point_seconds,
+)
+from predictors.base import Predictor
+from predictors.registry import register
+
+# Per op family: the columns that vary within a table, and those that pick the table.
+AXES = {"gemm": ("m", "n", "k"), "attn_prefill": ("batch", "q_len", "kv_len"),
+        "attn_decode": ("batch", "kv_len"), "allreduce": ("message_bytes",)}
+KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_dim", "dtype",
+                                            "kv_dtype", "window_size"),
+        "allreduce": ("num_gpus",)}
+KEYS["attn_decode"] = KEYS["attn_prefill"]
+
+
+def family_of(op: str) -> str:
+    return "gemm" if op.startswith("gemm") else op
+
+
+def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: dict[str, float]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Home latency (ms) of each query point, and whether it was extrapolated. The fixed key is
+    every column of ``KEYS[family]`` the query carries. A key the home never measured (a head
+    layout, a dtype) borrows the nearest measured key's table, rescaled by the home roofline
+    time of the query's shape over the borrowed shape's, and counts as extrapolated."""
+    keys = [c for c in KEYS[family] if c in query.columns]
+    ms, outside = np.full(len(query), np.nan), np.zeros(len(query), bool)
+    indexed = query.with_row_index("_q")
+    for key, rows in indexed.group_by(keys, maintain_order=True) if keys else [((), indexed)]:
+        wanted = dict(zip(keys, key, strict=True))
+        known = table.filter(*[pl.col(c) == v for c, v in wanted.items()]) if keys else table
+        i = rows["_q"].to_numpy()
+        if known.is_empty():
+            nearest = _nearest_key(table, wanted)
+            known = table.filter(*[pl.col(c) == v for c, v in nearest.items()])
+            borrowed = rows.with_columns(**{c: pl.lit(v) for c, v in nearest.items()})
+            ms[i], _ = _interpolate(known, AXES[family], rows)
+            ms[i] *= (point_seconds(family, rows, home_peaks)
+                      / point_seconds(family, borrowed, home_peaks))
+            outside[i] = True
+        else:
+            ms[i], outside[i] = _interpolate(known, AXES[family], rows)
+    return ms, outside
+
+
+def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
+    """The measured key sharing most columns with ``wanted``, then nearest in log distance."""
+    def distance(candidate: dict) -> tuple[int, float]:
+        same = sum(candidate[c] == v for c, v in wanted.items())
+        apart = sum(abs(np.log(max(float(candidate[c]), 1.0)) - np.log(max(float(v), 1.0)))
+                    for c, v in wanted.items() if isinstance(v, (int, float))
+                    and isinstance(candidate[c], (int, float)))
+        return -same, apart
+    return min(table.select(list(wanted)).unique().to_dicts(), key=distance)
+
+
+def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame):
+    """Log-log interpolation in the axes that vary among ``known``; nearest point outside."""
+    points = known.group_by(axes).agg(pl.col("latency_ms").median())
+    varying = [a for a in axes if points[a].n_unique() > 1]
+    log = lambda frame: np.log(np.maximum(frame.select(varying).to_numpy().astype(np.float64),  # noqa: E731
+                                          1.0))
+    values = np.log(points["latency_ms"].to_numpy())
+    x, q = log(points), log(rows)
+    if not varying:
+        return np.full(len(rows), np.exp(values[0])), np.zeros(len(rows), bool)
+    if len(varying) == 1:
+        order = np.argsort(x[:, 0])
+        grid, at = x[order, 0], q[:, 0]
+        outside = (at < grid[0]) | (at > grid[-1])
+        return np.exp(np.interp(at, grid, values[order])), outside
+    try:
+        inside = LinearNDInterpolator(x, values)(q)
+    except Exception:  # noqa: BLE001 - a degenerate hull (points on one plane): nearest only
+        inside = np.full(len(q), np.nan)
+    outside = np.isnan(inside)
+    if outside.any():
+        inside[outside] = NearestNDInterpolator(x, values)(q[outside])
+    return np.exp(inside), outside
+
+
+def step_points(cells: pl.DataFrame, models: dict) -> list[tuple[str, np.ndarray, np.ndarray,
+                                                                  pl.DataFrame]]:
+    """The op points of each cell as the ``_vidur`` cells compose them: (op family, cell index,
+    calls per step, the points' shape columns)."""
+    out = []
+    c = cells.with_row_index("_cell")
+    for (name, tp), group in c.group_by("model", "tp", maintain_order=True):
+        model, s = models[name], tp_shapes(models[name], tp)
+        i, layers = group["_cell"].to_numpy(), float(model["num_layers"])
+        tokens = group["total_tokens"].to_numpy()
+        heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
+                 "head_dim": model["head_dim"]}
+        for op in ("qkv", "o", "gate_up", "down"):
+            n, k = s[op]
+            out.append(("gemm", i, np.full(len(i), layers),
+                        pl.DataFrame({"m": tokens, "n": np.full(len(i), n), "k": np.full(len(i), k)})))
+        n_dec, n_pf = group["num_decode"].to_numpy(), group["num_prefill"].to_numpy()
+        dec, pf = n_dec > 0, n_pf > 0
+        out.append(("attn_decode", i[dec], np.full(dec.sum(), layers), pl.DataFrame({
+            "batch": n_dec[dec], "kv_len": group["decode_ctx_sum"].to_numpy()[dec] / n_dec[dec],
+            "q_len": np.ones(dec.sum()), **{k: np.full(dec.sum(), v) for k, v in heads.items()}})))
+        out.append(("attn_prefill", i[pf], np.full(pf.sum(), layers), pl.DataFrame({
+            "batch": n_pf[pf], "q_len": group["prefill_tokens"].to_numpy()[pf] / n_pf[pf],
+            "kv_len": np.zeros(pf.sum()), **{k: np.full(pf.sum(), v) for k, v in heads.items()}})))
+        if tp > 1:
+            out.append(("allreduce", i, np.full(len(i), ALLREDUCES_PER_LAYER * layers), pl.DataFrame(
+                {"message_bytes": tokens * s["hidden"] * BF16_BYTES, "num_gpus": np.full(len(i), tp)})))
+    return out
+
+
+@register("table_scaled")
+class TableScaled(Predictor):
+    card = PredictorCard(
+        kind="profiled",
+        reference="aiconfigurator (ai-dynamo/aiconfigurator): interpolation in measured kernel "
+                  "tables, perf_interp_design.md, re-implemented; cross-GPU scaling as rf_scaled "
+                  "(baselines.md §2.6 (b))",
+        description="each op read from the home GPU's measured table (log-log interpolation off "
+                    "the grid, nearest point outside it), scaled by the roofline-time ratio, "
+                    "target over home", needs_profiled_rows=True)
+
+    def fit(self, home: Home) -> TableScaled:
+        ops = in_first_home_units(home)
+        if not any(name.startswith("gemm") for name in ops):
+            raise NotSupported(f"table_scaled reads the home's measured op points; dataset "
+                               f"{home.dataset} has none (the _vidur and _ops families have them)")
+        by_family: dict[str, list[pl.DataFrame]] = {}
+        for name, frame in ops.items():
+            if family_of(name) in AXES:
+                columns = [c for c in (*AXES[family_of(name)], *KEYS[family_of(name)],
+                                       "latency_ms") if c in frame.columns]
+                by_family.setdefault(family_of(name), []).append(frame.select(columns))
+        self.tables_ = {f: pl.concat(frames, how="diagonal_relaxed")
+                        for f, frames in by_family.items()}
+        self.home_peaks_ = peaks(home.gpu)
+        self.profiled_rows_ = sum(len(t) for t in self.tables_.values())
+        return super().fit(home)
+
+    def _priced(self, family: str, query: pl.DataFrame, gpu) -> np.ndarray:
+        if family not in self.tables_:
+            raise NotSupported(f"the home measured no {family} points")
+        ms, _ = lookup(self.tables_[family], family, query, self.home_peaks_)
+        return ms * (point_seconds(family, query, peaks(gpu))
+                     / point_seconds(family, query, self.home_peaks_))
+
+    def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
+        total, parts = np.zeros(len(cells)), step_points(cells, load_models())
+        for family in AXES:  # one lookup per family: its interpolants are built once
+            mine = [(i, calls, query) for f, i, calls, query in parts if f == family and len(i)]
+            if mine:
+                ms = self._priced(family, pl.concat([q for *_, q in mine], how="diagonal_relaxed"),
+                                  gpu)
+                np.add.at(total, np.concatenate([i for i, *_ in mine]),
+                          ms * np.concatenate([calls for _, calls, _ in mine]))
+        return total
+
+    def predict_ops(self, points: pl.DataFrame, gpu) -> np.ndarray:
+        out = np.zeros(len(points))
+        indexed = points.with_row_index("_p")
+        for (phase,), rows in indexed.group_by("phase"):
+            family = family_of(phase)
+            out[rows["_p"].to_numpy()] = self._priced(family, rows.fill_null(0), gpu)
+        return out
