@@ -5,18 +5,17 @@ BIN := $(VENV)/bin
 
 .PHONY: run test install install-dev sandbox-check
 
-# A run's child needs unprivileged user namespaces (util-linux unshare); without them runs go
-# ahead but are UNSEALED and never ranked.
+# A run's child runs under bubblewrap (bwrap) in namespaces of its own; without it runs go ahead
+# but are UNSEALED and never ranked. Installed here where apt can (as root), named otherwise.
 sandbox-check:
-	@unshare --user --map-root-user --net --ipc --pid --fork --kill-child --mount-proc true 2>/dev/null || \
-	  echo "warning: unshare cannot make the sandbox's namespaces here, so runs will be UNSEALED" \
-	       "(not ranked). Install util-linux (apt-get install util-linux) and allow unprivileged" \
-	       "user namespaces (sysctl kernel.unprivileged_userns_clone=1 or" \
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get install -y -qq bubblewrap >/dev/null 2>&1; } || true
+	@bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all --unshare-user --disable-userns \
+	  --cap-drop ALL --die-with-parent --new-session --as-pid-1 true 2>/dev/null || \
+	  echo "warning: bubblewrap cannot make the sandbox's namespaces here, so runs will be" \
+	       "UNSEALED (not ranked). Install it (apt-get install bubblewrap) and allow" \
+	       "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 or" \
 	       "kernel.apparmor_restrict_unprivileged_userns=0)." >&2
-
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
 install: $(BIN)/python sandbox-check
 	$(BIN)/pip install -q -e .

@@ -72,6 +72,9 @@ def get(name: str) -> dict[str, Any]:
     found = index()
     if name not in found:
         raise UnknownPredictor(f"unknown predictor '{name}'; {suggestion(name, sorted(found))}")
+    if found[name].get("name") != name:  # the describing child's answer is not trusted
+        raise ValueError(f"the description of predictor '{name}' names another predictor "
+                         f"({found[name].get('name')!r}); a predictor module rewrote it")
     return found[name]
 
 
@@ -89,9 +92,9 @@ def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
                    "list": sandbox.listable(), **sandbox.seal_request(read, write)}
         answer_r, answer_w = os.pipe()
         command = seal_walls.child_command(["-m", "leaderboard.sandbox_child", "--describe",
-                                            json.dumps(request), str(answer_w)])
+                                            json.dumps(request), str(answer_w)], [scratch])
         child = subprocess.Popen(command, env=sandbox.scratch_env(scratch), cwd=scratch,
-                                 pass_fds=(answer_w,), preexec_fn=seal_walls.die_with_parent)
+                                 pass_fds=(answer_w,))
         os.close(answer_w)
         with os.fdopen(answer_r) as answer:
             text = answer.read()

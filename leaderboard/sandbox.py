@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -40,6 +41,11 @@ from leaderboard_core.specs import GpuSpec
 # path of the suite.
 KEPT_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
             "TZ", "OMP_NUM_THREADS", "POLARS_MAX_THREADS", "OPENBLAS_NUM_THREADS")
+PREDICTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# What the harness takes from the child's facts.json, and of which type; the rest is dropped
+FACT_TYPES = {"fit_seconds": (int, float, type(None)), "predict_seconds": (int, float, type(None)),
+              "invalid_reasons": list, "home_profiled_rows": int, "not_supported": str,
+              "by_op_names": list, "by_op_error": str, "sandbox": str}
 PSEUDO_FS = ("/proc", "/sys", "/dev")  # kernel files: no one can put a measurement there
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
                "/sys/devices/system/cpu", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cgroup")
@@ -54,8 +60,19 @@ def predictor_cache(name: str, params: dict, home_folder: Path) -> Path:
     fit input: only the same predictor, with the same parameters, fitted on the same home bundle
     ever sees it again. A fit that stashed a home's rows there can thus never hand them to a run
     on another home, where that home's GPU is an unseen target."""
+    if not PREDICTOR_NAME.fullmatch(name):
+        raise ValueError(f"predictor name {name!r} is not a plain name (letters, digits, '_', "
+                         "'-' and '.' only); it names its cache folder")
     digest = hashlib.sha256(json.dumps([name, params], sort_keys=True, default=str).encode())
-    return paths.home() / "predictor-cache" / f"{name}-{tree_digest(home_folder, digest)[:16]}"
+    root = paths.home() / "predictor-cache"
+    cache = root / f"{name}-{tree_digest(home_folder, digest)[:16]}"
+    if not cache.is_symlink():
+        cache.mkdir(parents=True, exist_ok=True)
+    if cache.is_symlink() or os.path.realpath(cache) != os.path.join(os.path.realpath(root),
+                                                                       cache.name):
+        raise ValueError(f"the predictor cache {cache} is a link or lies under one; remove it "
+                         f"(the cache must be a folder of its own under {root})")
+    return cache
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -174,24 +191,45 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
             job(described, params, level, budget, folder, cache, predictor_dirs, data_roots),
             default=str))
         served: dict = {}
-        unscored, reasons = talk(folder, cache, child_env(folder, cache), supply,
-                                 lambda channel: serve(channel, folder, blind, home, gpu, served))
-        facts_file = folder / "out" / "facts.json"
-        if not facts_file.is_file():
+        replay = (lambda channel: serve(channel, folder, blind, home, gpu, served)) if (
+            level == "serving") else None
+        unscored, reasons = talk(folder, cache, child_env(folder, cache),
+                                 [str(folder / "out"), str(cache)], supply, replay)
+        facts = _child_facts(folder / "out" / "facts.json")
+        if facts is None:
             return None, unscored, {"invalid_reasons": reasons or [
                 "the predictor's process died before writing its results"]}
-        facts = json.loads(facts_file.read_text())
         facts["invalid_reasons"][:0] = reasons + served.pop("invalid_reasons", [])
         facts.update(served)
         facts["sandbox"] = _sandbox_label(facts.get("sandbox"))
         if level == "serving":
+            if "pred" not in facts and not facts.get("not_supported") and not facts[
+                    "invalid_reasons"]:
+                facts["invalid_reasons"].append("the predictor's process never let the harness "
+                                                "replay the serving loads")
             return facts.pop("pred", None), unscored, facts
-        pred_file = folder / "out" / "pred.npy"
-        pred = np.load(pred_file, allow_pickle=False) if pred_file.is_file() else None
+        try:
+            pred = np.load(folder / "out" / "pred.npy", allow_pickle=False)
+        except (OSError, ValueError):
+            pred = None  # the reason is the child's, already in its facts
         by_op_file = folder / "out" / "by_op.npy"
         if pred is not None and by_op_file.is_file():
             _load_by_op(by_op_file, len(pred), facts)
     return pred, unscored, facts
+
+
+def _child_facts(path: Path) -> dict | None:
+    """The facts the child wrote, only the fields ``FACT_TYPES`` names and of their types (the
+    timings of a serving run and its predictions come from this process, never from here)."""
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(written, dict):
+        return None
+    facts = {k: v for k, v in written.items() if k in FACT_TYPES and isinstance(v, FACT_TYPES[k])}
+    facts["invalid_reasons"] = [str(r) for r in facts.get("invalid_reasons", [])]
+    return facts
 
 
 def _sandbox_label(child_said) -> str:

@@ -1,9 +1,12 @@
 """The walls around a predictor's child that the parent builds before any predictor code runs.
 
-- **Namespaces** (``child_command``): the child runs under util-linux ``unshare`` in its own user,
-  network, IPC, PID and mount namespaces. It has no network at all (only a loopback that is
-  down), no SysV IPC or abstract unix socket shared with anything outside, and it is PID 1 of
-  its namespace, so every process it starts dies with it; ``unshare`` dies with the parent.
+- **Namespaces** (``child_command``): the child runs under bubblewrap (``bwrap``) in its own
+  user, network, IPC, PID, UTS and mount namespaces, with no capability. Its whole file system
+  is mounted read-only except its write roots (so neither a file's bytes nor its metadata, an
+  xattr, a mode or a time, can carry anything from one run to the next outside them). It has no
+  network at all (a loopback of its own), no SysV IPC or abstract unix socket shared with
+  anything outside, a session of its own, and it is PID 1 of its namespace, so every process it
+  starts dies with it; it dies with the harness.
 - **No measurement in the readable roots** (``check_readable``): no file the child may read has
   the sha256 of a pinned upstream file, no installed distribution is one known to bundle
   measurements, and no folder where measurements lie (the suite's home, a sources root, a runs
@@ -18,7 +21,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from functools import lru_cache
@@ -28,12 +30,14 @@ from leaderboard import sources
 from leaderboard_core import paths
 
 SEALED = "namespaces+landlock"  # the only sandbox a ranked run may have
-NAMESPACE_FLAGS = ("--user", "--map-root-user", "--net", "--ipc", "--pid", "--fork",
-                   "--kill-child", "--mount-proc")
+NAMESPACE_FLAGS = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
+                   "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
+                   "--new-session", "--as-pid-1")
+INSTALL_HINT = ("install bubblewrap (apt-get install bubblewrap; `make` does it where it can) and "
+                "allow unprivileged user namespaces")
 # Distributions that ship measured kernel tables (the aiconfigurator wheels carry the pinned
 # parquet files byte for byte); a predictor's dependencies may carry no GPU's measurements.
 BUNDLING_DISTRIBUTIONS = frozenset({"aiconfigurator", "aiconfigurator-core", "aiconfigurator_core"})
-PR_SET_PDEATHSIG = 1
 # The pinned files that hold measurements (licences, metadata yaml and figures are texts anyone
 # may ship; a LICENSE file matches half of site-packages)
 MEASUREMENT_SUFFIXES = (".parquet", ".csv", ".json", ".jsonl", ".log", ".txt")
@@ -45,31 +49,24 @@ class SealRefused(ValueError):
 
 @lru_cache(maxsize=1)
 def namespaces_available() -> bool:
-    """Whether ``unshare`` can make the child's namespaces here (unprivileged user namespaces)."""
-    tool = shutil.which("unshare")
+    """Whether bubblewrap can make the child's namespaces here."""
+    tool = shutil.which("bwrap")
     if tool is None:
         return False
     probe = subprocess.run([tool, *NAMESPACE_FLAGS, "true"], capture_output=True, timeout=30)
     return probe.returncode == 0
 
 
-def child_command(python_args: list[str]) -> list[str]:
+def child_command(python_args: list[str], writable: list[str]) -> list[str]:
     """The command that starts a child: Python without site processing (``-S``: no ``.pth``
     line runs before the child confines itself; it adds the site folders after), inside the
-    namespaces where they are available."""
-
-
+    namespaces where they are available, ``writable`` the only folders it can write."""
     command = [sys.executable, "-S", *python_args]
-    return [shutil.which("unshare"), *NAMESPACE_FLAGS, *command] if namespaces_available() else (
-        command)
-
-
-def die_with_parent() -> None:
-    """``preexec_fn`` of a child: SIGKILL when the harness dies (``unshare --kill-child`` passes
-    it on to the child it forks)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if not namespaces_available():
+        return command
+    binds = [arg for path in writable if os.path.exists(path) and path != "/dev/null"
+             for arg in ("--bind", path, path)]
+    return [shutil.which("bwrap"), *NAMESPACE_FLAGS, *binds, *command]
 
 
 def leftover_processes() -> list[int]:

@@ -4,6 +4,7 @@ Landlock, as a determined cheat would, and predicts the truth only if the route 
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 import subprocess
 import sys
@@ -123,3 +124,82 @@ class ReplacesReplay(Networked):
 PROBES = {"networked": Networked, "lingers": Lingers, "shares_memory": SharesMemory,
           "names_in_cache": NamesInCache, "erases_record": ErasesRecord,
           "replaces_replay": ReplacesReplay}
+
+
+class MarksReadRoots(Networked):
+    """Leaves a note in the metadata of a file it may read (an xattr, a mode): readable roots
+    are mounted read-only, so both are refused; 1 ms if refused, an error if either worked."""
+
+    def __init__(self, target: str = ""):
+        self.target = target
+
+    def predict(self, cells, gpu):
+        worked = []
+        for name, act in (("xattr", lambda: os.setxattr(self.target, "user.lb", b"1")),
+                          ("chmod", lambda: os.chmod(self.target, 0o600)),
+                          ("utime", lambda: os.utime(self.target, (0, 0)))):
+            try:
+                act()
+                worked.append(name)
+            except OSError:
+                pass
+        if worked:
+            raise AssertionError(f"changed {self.target}: {worked}")
+        return np.full(len(cells), 1.0)
+
+
+class StashesInXattr(ReadsPrefill):
+    """Keeps its reading in an extended attribute of a file its fit left in the cache."""
+
+    def __init__(self, rows: int = 2):
+        self.rows = rows
+
+    def fit(self, home):
+        (paths.home() / "slot").parent.mkdir(parents=True, exist_ok=True)
+        (paths.home() / "slot").write_bytes(b"")
+        return self
+
+    def take_reading(self, reading, gpu):
+        kept = reading.cells.select("cell_id", "gt_ms").rows()
+        os.setxattr(paths.home() / "slot", "user.r", repr(kept).encode())
+
+    def predict(self, cells, gpu):
+        return np.full(len(cells), 1.0)
+
+
+class SkipsReplay(Networked):
+    """Replaces the child's answer loop so the harness's replay never runs, and writes its own
+    TTFT/TPOT and timings into the facts."""
+
+    def fit(self, home):
+        from leaderboard import sandbox_job
+
+        def answer_nothing(estimator, gpu, inputs, out, ask):
+            frame = sys._getframe(1)
+            frame.f_locals["facts"].update(pred=[[123.0], [4.5]], steps=1e9, predict_seconds=1e-3)
+
+        sandbox_job.answer_steps = answer_nothing
+        return self
+
+
+class BreaksThePipe(ReadsPrefill):
+    """Sends the harness what it does not expect, after a reading it kept in its cache:
+    ``mode`` picks the message."""
+
+    def __init__(self, mode: str = "replay"):
+        self.mode = mode
+        self.rows = 1
+
+    def take_reading(self, reading, gpu):
+        (paths.home() / "kept.arrow").parent.mkdir(parents=True, exist_ok=True)
+        reading.cells.write_ipc(paths.home() / "kept.arrow")
+        message = {"replay": '{"replay": true}\n', "cells": '{"cells": [[1, 2]]}\n',
+                   "points": '{"op_points": [5]}\n', "long": "x" * (2 << 20)}[self.mode]
+        os.write(int(sys.argv[3]), message.encode())
+
+    def predict(self, cells, gpu):
+        return np.full(len(cells), 1.0)
+
+
+PROBES.update({"marks_read_roots": MarksReadRoots, "stashes_in_xattr": StashesInXattr,
+               "skips_replay": SkipsReplay, "breaks_the_pipe": BreaksThePipe})

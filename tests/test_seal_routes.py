@@ -22,10 +22,11 @@ from conftest import SHARED, requires_shared
 
 from leaderboard import predictor_index, sandbox, seal_walls
 from leaderboard.evaluate import RunSpec, run
+from leaderboard_core import paths
 from predictors import registry
 
 needs_namespaces = pytest.mark.skipif(not seal_walls.namespaces_available(),
-                                      reason="unshare cannot make user namespaces here")
+                                      reason="bubblewrap cannot make the namespaces here")
 
 
 @pytest.fixture
@@ -94,12 +95,13 @@ def test_the_read_rules_ignore_what_a_child_reports(tmp_path):
 
 
 def test_the_child_starts_without_site_processing_inside_namespaces():
-    command = seal_walls.child_command(["-m", "x"])
+    command = seal_walls.child_command(["-m", "x"], ["/tmp"])
     python = command.index(sys.executable)
     assert command[python + 1] == "-S"
     if seal_walls.namespaces_available():
-        assert command[:python][-len(seal_walls.NAMESPACE_FLAGS):] == list(
-            seal_walls.NAMESPACE_FLAGS)
+        walls = command[:python]
+        assert walls[1:1 + len(seal_walls.NAMESPACE_FLAGS)] == list(seal_walls.NAMESPACE_FLAGS)
+        assert walls[-3:] == ["--bind", "/tmp", "/tmp"]  # the only writable folder
 
 
 # ---------------------------------------------------------------------- slow: the routes run
@@ -234,7 +236,8 @@ def test_an_unsealed_run_says_so_and_is_not_ranked(seal_probe_runs, monkeypatch,
     from leaderboard import cli
 
     monkeypatch.setattr(seal_walls, "namespaces_available", lambda: False)
-    monkeypatch.setattr(seal_walls, "child_command", lambda args: [sys.executable, "-S", *args])
+    monkeypatch.setattr(seal_walls, "child_command",
+                        lambda args, writable: [sys.executable, "-S", *args])
     result = seal_probe_runs("networked", port=1)
     assert result.metrics["valid"] and result.metrics["sealed"] is False
     assert result.metrics["sandbox"] in ("landlock", "process")
@@ -242,3 +245,74 @@ def test_an_unsealed_run_says_so_and_is_not_ranked(seal_probe_runs, monkeypatch,
     on_disk = json.loads((result.folder / "metrics.json").read_text())
     assert on_disk["sealed"] is False
     shutil.rmtree(result.folder)
+
+
+# ------------------------------------------------------- the review's routes around seal v2
+
+
+def test_a_cache_is_copied_without_following_links_or_opening_fifos(tmp_path):
+    from leaderboard import sandbox_talk
+
+    secret, cache = tmp_path / "secret.bin", tmp_path / "cache"
+    secret.write_bytes(b"ground truth")
+    (cache / "sub").mkdir(parents=True)
+    (cache / "sub" / "forest.bin").write_bytes(b"trees")
+    (cache / "loot").symlink_to(secret)
+    (cache / "subdir-link").symlink_to(tmp_path)
+    os.mkfifo(cache / "pipe")
+    reasons = sandbox_talk.copy_tree(cache, tmp_path / "copy")
+    copied = {str(p.relative_to(tmp_path / "copy")): p for p in (tmp_path / "copy").rglob("*")}
+    assert sorted(copied) == ["loot", "sub", "sub/forest.bin", "subdir-link"]
+    assert copied["loot"].is_symlink() and os.readlink(copied["loot"]) == str(secret)
+    assert (tmp_path / "copy" / "sub" / "forest.bin").read_bytes() == b"trees"
+    assert len(reasons) == 1 and "pipe" in reasons[0]
+    state = sandbox_talk.cache_state(cache)
+    os.setxattr(cache / "sub" / "forest.bin", "user.r", b"16 readings")
+    assert sandbox_talk.cache_state(cache) != state, "an xattr must change the cache's state"
+
+
+def test_a_cache_name_is_a_plain_name_and_never_a_link(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEADERBOARD_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "in").mkdir()
+    for name in ("a/b", "../x", "/abs", ".hidden"):
+        with pytest.raises(ValueError, match="not a plain name"):
+            sandbox.predictor_cache(name, {}, tmp_path / "home" / "in")
+    cache = sandbox.predictor_cache("ok", {}, tmp_path / "home" / "in")
+    cache.rmdir()
+    cache.symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="is a link"):
+        sandbox.predictor_cache("ok", {}, tmp_path / "home" / "in")
+
+
+@needs_namespaces
+def test_readable_files_cannot_carry_a_note(seal_probe_runs):
+    """xattr, mode and times of a file in a read root (here the suite's conf) are refused."""
+    result = seal_probe_runs("marks_read_roots", target=str(paths.CONF_DIR / "config.yaml"))
+    assert result.metrics["valid"], result.metrics["invalid_reasons"]
+
+
+def test_a_reading_kept_in_an_xattr_is_undone(seal_probe_runs, store_home):
+    for _ in range(2):
+        result = seal_probe_runs("stashes_in_xattr")
+        assert not result.metrics["valid"]
+        assert any("wrote to its cache after it asked" in r
+                   for r in result.metrics["invalid_reasons"])
+        slots = list((store_home.home / "predictor-cache").glob("stashes_in_xattr-*/**/slot"))
+        assert slots and all(os.listxattr(s) == [] for s in slots)
+
+
+def test_a_serving_run_that_skips_the_replay_is_invalid(seal_probe_runs):
+    result = seal_probe_runs("skips_replay", "h100_silicon")
+    assert not result.metrics["valid"]
+    assert any("never let the harness replay" in r for r in result.metrics["invalid_reasons"])
+    assert result.metrics["predict_cells_per_s"] != 1e12  # its own timings are not taken
+
+
+@pytest.mark.parametrize("mode", ["replay", "cells", "points", "long"])
+def test_a_message_the_harness_does_not_expect_is_invalid_and_undoes_the_cache(
+        seal_probe_runs, store_home, mode):
+    result = seal_probe_runs("breaks_the_pipe", mode=mode)
+    assert not result.metrics["valid"]
+    kept = list((store_home.home / "predictor-cache").glob("breaks_the_pipe-*/**/kept.arrow"))
+    assert kept == [], "a reading outlived the run"
