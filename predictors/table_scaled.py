@@ -91,7 +91,7 @@ def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
 
 def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame):
     """Log-log interpolation in the axes that vary among ``known``; nearest point outside."""
-    points = known.group_by(axes).agg(pl.col("latency_ms").median())
+    points = known.group_by(axes).agg(pl.col("latency_ms").median()).sort(axes)  # order fixes the hull
     varying = [a for a in axes if points[a].n_unique() > 1]
     log = lambda frame: np.log(np.maximum(frame.select(varying).to_numpy().astype(np.float64),  # noqa: E731
                                           1.0))

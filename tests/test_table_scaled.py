@@ -1,0 +1,80 @@
+"""table_scaled: the lookup rules by hand, and a step composed from a tiny home's tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard_core.contract import Home
+from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes
+from predictors._roofline import peaks, point_seconds
+from predictors.table_scaled import TableScaled, lookup
+
+GEMMS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
+
+
+def test_lookup_is_exact_on_the_grid_and_log_log_between():
+    table = pl.DataFrame({"message_bytes": [1024, 4096, 16384], "num_gpus": [2, 2, 2],
+                          "latency_ms": [0.01, 0.04, 0.09]})
+    query = pl.DataFrame({"message_bytes": [4096, 2048, 100, 10**6], "num_gpus": [2, 2, 2, 2]})
+    ms, outside = lookup(table, "allreduce", query, {})
+    # 2048 is halfway between 1024 and 4096 in log bytes: the geometric mean of their times
+    assert ms[:2] == pytest.approx([0.04, np.sqrt(0.01 * 0.04)], rel=1e-12)
+    assert ms[2:] == pytest.approx([0.01, 0.09])  # nearest edge outside the grid, flagged
+    assert outside.tolist() == [False, False, True, True]
+
+
+def test_lookup_interpolates_in_two_axes_and_borrows_a_missing_key():
+    grid = [(b, kv) for b in (1, 4) for kv in (64, 256)]
+    table = pl.DataFrame({"batch": [b for b, _ in grid], "kv_len": [kv for _, kv in grid],
+                          "num_heads": 8, "num_kv_heads": 8, "head_dim": 128,
+                          "latency_ms": [0.01 * b * kv / 64 for b, kv in grid]})
+    query = pl.DataFrame({"batch": [2], "kv_len": [128], "num_heads": [8], "num_kv_heads": [8],
+                          "head_dim": [128], "q_len": [1]})
+    ms, outside = lookup(table, "attn_decode", query, {})
+    assert ms[0] == pytest.approx(0.01 * 2 * 128 / 64, rel=1e-9) and not outside[0]  # log-linear law
+    gpu = peaks(load_gpu_specs()["a100_sxm"])
+    other = query.with_columns(num_heads=pl.lit(16), num_kv_heads=pl.lit(16))
+    borrowed, outside = lookup(table, "attn_decode", other, gpu)
+    ratio = point_seconds("attn_decode", other, gpu) / point_seconds("attn_decode", query, gpu)
+    assert borrowed[0] == pytest.approx(ms[0] * ratio[0], rel=1e-9) and outside[0]
+
+
+def _tiny_home(model: str, tp: int, tokens: int, ctx: int, batch: int) -> tuple[Home, dict]:
+    """A home that measured exactly the points one decode step of ``batch`` requests at
+    ``ctx`` reads, each at a made-up time."""
+    m, s = load_models()[model], tp_shapes(load_models()[model], tp)
+    times = {op: 0.01 * (i + 1) for i, op in enumerate((*GEMMS, "attn_decode", "allreduce"))}
+    ops = {op: pl.DataFrame({"m": [tokens, 2 * tokens], "n": [s[op[5:]][0]] * 2,
+                             "k": [s[op[5:]][1]] * 2, "dtype": ["bfloat16"] * 2,
+                             "latency_ms": [times[op], 9.0]}) for op in GEMMS}
+    ops["attn_decode"] = pl.DataFrame({"batch": [batch, 2 * batch], "kv_len": [ctx, ctx],
+                                       "q_len": [1, 1], "num_heads": [s["heads"]] * 2,
+                                       "num_kv_heads": [s["kv_heads"]] * 2,
+                                       "head_dim": [m["head_dim"]] * 2,
+                                       "latency_ms": [times["attn_decode"], 9.0]})
+    ops["allreduce"] = pl.DataFrame({"message_bytes": [tokens * s["hidden"] * 2, 1],
+                                     "num_gpus": [tp, tp], "latency_ms": [times["allreduce"], 9.0]})
+    gpu = load_gpu_specs()["a100_sxm"]
+    return Home(sku="a100_sxm", gpu=gpu, dataset="tiny", cells=pl.DataFrame(), ops=ops), times
+
+
+def test_a_step_is_its_measured_points_times_the_layers_and_scaled_by_the_roofline():
+    model, tp, batch, ctx = "llama-3-8b", 2, 8, 1023
+    home, times = _tiny_home(model, tp, batch, ctx, batch)
+    cells = pl.DataFrame({"model": [model], "tp": [tp], "total_tokens": [batch],
+                          "num_decode": [batch], "num_prefill": [0], "prefill_tokens": [0],
+                          "decode_ctx_sum": [batch * ctx], "q_lens": [[1] * batch],
+                          "ctx_lens": [[ctx] * batch]})
+    fitted = TableScaled().fit(home)
+    layers = load_models()[model]["num_layers"]
+    per_layer = sum(times[op] for op in GEMMS) + times["attn_decode"] + 2 * times["allreduce"]
+    assert fitted.predict(cells, home.gpu)[0] == pytest.approx(per_layer * layers, rel=1e-12)
+    # a target with twice the compute, memory and link peaks halves every op's roofline time
+    d = home.gpu.data
+    faster = type(home.gpu)("fast", {**d, "bf16_dense_tflops": 2 * d["bf16_dense_tflops"],
+                                     "mem_bw_gbs": 2 * d["mem_bw_gbs"], "interconnect": {
+                                         **d["interconnect"], "bw_gbs": 2 * d["interconnect"]["bw_gbs"]}},
+                            home.gpu.path)
+    assert fitted.predict(cells, faster)[0] == pytest.approx(per_layer * layers / 2, rel=1e-9)
