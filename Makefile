@@ -17,6 +17,10 @@ sandbox-check:
 	       "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 or" \
 	       "kernel.apparmor_restrict_unprivileged_userns=0)." >&2
 
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
 install: $(BIN)/python sandbox-check
 	$(BIN)/pip install -q -e .
 
