@@ -105,4 +105,25 @@ def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     answer = json.loads(text)
     if "error" in answer:
         raise ValueError(answer["error"])
-    return answer["predictors"]
+    return _checked(answer.get("predictors"))
+
+
+# The shape of ``registry.describe``'s answer, field by field: the describing child imports
+# predictor modules, so its answer is checked before the harness reads any of it
+DESCRIPTION = {"name": str, "module": str, "qualname": str, "defaults": dict, "annotations": dict,
+               "choices": dict, "card": dict, "predicts_ops": bool}
+CARD = {"kind": str, "reference": str, "needs_profiled_rows": bool, "precisions": list}
+
+
+def _checked(described) -> dict[str, dict[str, Any]]:
+    if not isinstance(described, dict):
+        raise ValueError("the predictor-describing child answered no table of predictors")
+    for name, entry in described.items():
+        bad = [f for f, kind in DESCRIPTION.items()
+               if not isinstance(entry, dict) or not isinstance(entry.get(f), kind)]
+        bad += [f"card.{f}" for f, kind in CARD.items()
+                if not bad and not isinstance(entry["card"].get(f), kind)]
+        if bad or not all(isinstance(v, list) for v in entry["choices"].values()):
+            raise ValueError(f"the description of predictor {name!r} is malformed "
+                             f"({', '.join(bad) or 'choices'}); a predictor module rewrote it")
+    return described

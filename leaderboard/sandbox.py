@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import landlock, seal_walls, sources
+from leaderboard import child_files, landlock, seal_walls, sources
 from leaderboard.sandbox_bundle import (
     gpu_json,
     tree_digest,
@@ -46,6 +46,7 @@ PREDICTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 FACT_TYPES = {"fit_seconds": (int, float, type(None)), "predict_seconds": (int, float, type(None)),
               "invalid_reasons": list, "home_profiled_rows": int, "not_supported": str,
               "by_op_names": list, "by_op_error": str, "sandbox": str}
+MAX_FACTS = 16 << 20
 PSEUDO_FS = ("/proc", "/sys", "/dev")  # kernel files: no one can put a measurement there
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
                "/sys/devices/system/cpu", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cgroup")
@@ -209,21 +210,21 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
                                                 "replay the serving loads")
             return facts.pop("pred", None), unscored, facts
         try:
-            pred = np.load(folder / "out" / "pred.npy", allow_pickle=False)
-        except (OSError, ValueError):
-            pred = None  # the reason is the child's, already in its facts
-        by_op_file = folder / "out" / "by_op.npy"
-        if pred is not None and by_op_file.is_file():
-            _load_by_op(by_op_file, len(pred), facts)
+            pred = child_files.load_array(folder / "out" / "pred.npy")
+        except Exception:  # noqa: BLE001 - missing or malformed: the run has no predictions
+            pred = None
+        if pred is not None and "by_op_names" in facts:
+            _load_by_op(folder / "out" / "by_op.npy", len(pred), facts)
     return pred, unscored, facts
 
 
 def _child_facts(path: Path) -> dict | None:
     """The facts the child wrote, only the fields ``FACT_TYPES`` names and of their types (the
     timings of a serving run and its predictions come from this process, never from here)."""
+    data = child_files.read_file(path, limit=MAX_FACTS)
     try:
-        written = json.loads(path.read_text())
-    except (OSError, ValueError):
+        written = json.loads(data) if data is not None else None
+    except Exception:  # noqa: BLE001 - whatever the child wrote
         return None
     if not isinstance(written, dict):
         return None
@@ -245,7 +246,7 @@ def _load_by_op(path: Path, rows: int, facts: dict) -> None:
     malformed one is noted as ``by_op_error`` and dropped, never raised in the harness."""
     try:
         names = [str(n) for n in facts.pop("by_op_names")]
-        stacked = np.load(path, allow_pickle=False)
+        stacked = child_files.load_array(path)
         if stacked.shape != (len(names), rows) or stacked.dtype != np.float64:
             raise ValueError(f"not one float per cell ({rows}) for each of {len(names)} parts")
         facts["by_op"] = dict(zip(names, stacked, strict=True))

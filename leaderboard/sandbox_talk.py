@@ -3,25 +3,25 @@ the predictor cache's snapshot around a reading. ``leaderboard.sandbox`` starts 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
 import shutil
-import stat
 import subprocess
+import uuid
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from leaderboard import seal_walls
+from leaderboard import child_files, seal_walls
 from leaderboard.readings import ReadingRefused
 from leaderboard.sandbox_bundle import write_frame, write_reading
 from leaderboard.serving.scoring import replay_priced
 from leaderboard_core.contract import Home, NotSupported, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 
+UNSNAPSHOTTED = "unsnapshotted"
 MAX_MESSAGE = 1 << 20  # characters; a reading request of every cell fits many times over
 
 
@@ -50,7 +50,7 @@ class Channel:
                 return None
             try:
                 message = json.loads(line)
-            except ValueError:
+            except Exception:  # noqa: BLE001 - ValueError, or RecursionError on deep nesting
                 message = None
             if not isinstance(message, dict):
                 self.problems.append(f"the predictor sent a malformed message on the harness "
@@ -97,10 +97,10 @@ def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: 
             raise ValueError(answer["error"])
         result = folder / "out" / f"{name}.npy"
         try:  # the child's output: whatever it wrote, the harness does not crash on it
-            ms = np.load(result, allow_pickle=False).astype(np.float64, copy=False)
+            ms = child_files.load_array(result).astype(np.float64, copy=False)
             seconds = float(answer.get("seconds", 0.0))
             result.unlink()
-        except (OSError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001
             raise ValueError(f"the predictor's step times for {name} are unreadable: "
                              f"{type(exc).__name__}: {exc}") from exc
         return ms, seconds
@@ -135,15 +135,18 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
     unscored, reasons, before = [], [], None
     snapshot = folder / "cache-before-reading"
     try:
-        with os.fdopen(from_child_r) as inbox, os.fdopen(to_child_w, "w") as outbox:
+        with (os.fdopen(from_child_r, errors="replace") as inbox,
+              os.fdopen(to_child_w, "w") as outbox):
             channel = Channel(inbox, outbox)
             while (message := channel.receive()) is not None:
                 if message.get("replay") and serve is not None:
                     serve(channel)
                     continue
                 if before is None:
-                    before = cache_state(cache)
-                    reasons += copy_tree(cache, snapshot)
+                    before = _snapshot(cache, snapshot, reasons)
+                if before == UNSNAPSHOTTED:
+                    channel.send({"refused": "the predictor cache could not be snapshotted"})
+                    continue
                 try:
                     unscored = _answer_reading(message, supply, folder)
                     channel.send({"unscored": unscored})
@@ -156,7 +159,7 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
         if channel_open := child.poll() is None:
             child.kill()
         child.wait()
-        if before is not None:
+        if before not in (None, UNSNAPSHOTTED):
             reasons += put_back(cache, snapshot, before)
     reasons += channel.problems
     if channel.attempts:
@@ -170,12 +173,36 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
     return unscored, reasons
 
 
+def _snapshot(cache: Path, snapshot: Path, reasons: list[str]) -> str:
+    """The cache's state, copied to ``snapshot``; ``UNSNAPSHOTTED`` (with a reason: the run's
+    readings are then refused) if it cannot be."""
+    try:
+        before = child_files.state(cache)
+        reasons += child_files.copy(cache, snapshot)
+        return before
+    except Exception as exc:  # noqa: BLE001 - a cache the child built to break this
+        shutil.rmtree(snapshot, ignore_errors=True)
+        reasons.append(f"the predictor cache could not be snapshotted before its reading "
+                       f"({type(exc).__name__}: {exc}); the reading is refused")
+        return UNSNAPSHOTTED
+
+
 def put_back(cache: Path, snapshot: Path, before: str) -> list[str]:
     """The cache as it was before the first reading was answered, whatever the child did to it
-    since; the reason if it had changed anything."""
-    changed = cache_state(cache) != before
-    shutil.rmtree(cache, ignore_errors=True)
+    since (the changed tree is renamed away first, which cannot fail on a tree built to break a
+    walk, then removed as far as it can be); the reason if it had changed anything."""
+    try:
+        changed = child_files.state(cache) != before
+    except Exception:  # noqa: BLE001 - too large or too deep to compare: changed
+        changed = True
+    trash = cache.with_name(f".{cache.name}-{uuid.uuid4().hex[:8]}.trash")
+    if cache.exists() or cache.is_symlink():
+        os.rename(cache, trash)
     shutil.move(str(snapshot), str(cache))
+    try:
+        shutil.rmtree(trash, ignore_errors=True)
+    except Exception:  # noqa: BLE001, S110 - a hidden name no run uses; left for the disk
+        pass
     return ["the predictor wrote to its cache after it asked for target rows; the cache is put "
             "back as it was before the reading"] if changed else []
 
@@ -187,101 +214,3 @@ def _answer_reading(message: dict, supply, folder: Path) -> list[str]:
                                     op_points=tuple(message.get("op_points", ()))))
     write_reading(reading, folder / "in" / "reading")
     return list(supply.unscored)
-
-
-def cache_state(folder: Path) -> str:
-    """A digest of everything under ``folder`` that could carry data to a later run: each
-    entry's name, kind, mode, times and extended attributes, a file's bytes, a link's target;
-    read without following any link."""
-    digest = hashlib.sha256()
-    for rel, entry_stat, fd in walk_no_follow(folder):
-        digest.update(f"{rel}\0{entry_stat.st_mode}\0{entry_stat.st_mtime_ns}\0".encode())
-        for name in sorted(_xattrs(fd, rel, folder)):
-            digest.update(name.encode() + b"=" + _xattr(fd, rel, folder, name))
-        if stat.S_ISREG(entry_stat.st_mode) and fd is not None:
-            digest.update(_read_all(fd))
-        elif stat.S_ISLNK(entry_stat.st_mode):
-            digest.update(os.readlink(folder / rel).encode())
-        if fd is not None:
-            os.close(fd)
-    return digest.hexdigest()
-
-
-def copy_tree(source: Path, target: Path) -> list[str]:
-    """Copy ``source``'s folders, regular files and links into ``target`` without following a
-    link, each file opened with ``O_NOFOLLOW`` (a name swapped for a link while it is copied is
-    refused, not followed); anything else (a FIFO, a socket, a device) is left out, with a
-    reason."""
-    reasons = []
-    target.mkdir(parents=True)
-    for rel, entry_stat, fd in walk_no_follow(source):
-        dest = target / rel
-        mode = entry_stat.st_mode
-        if stat.S_ISDIR(mode):
-            dest.mkdir(exist_ok=True)
-        elif stat.S_ISREG(mode) and fd is not None:
-            dest.write_bytes(_read_all(fd))
-        elif stat.S_ISLNK(mode):
-            os.symlink(os.readlink(source / rel), dest)
-        else:
-            reasons.append(f"the predictor cache holds {rel}, which is not a file, folder or "
-                           "link; it is left out")
-        if fd is not None:
-            os.close(fd)
-    return reasons
-
-
-def walk_no_follow(root: Path):
-    """(relative path, lstat, an open fd for files and folders or None) for everything under
-    ``root``, depth first, never through a link: each folder is opened relative to its parent's
-    descriptor with ``O_NOFOLLOW``."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        top = os.open(root, flags | os.O_DIRECTORY)
-    except OSError:
-        return
-    stack = [(top, Path())]
-    while stack:
-        dir_fd, rel = stack.pop()
-        try:
-            names = sorted(os.listdir(dir_fd))
-            for name in names:
-                entry_stat = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                fd = None
-                if stat.S_ISDIR(entry_stat.st_mode):
-                    sub = os.open(name, flags | os.O_DIRECTORY, dir_fd=dir_fd)
-                    stack.append((sub, rel / name))
-                    yield rel / name, entry_stat, None
-                    continue
-                if stat.S_ISREG(entry_stat.st_mode):
-                    try:
-                        fd = os.open(name, flags, dir_fd=dir_fd)
-                    except OSError:
-                        fd = None  # swapped for a link (ELOOP) or gone: not copied, not read
-                yield rel / name, entry_stat, fd
-        finally:
-            os.close(dir_fd)
-
-
-def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _xattrs(fd: int | None, rel: Path, folder: Path) -> list[str]:
-    try:
-        return os.listxattr(fd) if fd is not None else os.listxattr(folder / rel,
-                                                                   follow_symlinks=False)
-    except OSError:
-        return []
-
-
-def _xattr(fd: int | None, rel: Path, folder: Path, name: str) -> bytes:
-    try:
-        return os.getxattr(fd, name) if fd is not None else os.getxattr(
-            folder / rel, name, follow_symlinks=False)
-    except OSError:
-        return b""

@@ -251,7 +251,7 @@ def test_an_unsealed_run_says_so_and_is_not_ranked(seal_probe_runs, monkeypatch,
 
 
 def test_a_cache_is_copied_without_following_links_or_opening_fifos(tmp_path):
-    from leaderboard import sandbox_talk
+    from leaderboard import child_files
 
     secret, cache = tmp_path / "secret.bin", tmp_path / "cache"
     secret.write_bytes(b"ground truth")
@@ -260,15 +260,15 @@ def test_a_cache_is_copied_without_following_links_or_opening_fifos(tmp_path):
     (cache / "loot").symlink_to(secret)
     (cache / "subdir-link").symlink_to(tmp_path)
     os.mkfifo(cache / "pipe")
-    reasons = sandbox_talk.copy_tree(cache, tmp_path / "copy")
+    reasons = child_files.copy(cache, tmp_path / "copy")
     copied = {str(p.relative_to(tmp_path / "copy")): p for p in (tmp_path / "copy").rglob("*")}
     assert sorted(copied) == ["loot", "sub", "sub/forest.bin", "subdir-link"]
     assert copied["loot"].is_symlink() and os.readlink(copied["loot"]) == str(secret)
     assert (tmp_path / "copy" / "sub" / "forest.bin").read_bytes() == b"trees"
     assert len(reasons) == 1 and "pipe" in reasons[0]
-    state = sandbox_talk.cache_state(cache)
+    state = child_files.state(cache)
     os.setxattr(cache / "sub" / "forest.bin", "user.r", b"16 readings")
-    assert sandbox_talk.cache_state(cache) != state, "an xattr must change the cache's state"
+    assert child_files.state(cache) != state, "an xattr must change the cache's state"
 
 
 def test_a_cache_name_is_a_plain_name_and_never_a_link(tmp_path, monkeypatch):
@@ -316,3 +316,55 @@ def test_a_message_the_harness_does_not_expect_is_invalid_and_undoes_the_cache(
     assert not result.metrics["valid"]
     kept = list((store_home.home / "predictor-cache").glob("breaks_the_pipe-*/**/kept.arrow"))
     assert kept == [], "a reading outlived the run"
+
+
+def test_a_cache_built_to_break_the_walk_is_still_put_back(tmp_path, monkeypatch):
+    """Too many entries, or folders nested too deep: the comparison gives up (changed), the
+    cache is renamed away and the snapshot put back; no traceback, no descriptor left open."""
+    from leaderboard import child_files, sandbox_talk
+
+    monkeypatch.setattr(child_files, "MAX_ENTRIES", 50)
+    cache, snapshot = tmp_path / "cache", tmp_path / "snap"
+    cache.mkdir()
+    (cache / "forest.bin").write_bytes(b"trees")
+    before = child_files.state(cache)
+    child_files.copy(cache, snapshot)
+    for i in range(60):
+        (cache / "bomb" / str(i)).mkdir(parents=True)
+    deep = cache / "deep"
+    for _ in range(child_files.MAX_DEPTH + 5):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    open_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(child_files.TooLarge):
+        child_files.state(cache)
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    reasons = sandbox_talk.put_back(cache, snapshot, before)
+    assert reasons and "put back" in reasons[0]
+    assert sorted(p.name for p in cache.iterdir()) == ["forest.bin"]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".trash")]
+
+
+def test_child_outputs_that_would_hang_or_exhaust_the_harness_are_refused(tmp_path):
+    from leaderboard import child_files, sandbox_talk
+
+    os.mkfifo(tmp_path / "pred.npy")  # np.load would block on it forever
+    with pytest.raises(FileNotFoundError):
+        child_files.load_array(tmp_path / "pred.npy")
+    header = b"\x93NUMPY\x01\x00v\x00{'descr': '<f8', 'fortran_order': False, 'shape': (1099511627776,), }"
+    (tmp_path / "huge.npy").write_bytes(header.ljust(128 - 1) + b"\n")
+    with pytest.raises(Exception):  # noqa: B017 - any error, never an allocation of 8 TiB
+        child_files.load_array(tmp_path / "huge.npy")
+    assert child_files.read_file(tmp_path / "missing") is None
+    import io
+    channel = sandbox_talk.Channel(io.StringIO("[" * 200_000 + "\n"), io.StringIO())
+    assert channel.receive() is None and "malformed" in channel.problems[0]
+
+
+@pytest.mark.parametrize("field, value", [("card", 5), ("defaults", []), ("name", None)])
+def test_a_malformed_description_is_a_clear_error(field, value):
+    registry.discover()
+    entry = registry.describe("ours", registry.get("ours"))
+    with pytest.raises(ValueError, match=f"description of predictor 'ours' is malformed .*{field}"):
+        predictor_index._checked({"ours": {**entry, field: value}})
+    assert predictor_index._checked({"ours": entry}) == {"ours": entry}
