@@ -85,7 +85,8 @@ def main_leaderboard(runs: pl.DataFrame) -> list[str]:
              "(docs/design.md); their own `mixed` table still scores them. `target rows`: the most "
              "measured target rows the predictor read on any GPU of the family (its deploy "
              "reading, never scored; 0 for a zero-reading predictor). `sandbox`: how its fit "
-             "and predict were confined (`landlock`, or `process` where the kernel lacks it).", ""]
+             "and predict were confined (`namespaces+landlock`: sealed; a run without both walls is "
+             "UNSEALED and appears only in the 'Unsealed runs' table).", ""]
     for fam in families.where(leaderboard=True):
         if fam.level == "serving":
             continue  # tabled by leaderboard.serving.report
