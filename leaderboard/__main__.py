@@ -1,16 +1,31 @@
 """``python -m leaderboard``: see ``leaderboard.cli``."""
 
+import os
 import sys
+import tempfile
 
-from leaderboard.cli import _fail, check_choices, main
+from leaderboard.cli import SWEEP_LOG_ENV, _fail, check_choices, main, print_sweep
 from leaderboard.config import register_predictor_nodes
+from leaderboard.inputs import guarded
 
-try:
-    register_predictor_nodes(sys.argv[1:])
-except (ValueError, ImportError) as exc:  # a bad predictors_path: say which, and stop
-    _fail(str(exc))
-check_choices(sys.argv[1:])
-main()
+
+def leaderboard() -> int:
+    argv = sys.argv[1:]
+    try:
+        register_predictor_nodes(argv)
+    except (ValueError, ImportError) as exc:  # a bad predictors_path: say which, and stop
+        _fail(str(exc))
+    check_choices(argv)
+    if not ({"-m", "--multirun"} & set(argv)):
+        main()
+        return 0
+    with tempfile.NamedTemporaryFile(prefix="leaderboard-sweep-", suffix=".jsonl") as log:
+        os.environ[SWEEP_LOG_ENV] = log.name
+        main()
+        return print_sweep(log.name)
+
+
+sys.exit(guarded(leaderboard, "python -m leaderboard")())
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

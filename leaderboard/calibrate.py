@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from leaderboard.config import load_config
+from leaderboard.config import command_config
 from leaderboard.evaluate import RunSpec, load_inputs
+from leaderboard.inputs import InputError, guarded
 from predictors import registry
 
 
@@ -20,20 +21,22 @@ def calibrate(name: str) -> dict:
     cls = registry.get(name)
     wanted = cls.calibration_home()
     if wanted is None:
-        raise SystemExit(f"predictor '{name}' has no frozen constants to calibrate")
+        raise InputError(f"predictor '{name}' has no frozen constants to calibrate; "
+                         "ours has (predictor=ours)")
     home = load_inputs(RunSpec(name, wanted["dataset"], {}, **{
         k: v for k, v in wanted.items() if k != "dataset"})).home
     return cls.calibrate_constants(home)
 
 
 def main(argv: list[str]) -> None:
-    fitted = calibrate(load_config(argv).predictor.name)
+    cfg = command_config(argv, "python -m leaderboard.calibrate", __doc__, "predictor", {})
+    fitted = calibrate(cfg.predictor.name)
     json.dump(fitted, sys.stdout, indent=1)
     print()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    guarded(main, "python -m leaderboard.calibrate")(sys.argv[1:])
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

@@ -9,58 +9,38 @@ per-phase errors and writes ``<runs_dir>/<run_id>/{metrics.json, predictions.par
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import predictor_index
-from leaderboard.catalog import StoreCatalog
-from leaderboard.config import dataset_names, load_config, unknown_key
+from leaderboard import inputs, predictor_index
+from leaderboard.config import check_names, load_config, unknown_key
 from leaderboard.evaluate import RunSpec, run
+from leaderboard.inputs import InputError
 from leaderboard.ingest import BuildError
 from leaderboard.metrics import registered as registered_metrics
 from leaderboard.sources import SourceError
 from leaderboard_core import paths
 from leaderboard_core.contract import NotSupported
-from leaderboard_core.naming import suggestion
 from leaderboard_core.specs import SpecError
 
 stderr = Console(stderr=True)
 
 
 def check_choices(argv: list[str]) -> None:
-    """Answer a typo in ``predictor=`` or ``dataset=`` with the valid names and the closest one.
-
-    A dataset the store holds without a ``conf/dataset`` file (a GPU added through a sources
-    directory, e.g. ``<short_name>_vidur`` of a new aiconfigurator SKU) gets a node here, with the
-    default home of its family.
-    """
-    configured = dataset_names()
-    stored: list[str] = []  # read from the store only when a name is not configured
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key not in ("predictor", "dataset") or not value:
-            continue
-        for choice in value.split(","):
-            if key == "predictor":
-                valid = predictor_index.names()
-            elif choice in configured:
-                continue
-            else:
-                stored = stored or stored_dataset_names()
-                valid = sorted(set(configured) | set(stored))
-                if choice in valid:
-                    ConfigStore.instance().store(group="dataset", name=choice,
-                                                 node={"name": choice, "home": None})
-                    continue
-            if choice not in valid:
-                _fail(f"unknown {key} '{choice}'; {suggestion(choice, valid)}")
+    """Answer a typo in ``predictor=``, ``dataset=``, a predictor field or any key with the
+    valid names and the closest one (``config.check_names``, ``config.unknown_key``)."""
+    try:
+        check_names(argv)
+    except InputError as exc:
+        _fail(str(exc))
     check_parameters(argv)
     if message := unknown_key([a for a in argv if "=" in a]):
         _fail(message)
@@ -83,11 +63,6 @@ def check_parameters(argv: list[str]) -> None:
 def _fail(message: str) -> None:
     stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     sys.exit(2)
-
-
-def stored_dataset_names() -> list[str]:
-    with StoreCatalog() as catalog:
-        return sorted(catalog.datasets())
 
 
 def verdict(metrics: dict) -> str:
@@ -129,14 +104,58 @@ def run_task(cfg: DictConfig) -> None:
               "dataset.repo=<hub id or local export folder> dataset.name=<config, e.g. h200_vidur>")
     if cfg.predictors_path:  # a multirun worker is a fresh process: register them there too
         predictor_index.include(cfg.predictors_path)
+    try:  # every value checked before the store is opened or a fit starts
+        inputs.check_run_inputs(cfg)
+    except InputError as exc:
+        _fail(str(exc))
     spec = RunSpec.from_config(cfg)
     try:
         result = run(spec)
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:
+        if _in_multirun():  # the sweep goes on; its closing table names the reason
+            log_sweep_run(cfg, "NOT SUPPORTED" if isinstance(exc, NotSupported) else "ERROR",
+                          None, str(exc))
+            return
         _fail(str(exc))
     print_metrics(result.metrics, result.folder)
-    if not result.metrics["valid"] and not _in_multirun():
+    if _in_multirun():
+        first = next(iter(result.metrics["phases"].items()), (None, {}))
+        why = "; ".join(result.metrics["invalid_reasons"])
+        log_sweep_run(cfg, verdict(result.metrics), first[1].get("mape"),
+                      f"{result.folder}: {why}" if why else f"{result.folder} (MAPE of {first[0]})")
+    elif not result.metrics["valid"]:
         sys.exit(1)  # the run folder is written; scripts can still tell an INVALID run
+
+
+# The file a sweep's runs append their outcome to (one JSON line each), set by ``__main__``
+# before Hydra starts the launcher, so that joblib's worker processes inherit it.
+SWEEP_LOG_ENV = "LEADERBOARD_SWEEP_LOG"
+
+
+def log_sweep_run(cfg: DictConfig, status: str, mape: float | None, where: str) -> None:
+    path = os.environ.get(SWEEP_LOG_ENV)
+    if not path:
+        return
+    line = json.dumps({"predictor": cfg.predictor.name, "dataset": cfg.dataset.name,
+                       "status": status, "mape": mape, "where": where.splitlines()[0][:200]})
+    with open(path, "a") as log:  # one short write per run: appends from processes interleave whole
+        log.write(line + "\n")
+
+
+def print_sweep(path: str) -> int:
+    """The closing table of a sweep; 1 when a run is not VALID (or none ran), else 0."""
+    runs = [json.loads(line) for line in open(path) if line.strip()]
+    table = Table(title=f"sweep: {len(runs)} runs")
+    for col in ("predictor", "dataset", "verdict", "MAPE %", "folder or reason"):
+        table.add_column(col, justify="right" if "MAPE" in col else "left")
+    for r in sorted(runs, key=lambda r: (r["predictor"], r["dataset"])):
+        table.add_row(r["predictor"], r["dataset"], r["status"],
+                      "-" if r["mape"] is None else f"{r['mape']:.2f}", r["where"])
+    Console(width=max(Console().width, 200)).print(table)
+    bad = [r for r in runs if r["status"] != "VALID"]
+    if bad:
+        stderr.print(f"[red]{len(bad)} of {len(runs)} runs not VALID[/]", highlight=False)
+    return 1 if bad or not runs else 0
 
 
 def _in_multirun() -> bool:

@@ -9,11 +9,17 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from leaderboard import predictor_index
+from leaderboard.inputs import InputError, check_config
 from leaderboard_core import paths
 from leaderboard_core.naming import suggestion
 
-# ``${repo_root:}`` in conf: the repository root, so relative places are the same from any folder.
-OmegaConf.register_new_resolver("repo_root", lambda: str(paths.REPO_ROOT), replace=True)
+# ``${in_repo:PATH}`` in conf: PATH taken from the repository root (an absolute PATH stays as it
+# is), so relative places are the same from any folder.
+OmegaConf.register_new_resolver("in_repo", lambda path: str(paths.REPO_ROOT / str(path)),
+                                replace=True)
+# ``${predictor_names:}`` in the --help template: the registered names, folded.
+OmegaConf.register_new_resolver(
+    "predictor_names", lambda: ", ".join(predictor_index.names()), replace=True)
 
 # The config groups (conf/<group>/*.yaml): ``group=choice`` picks a node, it is not a key.
 GROUPS = ("predictor", "dataset", "split")
@@ -39,6 +45,43 @@ def register_predictor_nodes(overrides=()) -> None:
 
 def dataset_names() -> list[str]:
     return sorted(p.stem for p in (paths.CONF_DIR / "dataset").glob("*.yaml"))
+
+
+def stored_dataset_names() -> list[str]:
+    from leaderboard.catalog import StoreCatalog
+
+    with StoreCatalog() as catalog:
+        return sorted(catalog.datasets())
+
+
+def check_names(argv: list[str]) -> None:
+    """Raise ``InputError`` for a ``predictor=`` or ``dataset=`` choice that names nothing, with
+    the valid names and the closest one.
+
+    A dataset the store holds without a ``conf/dataset`` file (a GPU added through a sources
+    directory, e.g. ``<short_name>_vidur`` of a new aiconfigurator SKU) gets a node here; its
+    home is its family's default (``homes.resolve``).
+    """
+    configured = dataset_names()
+    stored: list[str] = []  # read from the store only when a name is not configured
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key not in ("predictor", "dataset") or not value:
+            continue
+        for choice in value.split(","):
+            if key == "predictor":
+                valid = predictor_index.names()
+            elif choice in configured:
+                continue
+            else:
+                stored = stored or stored_dataset_names()
+                valid = sorted(set(configured) | set(stored))
+                if choice in valid:
+                    ConfigStore.instance().store(group="dataset", name=choice,
+                                                 node={"name": choice, "home": None})
+                    continue
+            if choice not in valid:
+                raise InputError(f"unknown {key} '{choice}'; {suggestion(choice, valid)}")
 
 
 def unknown_key(overrides: list[str]) -> str | None:
@@ -102,11 +145,17 @@ def command_config(argv: list[str], prog: str, doc: str, section: str,
             overrides.append(arg)
             continue
         key = old_flags[flag]
-        override = key if "=" in key else f"{key}={value or rest.pop(0)}"
+        override = key if "=" in key else f"{key}={value or (rest.pop(0) if rest else '')}"
         print(f"{prog}: {flag} is deprecated and goes in the next release; use {override}",
               file=sys.stderr)
         overrides.append(override)
+    flags = [a for a in overrides if a.startswith("-")]
+    if flags:
+        raise InputError(f"unknown flag {flags[0]}: {prog} takes key=value overrides only "
+                         f"(--help lists them)")
+    check_names(overrides)
     if message := unknown_key(overrides):
-        print(f"{prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-    return load_config(overrides)
+        raise InputError(message)
+    cfg = load_config(overrides)
+    check_config(cfg)
+    return cfg

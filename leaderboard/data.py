@@ -1,6 +1,11 @@
-"""``python -m leaderboard.data {build,list} [--json] [key=value ...]``: the store's command line.
+"""``python -m leaderboard.data {build,list,card} [--json] [--all] [NAME] [key=value ...]``: the store's
+command line.
 
-``list --json`` prints only the JSON array to stdout; progress and reports go to stderr.
+``list`` shows exactly the names ``dataset=`` accepts (cells, op-level and serving sets), each
+with its kind, GPU and architecture, default home, row count and phases; ``--all`` adds what the
+store holds besides (the source op tables, traces, fitted coefficients). ``card NAME`` prints a
+dataset's card. ``list --json`` prints only the JSON array to stdout; progress and reports go to
+stderr.
 """
 
 from __future__ import annotations
@@ -12,11 +17,22 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import store
+from leaderboard import families, homes, store
 from leaderboard.config import load_config, unknown_key
+from leaderboard.inputs import InputError, check_config, guarded
 from leaderboard.ingest import BuildError
 from leaderboard.sources import SourceError
-from leaderboard_core.specs import SpecError
+from leaderboard_core.naming import suggestion
+from leaderboard_core.specs import SpecError, load_gpu_specs
+
+# The kinds ``dataset=`` takes; an ``ops`` row is a dataset only as ``<sku>_ops`` (the others are
+# the source tables those are drawn from).
+RUNNABLE_KINDS = ("cells", "ops", "serving")
+
+
+def runnable(row: dict) -> bool:
+    return (row["kind"] in RUNNABLE_KINDS and families.of(row["name"]) is not None
+            and (row["kind"] != "ops" or row["name"].endswith("_ops")))
 
 
 def skipped_files(**where) -> list[tuple[str, str]]:
@@ -26,6 +42,8 @@ def skipped_files(**where) -> list[tuple[str, str]]:
 
 
 def list_datasets(include_all: bool = False, **where) -> list[dict]:
+    """The store's datasets ``dataset=`` accepts (with ``include_all``, every one it holds),
+    each with its default ``home`` and its GPU's ``arch``."""
     with store.connect(**where) as con:
         rows = con.sql("SELECT * EXCLUDE (card) FROM datasets ORDER BY kind, name").pl().to_dicts()
     for row in rows:
@@ -33,35 +51,63 @@ def list_datasets(include_all: bool = False, **where) -> list[dict]:
             row[key] = json.loads(row[key]) if row[key] is not None else None
         if row["phases"] is None:
             del row["phases"]
-    return [r for r in rows if include_all or r["kind"] in ("ops", "cells")]
+    gpus = load_gpu_specs(where.get("gpu_specs"))
+    named = {r["name"]: r for r in rows if runnable(r)}
+    for row in rows:
+        row["arch"] = gpus[row["sku"]]["arch"] if row["sku"] in gpus else None
+        if row["name"] in named:
+            try:
+                row["home"] = homes.home_of(row["name"], None, named)
+            except ValueError:
+                row["home"] = None  # no default: dataset.home=... must name one
+    return [r for r in rows if include_all or r["name"] in named]
+
+
+def card(name: str, **where) -> str:
+    with store.connect(**where) as con:
+        found = dict(con.execute("SELECT name, card FROM datasets").fetchall())
+    if name not in found:
+        raise InputError(f"no dataset '{name}' in the store; {suggestion(name, sorted(found))}")
+    return found[name] or f"{name} has no card"
 
 
 def print_table(rows: list[dict]) -> None:
-    table = Table(title="leaderboard store")
-    for col in ("name", "kind", "sku", "rows", "version", "tables"):
+    table = Table(title=f"leaderboard store: {len(rows)} datasets")
+    for col in ("name", "kind", "GPU", "arch", "home", "rows", "phases", "version"):
         table.add_column(col, justify="right" if col == "rows" else "left")
     for r in rows:
-        tables = ", ".join(f"{t} {n:,}" for t, n in r["tables"].items())
-        table.add_row(r["name"], r["kind"], r["sku"] or "-", f"{r['rows']:,}", r["version"], tables)
+        phases = ", ".join(f"{k} {v:,}" for k, v in (r.get("phases") or {}).items())
+        table.add_row(r["name"], r["kind"], r["sku"] or "-", r.get("arch") or "-",
+                      r.get("home") or "-", f"{r['rows']:,}", phases or "-", r["version"])
     Console(width=max(Console().width, 160)).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m leaderboard.data", description=__doc__)
-    parser.add_argument("command", choices=["build", "list"])
+    parser = argparse.ArgumentParser(prog="python -m leaderboard.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["build", "list", "card"])
     parser.add_argument("--json", action="store_true", help="print a JSON array to stdout")
     parser.add_argument("--all", action="store_true",
-                        help="also list traces and fitted coefficients, not only ops/cells")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. sources.root=/data")
+                        help="also list the source op tables, traces and fitted coefficients")
+    parser.add_argument("args", nargs="*", help="card: the dataset name; then config overrides, "
+                                                "e.g. sources.root=/data")
     args = parser.parse_args(argv)
-    if message := unknown_key(args.overrides):
+    name = args.args[0] if args.command == "card" and args.args and "=" not in args.args[0] else None
+    overrides = [a for a in args.args if a != name]
+    if args.command == "card" and name is None:
+        parser.error("card takes a dataset name: python -m leaderboard.data card h200_vidur")
+    if message := unknown_key(overrides):
         parser.error(message)
-    cfg = load_config(args.overrides)
+    cfg = load_config(overrides)
+    check_config(cfg)
     where = {"sources_root": cfg.sources.root, "gpu_specs": cfg.gpu_specs}
     try:
         if args.command == "build":
             only = list(cfg.sources.only) if cfg.sources.only else None
             store.build(**where, only=only)
+            return 0
+        if args.command == "card":
+            print(card(name, **where))
             return 0
         rows = list_datasets(args.all, **where)
         skipped = skipped_files(**where)
@@ -78,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main, "python -m leaderboard.data")())
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

@@ -5,7 +5,8 @@ A family is the set of datasets ``<sku>_<suffix>`` built the same way (``h200_vi
 metrics apply, where a dataset of it fits by default and which protocols it joins: the store
 build (``cells.build_all``), the homes (``homes.home_of``), the rerun, the report and the hub
 export all read it from here. A new family is one ``register_family`` call (in its builder's
-module or a test) plus a ``conf/dataset/<name>.yaml`` per dataset that needs a config node.
+module or a test). Its ``home`` applies to every dataset of it, a GPU added later included; a
+``conf/dataset/<name>.yaml`` is a config node, and names a home only to override the family's.
 
 The builder is named by a ``"module:function"`` string and imported only when the store builds,
 so reading the registry imports no builder (and no cycle through ``leaderboard.cells``).
@@ -122,7 +123,7 @@ for _fam in (
                   builder=_VIDUR, builder_takes_gpus=True, two_homes=("a100_vidur", "h100_vidur"),
                   ranking=True),
     DatasetFamily("vidur19", "step", "cells", "Vidur-composed steps at one vLLM version",
-                  builder=_VIDUR, builder_takes_gpus=True),
+                  builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur19"),
     DatasetFamily("vidur_fp8", "step", "cells", "Vidur-composed steps with FP8 GEMMs",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_fp8"),
     DatasetFamily("vidurprof", "step", "cells", "steps over Vidur's own profiles",
@@ -130,12 +131,13 @@ for _fam in (
     DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",
                   builder="leaderboard.cells.wallclock:build_splitwise"),
     DatasetFamily("llmservingsim", "step", "cells", "steps over LLMServingSim's profiles",
-                  builder=f"{_PROFILES}:build_llmservingsim", leaderboard=False),
+                  builder=f"{_PROFILES}:build_llmservingsim", leaderboard=False,
+                  home="a6000_llmservingsim"),  # the family has no A100 set
     DatasetFamily("ops", "op", "ops", "op level (`<sku>_ops`, one measured kernel per row)",
                   phases=("all", "gemm", "attn_prefill", "attn_decode")),
     DatasetFamily("silicon", "serving", "serving", "aiconfigurator's measured serving runs",
-                  phases=("ttft", "tpot")),
+                  phases=("ttft", "tpot"), home="a100_vidur"),
     DatasetFamily("serving", "serving", "serving", "recorded serving runs",
-                  phases=("ttft", "tpot")),
+                  phases=("ttft", "tpot"), home="a100_vidur"),
 ):
     register_family(_fam)

@@ -1,8 +1,9 @@
 """What fit may read: the home dataset's training cells and the home GPU's measured points.
 
-The home of a dataset is named in ``conf/dataset/<name>.yaml`` or, when that says null, is the
-A100 dataset of the same family (``h200_vidur`` -> ``a100_vidur``); ``dataset.home=[a,b]``
-names several. The home's op points are, with ``split.home_points=full_grid`` (the default),
+The home of a dataset is its family's default (``families``: ``h100_vidur19`` for every
+``_vidur19`` GPU, new ones included) unless ``conf/dataset/<name>.yaml`` names another; a family
+without a default fits on its A100 dataset (``h200_vidur`` -> ``a100_vidur``).
+``dataset.home=[a,b]`` names several. The home's op points are, with ``split.home_points=full_grid`` (the default),
 every measured point of the home GPU its models use (``leaderboard.home_grid``), as a profiler
 collects them; with ``behind_cells``, only the points its *training* cells were composed from
 (their lineage), so a held-out cell is never a sum of points the predictor was fitted on unless
@@ -31,8 +32,7 @@ def with_family(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def conf_home(name: str) -> str | None:
-    """The home ``conf/dataset/<name>.yaml`` names (the llmservingsim family names the A6000), or
-    None: then the home is the A100 dataset of the same family (``home_of``)."""
+    """The home ``conf/dataset/<name>.yaml`` names, overriding its family's, or None."""
     conf = paths.CONF_DIR / "dataset" / f"{name}.yaml"
     return yaml.safe_load(conf.read_text()).get("home") if conf.is_file() else None
 
@@ -52,8 +52,9 @@ def home_of(name: str, named_home: str | None, rows: dict[str, dict]) -> str:
         return require_dataset(rows, named_home)["name"]
     a100 = sorted(n for n in rows if family(n) == family(name) and n.startswith("a100"))
     if not a100:
-        raise ValueError(f"the {family(name)} family has no A100 dataset to fit on; name its home "
-                         f"in conf/dataset/{name}.yaml (home: <dataset>) or pass dataset.home=...")
+        raise ValueError(f"the {family(name)} family has no default home and no A100 dataset to "
+                         f"fit on; pass dataset.home=<dataset>, or give the family a home "
+                         "(leaderboard/families.py)")
     return a100[0]
 
 

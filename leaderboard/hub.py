@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"] and len(argv) > 1:
         argv = legacy_overrides(argv)
-    cfg = command_config(argv, "python -m leaderboard.hub", __doc__, "hub", {})
+    cfg = command_config(argv, "python -m leaderboard.hub", __doc__, "hub",
+                         {"--overwrite": "hub.overwrite=true"})
     if not cfg.hub.export:
         stderr.print("[bold red]error:[/] name the folder to export to: hub.export=PATH",
                      highlight=False)
@@ -226,4 +227,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from leaderboard.inputs import guarded
+
+    sys.exit(guarded(main, "python -m leaderboard.hub")())

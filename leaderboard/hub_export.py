@@ -1,7 +1,7 @@
 """Write the store's cell and op datasets as a Hugging Face dataset folder (see ``leaderboard.hub``).
 
 The folder is written under a temporary name beside PATH and renamed into place when complete,
-so an interrupted export leaves no PATH, and with ``--overwrite`` the previous export intact.
+so an interrupted export leaves no PATH, and with ``hub.overwrite=true`` the previous export intact.
 """
 
 from __future__ import annotations
@@ -146,8 +146,18 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
                         "rows": len(listed), "sku": None, "version": meta["store_version"],
                         "sources": [], "path": _write_split(root, "catalog", "catalog", listed)})
         (root / "README.md").write_text(render_readme(configs, meta))
+        (root / EXPORT_MARKER).write_text("written by python -m leaderboard.hub\n")
         progress.advance(task)
     return configs
+
+
+# The file every export holds: hub.overwrite=true replaces only a folder that has it (or an
+# empty one), so a mistyped path never removes a folder of other files.
+EXPORT_MARKER = ".leaderboard-export"
+
+
+def replaceable(folder: Path) -> bool:
+    return folder.is_dir() and ((folder / EXPORT_MARKER).is_file() or not any(folder.iterdir()))
 
 
 def export(path: str | Path, only: list[str] | None = None, overwrite: bool = False,
@@ -156,7 +166,11 @@ def export(path: str | Path, only: list[str] | None = None, overwrite: bool = Fa
     """Write the folder; returns the rows of each config written."""
     target = Path(path).expanduser().absolute()
     if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass --overwrite to replace it")
+        raise FileExistsError(f"{target} exists; pass hub.overwrite=true to replace it")
+    if target.exists() and not replaceable(target):
+        # overwrite replaces the whole folder: never one this command did not write
+        raise FileExistsError(f"{target} is not an earlier export (it has no {EXPORT_MARKER}), "
+                              "so hub.overwrite=true will not replace it; name a new folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

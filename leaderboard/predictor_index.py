@@ -111,7 +111,7 @@ def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
 # The shape of ``registry.describe``'s answer, field by field: the describing child imports
 # predictor modules, so its answer is checked before the harness reads any of it
 DESCRIPTION = {"name": str, "module": str, "qualname": str, "defaults": dict, "annotations": dict,
-               "choices": dict, "card": dict, "predicts_ops": bool}
+               "choices": dict, "bounds": dict, "card": dict, "predicts_ops": bool}
 CARD = {"kind": str, "reference": str, "needs_profiled_rows": bool, "precisions": list}
 
 
@@ -123,7 +123,13 @@ def _checked(described) -> dict[str, dict[str, Any]]:
                if not isinstance(entry, dict) or not isinstance(entry.get(f), kind)]
         bad += [f"card.{f}" for f, kind in CARD.items()
                 if not bad and not isinstance(entry["card"].get(f), kind)]
-        if bad or not all(isinstance(v, list) for v in entry["choices"].values()):
+        if not bad and not all(isinstance(v, list) for v in entry["choices"].values()):
+            bad = ["choices"]
+        if not bad and not all(isinstance(v, list) and len(v) == 2 and all(
+                b is None or (isinstance(b, (int, float)) and not isinstance(b, bool)) for b in v)
+                for v in entry["bounds"].values()):
+            bad = ["bounds"]
+        if bad:
             raise ValueError(f"the description of predictor {name!r} is malformed "
-                             f"({', '.join(bad) or 'choices'}); a predictor module rewrote it")
+                             f"({', '.join(bad)}); a predictor module rewrote it")
     return described

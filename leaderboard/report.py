@@ -39,6 +39,7 @@ from leaderboard import (
     results,
 )
 from leaderboard.config import command_config
+from leaderboard.inputs import guarded
 from leaderboard.homes import family, with_family
 from leaderboard.serving import report as serving_report
 from leaderboard.split import default_split
@@ -285,7 +286,6 @@ def splice(existing: str, block: str) -> str:
 
 OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "report.atlas_dir",
              "--rerun": "report.rerun=true", "--jobs": "report.jobs"}
-PARTIAL = ("keep", "replace")
 
 
 def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list[str]:
@@ -310,8 +310,6 @@ def main(argv: list[str] | None = None) -> None:
     cfg = command_config(sys.argv[1:] if argv is None else argv, "python -m leaderboard.report",
                          __doc__, "report", OLD_FLAGS)
     opts = cfg.report
-    if opts.partial not in PARTIAL:
-        raise SystemExit(f"report.partial={opts.partial}: choose one of {', '.join(PARTIAL)}")
     runs_dir, out = paths.REPO_ROOT / cfg.runs_dir, paths.REPO_ROOT / opts.out
     atlas_dir = paths.REPO_ROOT / opts.atlas_dir
     if opts.rerun:
@@ -334,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main, "python -m leaderboard.report")()
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

@@ -9,13 +9,16 @@ pair, the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and 
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
 dataset's configured home), run in a pool of worker processes because a run is single-threaded,
-Python-bound work.
+Python-bound work. ``python -m leaderboard.rerun [report.jobs=N runs_dir=DIR]`` reruns into
+``runs_dir`` and prints each outcome; ``python -m leaderboard.report report.rerun=true`` does the
+same, then writes RESULTS.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -27,7 +30,7 @@ from rich.console import Console
 from leaderboard import families, predictor_index, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard_core import progress
+from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.versioning import code_hash
 
@@ -119,6 +122,23 @@ def last_rerun(runs_dir: Path) -> dict | None:
         return None
     timing = json.loads(path.read_text())
     return timing if timing.get("code_hash") == code_hash() else None
+
+def main(argv: list[str]) -> int:
+    from leaderboard.config import command_config
+
+    cfg = command_config(argv, "python -m leaderboard.rerun", __doc__, "report", {})
+    outcomes = rerun_all(paths.REPO_ROOT / cfg.runs_dir, cfg.report.jobs)
+    for o in outcomes:
+        print(f"{o.predictor} on {o.dataset}: {o.status} ({o.seconds:.1f} s)")
+    bad = [o for o in outcomes if o.status != "valid" and not o.status.startswith("not supported")]
+    print(f"{len(outcomes)} runs, {len(bad)} invalid or failed", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    from leaderboard.inputs import guarded
+
+    sys.exit(guarded(main, "python -m leaderboard.rerun")(sys.argv[1:]))
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

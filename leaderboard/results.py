@@ -13,6 +13,8 @@ of the leaderboard.
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -39,14 +41,45 @@ RUN_COLUMNS = {
 RUN_FILES = ("metrics.json", "predictions.parquet")
 
 
+# What each DuckDB type of RUN_COLUMNS takes in metrics.json (null is always allowed).
+JSON_TYPES = {"VARCHAR": (str,), "BIGINT": (int,), "DOUBLE": (int, float), "BOOLEAN": (bool,),
+              "VARCHAR[]": (list,), "JSON": (dict, list, str, int, float, bool)}
+
+
 def complete_run_folders(runs_dir: str | Path) -> list[Path]:
-    """Run folders holding both outputs; hidden ``.partial`` folders of interrupted or running
-    runs are skipped."""
+    """Run folders holding both outputs whose ``metrics.json`` reads as a run; hidden
+    ``.partial`` folders of interrupted or running runs are passed over. A folder whose
+    metrics do not read (a hand edit, an older layout, a value of the wrong type) is skipped
+    with one line naming it, so one bad folder never stops the report."""
     root = Path(runs_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and all((p / name).is_file() for name in RUN_FILES))
+    found = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                   and all((p / name).is_file() for name in RUN_FILES))
+    good = []
+    for folder in found:
+        if problem := metrics_problem(folder / "metrics.json"):
+            print(f"skipped run folder {folder}: {problem}", file=sys.stderr)
+        else:
+            good.append(folder)
+    return good
+
+
+def metrics_problem(path: Path) -> str | None:
+    """Why ``path`` does not read as a run's metrics, or None."""
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"metrics.json does not parse ({exc})"
+    if not isinstance(metrics, dict):
+        return "metrics.json is not an object"
+    for column, kind in RUN_COLUMNS.items():
+        value = metrics.get(column)
+        types = JSON_TYPES[kind]
+        if value is not None and (not isinstance(value, types)
+                                  or (isinstance(value, bool) and bool not in types)):
+            return f"{column}={value!r} is not {kind.lower()}"
+    return None
 
 
 def load_runs(runs_dir: str | Path, con: duckdb.DuckDBPyConnection | None = None

@@ -20,9 +20,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 from rich.console import Console
-from rich.progress import Progress
 
-from leaderboard import cells, debris, sources
+from leaderboard import cells, debris, families, sources
 from leaderboard.ingest import ADAPTERS, BuildError, IngestContext
 from leaderboard.quarantine import validate
 from leaderboard.serving import datasets as serving_datasets
@@ -95,15 +94,18 @@ def build(sources_root: str | None = None, gpu_specs: str | None = None,
                                            {p.rel for p in pins}, sources_root)
         ctx = IngestContext(load_gpu_specs(gpu_specs), load_models())
         chunks: dict[str, list[pl.DataFrame]] = {name: [] for name in TABLES}
-        with Progress(console=stderr, transient=True, disable=quiet) as progress:
-            task = progress.add_task("ingesting upstream files", total=len(files))
+        with progress.track("store build: ingesting upstream files", len(files),
+                            enabled=not quiet) as bar:
             for adapter in adapters:
                 mine = [f for f in files if adapter.matches(f.rel)]
+                bar.note(adapter.name)
                 for table, df in adapter.ingest(mine, ctx):
                     chunks[table].append(conform(df, table))
-                progress.advance(task, len(mine))
+                bar.advance(len(mine))
         fingerprint = inputs_fingerprint(sources_root, gpu_specs, only)
-        report = _write(chunks, ctx, files, fingerprint, started)
+        steps = len(chunks) + len(families.builders()) + 2
+        with progress.track("store build: tables and cells", steps, enabled=not quiet) as bar:
+            report = _write(chunks, ctx, files, fingerprint, started, bar)
     if not quiet:
         print_report(report)
     return report
@@ -144,7 +146,8 @@ def _store_table(con, name: str, frame: pl.DataFrame) -> None:
         raise BuildError(f"store table {name}: wrote {written} rows, expected {len(frame)}")
 
 
-def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> BuildReport:
+def _write(chunks, ctx: IngestContext, files, fingerprint: str, started,
+           bar: progress.Tracker) -> BuildReport:
     """Validate and write one table at a time into a temp file, then rename it into place."""
     target = paths.store_path()
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -153,6 +156,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
     try:
         con = duckdb.connect(str(tmp), config={"memory_limit": "512MB", "threads": 2})
         for name in list(chunks):
+            bar.note(f"checking and writing {name}")
             frames = chunks.pop(name)
             df = pl.concat(frames) if frames else pl.DataFrame(schema=TABLES[name].schema)
             del frames
@@ -164,6 +168,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
             table_versions.append({"table_name": name, "rows": len(df), "version": content_hash(
                 BUILDER_VERSION, sorted(df["file_sha256"].unique().to_list()))})
             del df
+            bar.advance()
         quarantine = ctx.quarantine.table()
         _store_table(con, "quarantine", quarantine)
         _store_table(con, "skipped_files", pl.DataFrame(
@@ -173,14 +178,18 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started) -> Buil
              "bytes": f.path.stat().st_size, "license": f.license, "pinned": f.pinned,
              "read_from": str(f.path.parent)} for f in files]))
         # Cells are composed from the op tables just written, inside the same temporary store.
-        cell_sets, cell_entries = cells.build_all(con, ctx.gpus, BUILDER_VERSION)
+        cell_sets, cell_entries = cells.build_all(con, ctx.gpus, BUILDER_VERSION, bar)
+        bar.note("writing cells")
         cell_frame, lineage_frame = cells.frames(cell_sets)
         _store_table(con, "cells", cell_frame)
         _store_table(con, "cell_lineage", lineage_frame)
         rows["cells"], rows["cell_lineage"] = len(cell_frame), len(lineage_frame)
+        bar.advance()
+        bar.note("serving targets")
         serving_frame, serving_entries = serving_datasets.build_all(con, ctx.gpus, BUILDER_VERSION)
         _store_table(con, "serving_targets", serving_frame)
         rows["serving_targets"] = len(serving_frame)
+        bar.advance()
         cell_entries = [*cell_entries, *serving_entries]
         datasets = pl.concat([_datasets(summaries, ctx, files).with_columns(
             phases=pl.lit(None, pl.String), card=pl.lit(None, pl.String)),

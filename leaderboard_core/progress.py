@@ -1,7 +1,7 @@
 """Progress for long work: a rich bar on a terminal, a plain line every few seconds elsewhere.
 
-Used by the forest fits of ``rf``, ``report --rerun`` and the wait on another process's store
-build. Off a terminal (a log file, CI, a pipe) a bar draws nothing, so a background thread
+Used by the store build (its files, tables and cell families), the forest fits of ``rf``,
+``report --rerun`` and the wait on another process's store build. Off a terminal (a log file, CI, a pipe) a bar draws nothing, so a background thread
 prints what is happening every ``EVERY_SECONDS`` instead; work shorter than that prints nothing.
 Processes that share a terminal with a bar of their own (the workers of a rerun, and the
 sandboxed fits they start) are silenced with ``show(False)``.
@@ -71,11 +71,12 @@ def _print_lines(tracker: Tracker, stop: threading.Event) -> None:
 
 
 @contextmanager
-def track(what: str, total: int | None = None):
-    """A ``Tracker`` for the block, shown as a bar on a terminal, as lines elsewhere."""
+def track(what: str, total: int | None = None, enabled: bool = True):
+    """A ``Tracker`` for the block, shown as a bar on a terminal, as lines elsewhere (neither
+    when ``enabled`` is false or the process is silenced)."""
     tracker = Tracker(what, total)
     console = Console(stderr=True)
-    if not _shown:
+    if not (_shown and enabled):
         yield tracker
     elif console.is_terminal:
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),

@@ -8,6 +8,8 @@ A file there with the same sku replaces the repo's.
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import yaml
 
 from leaderboard_core import paths
+from leaderboard_core.naming import closest
 from leaderboard_core.versioning import content_hash
 
 GPU_REQUIRED = (
@@ -41,9 +44,17 @@ GPU_RANGES = {
     "sm_count": (0, 1000), "boost_clock_mhz": (0, 5000), "bf16_dense_tflops": (0, 100_000),
     "mem_bw_gbs": (0, 100_000), "l2_mb": (0, 1024), "mem_gb": (0, 10_000),
 }
-GPU_CHOICES = {"vendor": ("nvidia", "amd", "intel"),
-               "arch": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
-                        "cdna2", "cdna3", "cdna4", "gaudi")}
+# The vendors and architectures the suite knows. Another one is accepted with a warning (a new
+# GPU needs only its spec file): its physical ranges are still checked, and each predictor
+# treats it by its documented default or answers NotSupported with the reason.
+GPU_KNOWN = {"vendor": ("nvidia", "amd", "intel"),
+             "arch": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
+                      "cdna2", "cdna3", "cdna4", "gaudi")}
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
+
+
+class UnknownArchitecture(UserWarning):
+    """A GPU spec names a vendor or architecture outside ``GPU_KNOWN``."""
 MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
                                               "num_kv_heads", "head_dim", "intermediate_size",
                                               "vocab_size")}
@@ -103,16 +114,23 @@ def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
 
 
 def validate(path: Path, data: dict, ranges: dict, choices: dict) -> None:
-    """Raise SpecError naming the file, the field and the allowed range or values."""
+    """Raise SpecError naming the file, the field and the allowed range or form; warn on a
+    name outside ``choices`` (``UnknownArchitecture``)."""
     for key, (low, high) in ranges.items():
         value = data[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not low < value <= high:
             raise SpecError(f"{path}: {key} = {value!r} is outside its physical range; "
                             f"allowed: a number > {low} and <= {high:,}")
     for key, allowed in choices.items():
-        if data[key] not in allowed:
-            raise SpecError(f"{path}: {key} = {data[key]!r} is not known; allowed: "
-                            f"{', '.join(allowed)}")
+        value = data[key]
+        if not isinstance(value, str) or not NAME_PATTERN.match(value):
+            raise SpecError(f"{path}: {key} = {value!r} must be a lower-case name "
+                            f"(known: {', '.join(allowed)})")
+        if value not in allowed:
+            warnings.warn(f"{path}: {key} = {value!r} is not one the suite knows ("
+                          f"{', '.join(allowed)}); accepted, and predictors treat it by their "
+                          f"documented default.{closest(value, list(allowed))}",
+                          UnknownArchitecture, stacklevel=3)
     if "l2_mb" in ranges and data["l2_mb"] >= data["mem_gb"] * 1024:
         raise SpecError(f"{path}: l2_mb = {data['l2_mb']} must be smaller than the memory "
                         f"(mem_gb = {data['mem_gb']}, i.e. {data['mem_gb'] * 1024:,} MB)")
@@ -129,7 +147,7 @@ def load_gpu_specs(extra: str | os.PathLike | None = None) -> dict[str, GpuSpec]
     for directory in gpu_spec_dirs(extra):
         for path in sorted(directory.glob("*.yaml")):
             data = _load_yaml(path, GPU_REQUIRED)
-            validate(path, data, GPU_RANGES, GPU_CHOICES)
+            validate(path, data, GPU_RANGES, GPU_KNOWN)
             if data["sku"] != path.stem:
                 raise SpecError(f"{path}: sku '{data['sku']}' must equal the file name '{path.stem}'")
             specs[path.stem] = GpuSpec(path.stem, data, path)

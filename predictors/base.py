@@ -25,6 +25,9 @@ class Predictor:
     name: ClassVar[str]  # set by ``register``
     # The allowed values of a parameter that takes one of a few (checked before a run starts).
     param_choices: ClassVar[dict[str, tuple]] = {}
+    # The closed range [low, high] of a numeric parameter (None: unbounded on that side),
+    # checked before a run starts as the choices are; every float must also be finite.
+    param_bounds: ClassVar[dict[str, tuple[float | None, float | None]]] = {}
 
     @classmethod
     def _parameters(cls) -> list[inspect.Parameter]:

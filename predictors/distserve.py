@@ -142,6 +142,7 @@ class DistServe(Predictor):
         description="fitted prefill quadratic and small/large-batch decode lines, home "
                     "coefficients used unchanged on every GPU",
         needs_profiled_rows=True)
+    param_choices = {"mixed": MIXED_MODES, "published_engine": ("distserve", "vllm")}
 
     def __init__(self, mixed: str = "additive", prefill_todo_ms: bool = False,
                  verbatim_threshold: bool = True, published_engine: str = "distserve"):

@@ -108,6 +108,9 @@ class GenZ(Predictor):
         kind="analytical", reference=GENZ_REFERENCE, needs_profiled_rows=False,
         description="GenZ's chunked roofline for every step: per-operator max(compute, memory) "
                     "at datasheet peaks, ring all-reduces over the GPU's link, binary GB/s")
+    # an efficiency is a share of the peak; a latency is not negative
+    param_bounds = {"compute_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0),
+                    "link_latency_us": (0.0, None)}
 
     def __init__(self, compute_efficiency: float = 1.0, memory_efficiency: float = 1.0,
                  binary_bw: bool = True, link_latency_us: float = 1.0):
@@ -137,6 +140,8 @@ class GenZCalibrated(GenZ):
         kind="analytical", reference=GENZ_REFERENCE, needs_profiled_rows=True,
         description="GenZ's chunked roofline with compute/memory efficiencies grid-searched for "
                     "MAPE on the home GPU's training cells, applied to the target's peaks")
+    param_bounds = {"efficiency_min": (1e-3, 1.0), "efficiency_max": (1e-3, 1.0),
+                    "efficiency_step": (1e-4, 1.0), "link_latency_us": (0.0, None)}
 
     def __init__(self, shared_efficiency: bool = False, efficiency_min: float = 0.30,
                  efficiency_max: float = 1.00, efficiency_step: float = 0.01,

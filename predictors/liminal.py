@@ -55,6 +55,8 @@ class Liminal(Predictor):
         description="LIMINAL-style decode roofline per layer, max(memory, compute) plus exposed "
                     "all-reduce sync (tau fitted on the home's all-reduce points); prefill and "
                     "mixed steps are a flagged extension, not LIMINAL")
+    param_bounds = {"compute_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0),
+                    "default_tau_sync_us": (0.0, None)}
 
     def __init__(self, extend_to_prefill: bool = True, compute_efficiency: float = 1.0,
                  memory_efficiency: float = 1.0, default_tau_sync_us: float = 5.0):

@@ -121,6 +121,7 @@ class LLMViewer(Predictor):
                   "arXiv 2402.16363; github.com/hahnyuan/LLM-Viewer",
         description="LLM-Viewer's per-op roofline max(OPs/peak, bytes/BW) at datasheet peaks, "
                     "non-fused attention, no efficiencies, no collectives by default")
+    param_bounds = {"link_latency_us": (0.0, None)}
 
     def __init__(self, ring_allreduce: bool = False, link_latency_us: float = 1.0):
         self.ring_allreduce = ring_allreduce

@@ -58,6 +58,9 @@ class OursReading(Ours):
                     "(smallest all-reduce per TP); "
                     "every other constant frozen from the home",
         needs_profiled_rows=False)
+    # 0 reads none of that group; registry.build refuses a negative count
+    param_bounds = {"decode_points": (0, None), "gemm_points": (0, None),
+                    "allreduce_points": (0, None)}
 
     def __init__(self, decode_points: int = 4, gemm_points: int = 3, allreduce_points: int = 3):
         super().__init__()
@@ -65,12 +68,6 @@ class OursReading(Ours):
         self.allreduce_points = allreduce_points
 
     def fit(self, home) -> OursReading:
-        counts = {"decode_points": self.decode_points, "gemm_points": self.gemm_points,
-                  "allreduce_points": self.allreduce_points}
-        negative = {k: v for k, v in counts.items() if v < 0}
-        if negative:
-            raise ValueError(f"ours_reading: {', '.join(f'{k}={v}' for k, v in negative.items())}"
-                             " must be 0 or more (0 reads none of that group)")
         super().fit(home)
         self.constants_ = copy.deepcopy(self.constants_)  # the reading rescales this copy only
         self.reading_scales_ = {name: 1.0 for name in RANGES}  # until the reading: as ``ours``

@@ -7,6 +7,7 @@ the Hydra node ``predictor=name`` (with the constructor's defaults as keys) foll
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 import sys
 from pathlib import Path
@@ -106,13 +107,22 @@ def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
     never imports a predictor module itself."""
     return {"name": name, "module": cls.__module__, "qualname": cls.__qualname__,
             "defaults": cls.default_params(),
-            "annotations": {p.name: str(p.annotation) if p.annotation is not p.empty
-                            else type(p.default).__name__ for p in cls._parameters()},
+            "annotations": {p.name: _type_name(p) for p in cls._parameters()},
             "choices": {k: list(v) for k, v in cls.param_choices.items()},
+            "bounds": {k: list(v) for k, v in cls.param_bounds.items()},
             "card": {"kind": cls.card.kind, "reference": cls.card.reference,
                      "needs_profiled_rows": cls.card.needs_profiled_rows,
                      "precisions": list(cls.card.precisions)},
             "predicts_ops": callable(getattr(cls, "predict_ops", None))}
+
+
+def _type_name(parameter) -> str:
+    """``float`` for an annotation written as the class or as text (with or without
+    ``from __future__ import annotations``); the default's type without one."""
+    annotation = parameter.annotation
+    if annotation is parameter.empty:
+        return type(parameter.default).__name__
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 def check_fields(described: dict[str, Any], fields) -> None:
@@ -127,17 +137,25 @@ def check_fields(described: dict[str, Any], fields) -> None:
         raise ValueError(f"predictor '{name}' has no parameter(s) {', '.join(unknown)}; "
                          f"its parameters: {', '.join(valid) or 'none'}.{closest(unknown[0], valid)}")
     for field, value in (fields.items() if isinstance(fields, dict) else ()):
-        choices = described["choices"].get(field)
-        types = TYPES.get(annotations[field])
-        if choices is not None and value not in choices:
-            allowed = f"one of {', '.join(map(str, choices))}"
-        elif types and (not isinstance(value, types) or (isinstance(value, bool)
-                                                          and bool not in types)):
-            allowed = f"of type {annotations[field]}"
-        else:
-            continue
-        raise ValueError(f"predictor '{name}': {field}={value!r} is not allowed; "
-                         f"{field} must be {allowed}")
+        if problem := _value_problem(described, field, value):
+            raise ValueError(f"predictor '{name}': {field}={value!r} is not allowed; "
+                             f"{field} must be {problem}")
+
+
+def _value_problem(described: dict[str, Any], field: str, value) -> str | None:
+    choices = described["choices"].get(field)
+    annotation = described["annotations"][field]
+    types = TYPES.get(annotation)
+    if choices is not None:
+        return None if value in choices else f"one of {', '.join(map(str, choices))}"
+    if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+        return f"of type {annotation}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "finite"
+    low, high = described.get("bounds", {}).get(field, (None, None))
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+    return None
 
 
 def check_params(name: str, fields) -> None:

@@ -190,6 +190,7 @@ class VidurRandomForest(Predictor):
 
     param_choices = {"grid": tuple(GRIDS), "decode_attention": tuple(DECODE_MODES),
                      "prefill_batches": tuple(PREFILL_BATCHES)}
+    param_bounds = {"random_state": (0, 2**32 - 1)}  # numpy's seed range
 
     def __init__(self, grid: str = "reduced", random_state: int = 0,
                  decode_attention: str = "mean_context", prefill_batches: str = "one",

@@ -137,7 +137,7 @@ def test_splitwise_synthetic_rows_excluded_with_reason(tiny, capsys):
 
     # The first command that needs the store builds it (all sources: only this file exists).
     assert not paths.store_path().exists()
-    assert data.main(["list", "--json"]) == 0
+    assert data.main(["list", "--json", "--all"]) == 0
     listed = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
     # the op tables, and the wall-clock cell datasets built from them
     assert set(listed) == {"splitwise.a100_sxm", "splitwise.h100_sxm", "a100_splitwise",
@@ -250,7 +250,7 @@ def test_new_sku_folder_ingested_from_spec_alone(tiny, tmp_path, monkeypatch, ca
 
     assert data.main(["build"]) == 0
     capsys.readouterr()
-    assert data.main(["list", "--json"]) == 0
+    assert data.main(["list", "--json", "--all"]) == 0
     (entry,) = json.loads(capsys.readouterr().out)
     assert entry["name"] == "aiconfigurator.newgpu" and entry["sku"] == "newgpu"
     assert entry["kind"] == "ops" and entry["rows"] == 3 and entry["pinned"] is False
@@ -300,7 +300,7 @@ def test_other_frameworks_in_a_new_sku_folder_are_skipped_and_listed(tiny, tmp_p
     monkeypatch.setenv("LEADERBOARD_GPU_SPECS", str(_new_spec_dir(tmp_path)))
 
     assert data.main(["build"]) == 0
-    assert data.main(["list", "--json"]) == 0
+    assert data.main(["list", "--json", "--all"]) == 0
     out, err = capsys.readouterr()
     (entry,) = json.loads(out)
     assert entry["rows"] == 2 and entry["files"] == [NEW_GEMM]

@@ -10,6 +10,7 @@ from hydra.core.config_store import ConfigStore
 
 from leaderboard.catalog import StoreCatalog
 from leaderboard.config import dataset_names, load_config
+from leaderboard.inputs import InputError
 from leaderboard_core import paths
 from predictors import registry
 
@@ -20,9 +21,12 @@ def test_defaults_compose():
     cfg = load_config(with_hydra=True)
     assert cfg.split.test_fraction == 0.3 and cfg.dataset.name
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher")
-    # Hydra's logs land in the repository's results/, not in the folder the command starts from
+    # Hydra's logs land beside the runs (taken from the repository root), never in the folder
+    # the command starts from, and under a runs_dir elsewhere when one is given
     for kind in ("run", "sweep"):
-        assert cfg.hydra[kind].dir.startswith(str(paths.REPO_ROOT / "results" / "hydra") + "/")
+        assert cfg.hydra[kind].dir.startswith(str(paths.REPO_ROOT / "results/runs/.hydra") + "/")
+    elsewhere = load_config(["runs_dir=/srv/runs"], with_hydra=True)
+    assert all(elsewhere.hydra[k].dir.startswith("/srv/runs/.hydra/") for k in ("run", "sweep"))
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -62,10 +66,10 @@ def test_a_typo_on_the_command_line_names_the_closest_choice(tmp_path):
 
 def test_a_stored_dataset_without_a_config_file_gets_a_node(store_home, monkeypatch):
     """A GPU added through a sources directory has a dataset in the store but no conf file."""
-    from leaderboard import cli
+    from leaderboard import cli, config
 
-    assert "h200_vidur" in cli.stored_dataset_names()
-    monkeypatch.setattr(cli, "stored_dataset_names", lambda: ["h200_vidur", "newgpu_vidur"])
+    assert "h200_vidur" in config.stored_dataset_names()
+    monkeypatch.setattr(config, "stored_dataset_names", lambda: ["h200_vidur", "newgpu_vidur"])
     try:
         cli.check_choices(["predictor=genz", "dataset=newgpu_vidur"])
         cfg = load_config(["dataset=newgpu_vidur"])
@@ -112,9 +116,8 @@ def test_a_misspelt_section_or_a_key_below_a_value_is_named():
     assert "the config has no 'sourcess'; valid names:" in unknown_key(["sourcess.root=/x"])
     assert "Did you mean 'sources'?" in unknown_key(["sourcess.root=/x"])
     assert "'runs_dir' takes a value, not keys" in unknown_key(["runs_dir.x=1"])
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(InputError, match="report.rerum"):
         command_config(["report.rerum=true"], "prog", "doc", "report", {})
-    assert stop.value.code == 2
 
 
 def test_hf_without_repo_and_name_says_what_to_pass(tmp_path):
@@ -129,8 +132,9 @@ def test_explain_takes_overrides_and_the_old_cell_form(capsys):
     from leaderboard.explain import arguments
 
     assert arguments(["predictor=rf_scaled", "dataset=a100_vidur", "explain.cell=c1"]) == (
-        "rf_scaled", "a100_vidur", "c1")
-    assert arguments(["dataset=h100_vidur", "cell=c2"]) == ("ours", "h100_vidur", "c2")
+        "rf_scaled", "a100_vidur", "c1", None)
+    assert arguments(["dataset=h100_vidur", "cell=c2"]) == ("ours", "h100_vidur", "c2", None)
+    assert arguments(["dataset=h100_vidur", "explain.worst=3"]) == ("ours", "h100_vidur", None, 3)
     assert "cell is deprecated and goes in the next release; use explain.cell=c2" in capsys.readouterr().err
 
 

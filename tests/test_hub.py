@@ -122,12 +122,24 @@ def test_interrupted_export_leaves_no_folder(store_home, tmp_path, monkeypatch):
         hub_export.export(tmp_path / "fresh", only=["a100_splitwise"], quiet=True)
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "README.md").write_text("previous export")
+    (tmp_path / "old" / hub_export.EXPORT_MARKER).write_text("")
     with pytest.raises(RuntimeError, match="disk full"):
         hub_export.export(tmp_path / "old", only=["a100_splitwise"], overwrite=True, quiet=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
     assert (tmp_path / "old" / "README.md").read_text() == "previous export"
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(FileExistsError, match="hub.overwrite=true"):
         hub_export.export(tmp_path / "old", only=["a100_splitwise"], quiet=True)
+
+
+def test_overwrite_never_replaces_a_folder_it_did_not_write(tmp_path):
+    """hub.overwrite=true on a mistyped path (a home folder, /tmp) must not remove it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not an earlier export"):
+        hub_export.export(mine, only=["a100_splitwise"], overwrite=True, quiet=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
 def test_a_missing_local_folder_is_named(tmp_path):

@@ -346,8 +346,9 @@ def test_layer_op_ground_truth_is_priced_as_gemms_and_light_kernels(monkeypatch)
 
 
 def test_ours_reading_refuses_a_negative_point_count():
-    with pytest.raises(ValueError, match="gemm_points=-1 must be 0 or more"):
-        registry.build("ours_reading", {"gemm_points": -1}).fit(home())
+    with pytest.raises(ValueError, match=r"gemm_points=-1 is not allowed; gemm_points must be "
+                                         r"in \[0, inf\]"):
+        registry.build("ours_reading", {"gemm_points": -1})
     none = registry.build("ours_reading", {"decode_points": 0, "gemm_points": 0,
                                            "allreduce_points": 0}).fit(home())
     assert none.request_reading(READ_CELLS, load_gpu_specs()["h100_sxm"], 16) is None

@@ -11,15 +11,22 @@ from leaderboard import families
 from leaderboard.cells.ops import op_datasets
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA, CellSet
 from leaderboard.cells.vidur_method import CONFIG
+from leaderboard_core import progress
 from leaderboard_core.specs import GpuSpec
 from leaderboard_core.versioning import content_hash
 
 
-def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str
-              ) -> tuple[list[CellSet], list[dict]]:
+def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_version: str,
+              bar: progress.Tracker | None = None) -> tuple[list[CellSet], list[dict]]:
     """Every cell dataset (one run of each registered family builder), and the datasets-table
-    entries for them and for ``<sku>_ops``."""
-    sets = [s for fam in families.builders() for s in fam.build(con, gpus)]
+    entries for them and for ``<sku>_ops``; ``bar`` is told of each builder as it runs."""
+    sets = []
+    for fam in families.builders():
+        if bar is not None:
+            bar.note(f"composing {fam.suffix} cells")
+        sets += fam.build(con, gpus)
+        if bar is not None:
+            bar.advance()
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate cell dataset names: {sorted(names)}")
