@@ -23,8 +23,8 @@ from rich.table import Table
 from leaderboard import inputs, predictor_index
 from leaderboard.config import check_names, load_config, unknown_key
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.inputs import InputError
 from leaderboard.ingest import BuildError
+from leaderboard.inputs import InputError
 from leaderboard.metrics import registered as registered_metrics
 from leaderboard.sources import SourceError
 from leaderboard_core import paths

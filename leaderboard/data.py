@@ -19,8 +19,8 @@ from rich.table import Table
 
 from leaderboard import families, homes, store
 from leaderboard.config import load_config, unknown_key
-from leaderboard.inputs import InputError, check_config, guarded
 from leaderboard.ingest import BuildError
+from leaderboard.inputs import InputError, check_config, guarded
 from leaderboard.sources import SourceError
 from leaderboard_core.naming import suggestion
 from leaderboard_core.specs import SpecError, load_gpu_specs

@@ -3,11 +3,11 @@
 The home of a dataset is its family's default (``families``: ``h100_vidur19`` for every
 ``_vidur19`` GPU, new ones included) unless ``conf/dataset/<name>.yaml`` names another; a family
 without a default fits on its A100 dataset (``h200_vidur`` -> ``a100_vidur``).
-``dataset.home=[a,b]`` names several. The home's op points are, with ``split.home_points=full_grid`` (the default),
-every measured point of the home GPU its models use (``leaderboard.home_grid``), as a profiler
-collects them; with ``behind_cells``, only the points its *training* cells were composed from
-(their lineage), so a held-out cell is never a sum of points the predictor was fitted on unless
-a training cell shares that point.
+``dataset.home=[a,b]`` names several. The home's op points are, with
+``split.home_points=full_grid`` (the default), every measured point of the home GPU its models
+use (``leaderboard.home_grid``), as a profiler collects them; with ``behind_cells``, only the
+points its *training* cells were composed from (their lineage), so a held-out cell is never a
+sum of points the predictor was fitted on unless a training cell shares that point.
 
 Several homes make one ``Home``: cells and op points concatenated (each row keeps its ``sku``),
 ``gpus`` holding every home's datasheet; ``sku``, ``gpu`` and ``dataset`` are the first home's.

@@ -39,8 +39,8 @@ from leaderboard import (
     results,
 )
 from leaderboard.config import command_config
-from leaderboard.inputs import guarded
 from leaderboard.homes import family, with_family
+from leaderboard.inputs import guarded
 from leaderboard.serving import report as serving_report
 from leaderboard.split import default_split
 from leaderboard_core import paths

@@ -1,10 +1,11 @@
 """Progress for long work: a rich bar on a terminal, a plain line every few seconds elsewhere.
 
 Used by the store build (its files, tables and cell families), the forest fits of ``rf``,
-``report --rerun`` and the wait on another process's store build. Off a terminal (a log file, CI, a pipe) a bar draws nothing, so a background thread
-prints what is happening every ``EVERY_SECONDS`` instead; work shorter than that prints nothing.
-Processes that share a terminal with a bar of their own (the workers of a rerun, and the
-sandboxed fits they start) are silenced with ``show(False)``.
+``report --rerun`` and the wait on another process's store build. Off a terminal (a log file,
+CI, a pipe) a bar draws nothing, so a background thread prints what is happening every
+``EVERY_SECONDS`` instead; work shorter than that prints nothing. Processes that share a
+terminal with a bar of their own (the workers of a rerun, and the sandboxed fits they start)
+are silenced with ``show(False)``.
 """
 
 from __future__ import annotations
