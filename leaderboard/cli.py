@@ -39,6 +39,9 @@ def check_choices(argv: list[str]) -> None:
     valid names and the closest one (``config.check_names``, ``config.unknown_key``)."""
     try:
         check_names(argv)
+        for value in (a.partition("=")[2] for a in argv if a.startswith("runs_dir=")):
+            for folder in value.split(","):  # before Hydra makes its log folder there
+                inputs.check_writable_folder(paths.REPO_ROOT / folder, "runs_dir")
     except InputError as exc:
         _fail(str(exc))
     check_parameters(argv)
