@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,10 +51,7 @@ GPU_KNOWN = {"vendor": ("nvidia", "amd", "intel"),
              "arch": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
                       "cdna2", "cdna3", "cdna4", "gaudi")}
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
-
-
-class UnknownArchitecture(UserWarning):
-    """A GPU spec names a vendor or architecture outside ``GPU_KNOWN``."""
+_WARNED: set[tuple[Path, str, str]] = set()
 MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
                                               "num_kv_heads", "head_dim", "intermediate_size",
                                               "vocab_size")}
@@ -114,8 +111,8 @@ def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
 
 
 def validate(path: Path, data: dict, ranges: dict, choices: dict) -> None:
-    """Raise SpecError naming the file, the field and the allowed range or form; warn on a
-    name outside ``choices`` (``UnknownArchitecture``)."""
+    """Raise SpecError naming the file, the field and the allowed range or form; warn (on
+    stderr, once) of a name outside ``choices``."""
     for key, (low, high) in ranges.items():
         value = data[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not low < value <= high:
@@ -126,11 +123,11 @@ def validate(path: Path, data: dict, ranges: dict, choices: dict) -> None:
         if not isinstance(value, str) or not NAME_PATTERN.match(value):
             raise SpecError(f"{path}: {key} = {value!r} must be a lower-case name "
                             f"(known: {', '.join(allowed)})")
-        if value not in allowed:
-            warnings.warn(f"{path}: {key} = {value!r} is not one the suite knows ("
-                          f"{', '.join(allowed)}); accepted, and predictors treat it by their "
-                          f"documented default.{closest(value, list(allowed))}",
-                          UnknownArchitecture, stacklevel=3)
+        if value not in allowed and (path, key, value) not in _WARNED:
+            _WARNED.add((path, key, value))  # once per process, however often specs load
+            print(f"warning: {path}: {key} = {value!r} is not one the suite knows ("
+                  f"{', '.join(allowed)}); accepted, and predictors treat it by their documented "
+                  f"default.{closest(value, list(allowed))}", file=sys.stderr)
     if "l2_mb" in ranges and data["l2_mb"] >= data["mem_gb"] * 1024:
         raise SpecError(f"{path}: l2_mb = {data['l2_mb']} must be smaller than the memory "
                         f"(mem_gb = {data['mem_gb']}, i.e. {data['mem_gb'] * 1024:,} MB)")
