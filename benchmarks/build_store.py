@@ -2,9 +2,10 @@
 
 Each run is a fresh child process building into a fresh temporary ``LEADERBOARD_HOME`` (sources
 are read from ``$LEADERBOARD_SOURCES`` or ../shared as usual, never downloaded). Peak RSS is the
-child's own ``ru_maxrss`` from ``os.wait4``. Prints a markdown report to stdout:
+child's own ``ru_maxrss`` from ``os.wait4``. Prints the result as JSON; ``--json`` also writes it
+where ``python -m leaderboard.report`` reads it (``benchmarks/build_store.json``):
 
-    .venv/bin/python benchmarks/build_store.py [--runs 3] [--output FILE]
+    .venv/bin/python benchmarks/build_store.py [--runs 3] [--json benchmarks/build_store.json]
 
 Targets (issue 2): at most 60 s and at most 2 GB peak RSS on the project's 2-core machine.
 """
@@ -12,9 +13,9 @@ Targets (issue 2): at most 60 s and at most 2 GB peak RSS on the project's 2-cor
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,49 +67,25 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def report(runs: list[tuple[float, float]], tables, quarantine, meta) -> str:
-    secs = [s for s, _ in runs]
-    rss = [r for _, r in runs]
-    ok_time = max(secs) <= TARGET_S
-    ok_rss = max(rss) <= TARGET_RSS_MB
-    lines = [
-        "| run | wall time (s) | peak RSS (MiB) |",
-        "|---|---:|---:|",
-        *[f"| {i} | {s:.2f} | {r:.0f} |" for i, (s, r) in enumerate(runs, 1)],
-        f"| **median** | **{statistics.median(secs):.2f}** | **{statistics.median(rss):.0f}** |",
-        f"| **max** | **{max(secs):.2f}** | **{max(rss):.0f}** |",
-        "",
-        f"Targets: wall time <= {TARGET_S:.0f} s ({'met' if ok_time else 'MISSED'}), "
-        f"peak RSS <= 2 GB = {TARGET_RSS_MB:.0f} MiB ({'met' if ok_rss else 'MISSED'}).",
-        "",
-        f"- Command: `{Path(sys.executable).name} -m leaderboard.data build`, {len(runs)} runs, "
-        "each a fresh process into a fresh temporary `LEADERBOARD_HOME` "
-        "(`python benchmarks/build_store.py`)",
-        f"- Machine: {os.cpu_count()} cores ({cpu_model()}), {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}, duckdb {duckdb.__version__}",
-        f"- Date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}; code "
-        f"{meta.get('code_version', '?')}; store version {meta.get('store_version', '?')}",
-        "",
-        "Rows per table (last run):",
-        "",
-        "| table | rows | version |",
-        "|---|---:|---|",
-        *[f"| {t} | {n:,} | {v} |" for t, n, v in tables],
-        f"| **total** | **{sum(n for _, n, _ in tables):,}** | |",
-        "",
-        "Quarantined rows (last run):",
-        "",
-        "| kind | reason | source | rows |",
-        "|---|---|---|---:|",
-        *[f"| {k} | {r} | {s} | {n:,} |" for k, r, s, n in quarantine],
-    ]
-    return "\n".join(lines) + "\n"
+def result(runs: list[tuple[float, float]], tables, quarantine, meta) -> dict:
+    """What ``python -m leaderboard.report`` renders as the store build benchmark."""
+    return {"runs": [{"seconds": s, "rss_mib": r} for s, r in runs],
+            "target_s": TARGET_S, "target_rss_mib": TARGET_RSS_MB,
+            "tables": {t: n for t, n, _ in tables},
+            "quarantine": [list(q) for q in quarantine],
+            "machine": f"{os.cpu_count()} cores ({cpu_model()}), {platform.system()} "
+                       f"{platform.release()}, Python {platform.python_version()}, "
+                       f"duckdb {duckdb.__version__}",
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "code_version": meta.get("code_version", "?"),
+            "store_version": meta.get("store_version", "?")}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--output", type=Path, help="also write the markdown report here")
+    parser.add_argument("--json", type=Path, help="write the result here (the report reads "
+                                                  "benchmarks/build_store.json)")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory(prefix="leaderboard-bench-") as tmp:
@@ -117,10 +94,10 @@ def main() -> int:
             runs.append(run_once(home))
             print(f"run {i + 1}: {runs[-1][0]:.2f} s, {runs[-1][1]:.0f} MiB", file=sys.stderr)
         tables, quarantine, meta = store_counts(home)
-    text = report(runs, tables, quarantine, meta)
-    sys.stdout.write(text)
-    if args.output:
-        args.output.write_text(text)
+    found = result(runs, tables, quarantine, meta)
+    print(json.dumps(found, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=1) + "\n")
     met = max(s for s, _ in runs) <= TARGET_S and max(r for _, r in runs) <= TARGET_RSS_MB
     return 0 if met else 1
 

@@ -13,7 +13,7 @@ import polars as pl
 from leaderboard import families
 from leaderboard.homes import family, with_family
 from leaderboard.metrics import PHASES
-from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, phase_stat, table
+from leaderboard_core.report_tables import GPU_MEAN, PhaseMapes, datasets_of, fmt, phase_stat, table
 
 TWO_HOMES = families.get("vidur").two_homes
 # (predictor, its published error, where it is stated), paraphrased from the sources that
@@ -54,7 +54,7 @@ def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:
              f"Every predictor fitted on {' and '.join(TWO_HOMES)} together "
              "(`dataset.home=[a100_vidur,h100_vidur]`); each home GPU's rows normalised by its "
              "own datasheet. Both homes are scored on their held-out cells only, never as "
-             "unseen. Rows sorted by the unseen mean over `all` (every cell not labelled "
+             "unseen. Rows sorted by the GPU-mean MAPE over `all` (every cell not labelled "
              "`composed`).", ""]
     predictors = sorted(set(runs["predictor"]), key=lambda p: (
         mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
@@ -62,8 +62,8 @@ def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:
         rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
                  fmt(mapes.unseen_mean(p, phase))] for p in predictors]
         lines += [f"### two homes: {phase}", "",
-                  *table(["predictor", *(f"{d} (home)" for d in homes), *unseen, "unseen mean"],
-                         rows)]
+                  *table(["predictor", *(mapes.header(d, phase, home=True) for d in homes),
+                          *(mapes.header(d, phase) for d in unseen), f"{GPU_MEAN} %"], rows)]
     return lines
 
 

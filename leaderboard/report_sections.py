@@ -56,16 +56,18 @@ def explain_examples(runs: pl.DataFrame) -> list[str]:
     ran = set(runs.filter(pl.col("dataset") == EXPLAIN_DATASET)["predictor"])
     lines = []
     for predictor in _distinct(sorted(ran), "explain"):
-        model, cells, gpu = explain.load(predictor, EXPLAIN_DATASET)
+        model, cells, gpu, lineage = explain.load(predictor, EXPLAIN_DATASET)
         console = Console(record=True, width=170, file=io.StringIO())
-        explain.render(model, cells.head(1), gpu, console)
+        explain.render(model, cells.head(1), gpu, console, lineage)
         lines += [f"## {predictor}: one cell explained", "",
                   f"`python -m leaderboard.explain predictor={predictor} dataset={EXPLAIN_DATASET}` "
                   "(its first cell):", "", "```", console.export_text().rstrip(), "```", ""]
     return lines
 
 
-def _shown(path: Path) -> Path:
+def shown_path(path: Path) -> Path:
+    """``path`` from the repository root when it lies inside it, as a fresh clone has it."""
+    path = Path(path).resolve()
     return path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path
 
 
@@ -93,7 +95,7 @@ def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
     (``benchmarks/kernel_floors.py``): part of why ``ours`` misses its decode targets."""
     title = "## Kernel floors by GPU and vLLM version, and ours's price"
     if not path.exists():
-        return [title, "", f"No benchmark result at `{_shown(path)}` yet.", ""]
+        return [title, "", f"No benchmark result at `{shown_path(path)}` yet.", ""]
     bench = json.loads(path.read_text())
     attention, allreduce, found = bench["attention"], bench["allreduce"], bench["rows"]
     moved = []
@@ -123,7 +125,7 @@ def kernel_floors(path: Path = FLOORS_JSON) -> list[str]:
 def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
     if not path.exists():
         return ["## Predict throughput benchmark", "",
-                f"No benchmark result at `{_shown(path)}` yet.", ""]
+                f"No benchmark result at `{shown_path(path)}` yet.", ""]
     bench = json.loads(path.read_text())
     rows = [[r["predictor"], r.get("kind", "?"), fmt(r.get("fit_s"), 3), f"{r.get('cells', 0):,}",
              fmt(r.get("cells_per_s"), 0), fmt(r.get("target_cells_per_s"), 0),
@@ -140,7 +142,7 @@ def throughput(path: Path = THROUGHPUT_JSON) -> list[str]:
 
 def seal_overhead(path: Path = SEAL_JSON) -> list[str]:
     if not path.exists():
-        return ["## Seal cost benchmark", "", f"No benchmark result at `{_shown(path)}` yet.", ""]
+        return ["## Seal cost benchmark", "", f"No benchmark result at `{shown_path(path)}` yet.", ""]
     bench = json.loads(path.read_text())
     rows = [[r["predictor"], r["dataset"], fmt(r["walled_s"], 2), r["walled_sandbox"],
              fmt(r["bare_s"], 2), r["bare_sandbox"], fmt(r["ratio"], 2),

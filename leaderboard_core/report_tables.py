@@ -34,6 +34,10 @@ def datasets_of(runs: pl.DataFrame, fam: str) -> tuple[list[str], list[str]]:
     return home, sorted(set(mine["dataset"]) - set(home))
 
 
+# One name for the mean over a family's unseen GPUs of each GPU's MAPE, wherever it is tabled.
+GPU_MEAN = "GPU-mean MAPE"
+
+
 class PhaseMapes:
     """MAPE lookups over the leaderboard runs of one dataset family."""
 
@@ -52,6 +56,14 @@ class PhaseMapes:
     def cell(self, predictor: str, dataset: str, phase: str) -> str:
         run = self.by.get((predictor, dataset))
         return "INVALID" if run and not run["valid"] else fmt(self.mape(predictor, dataset, phase))
+
+    def header(self, dataset: str, phase: str, home: bool = False) -> str:
+        """``dataset`` with the cells its runs scored in ``phase`` (the most of any run: a
+        deploy reading leaves out the few cells it read)."""
+        counts = [phase_stat(r, phase, "n") for (_, d), r in self.by.items() if d == dataset]
+        n = max((c for c in counts if c is not None), default=None)
+        where = "home, " if home else ""
+        return f"{dataset} ({where}n={n:,})" if n is not None else f"{dataset} ({where}no run)"
 
 
 def seal_columns(runs: pl.DataFrame, predictor: str) -> list[str]:

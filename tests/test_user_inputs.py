@@ -11,8 +11,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from leaderboard import results
 from leaderboard_core import paths
 
@@ -93,7 +91,7 @@ NO_STORE = [
 
 def test_every_bad_input_is_one_line_and_status_2():
     outcomes = _many([argv for argv, _ in NO_STORE])
-    problems = {" ".join(argv): problem for (argv, fragments), done in zip(NO_STORE, outcomes)
+    problems = {" ".join(argv): problem for (argv, fragments), done in zip(NO_STORE, outcomes, strict=True)
                 if (problem := _refusal_problem(done, *fragments))}
     assert not problems, json.dumps(problems, indent=1)
 
@@ -104,7 +102,7 @@ COMMANDS = ("leaderboard", "leaderboard.calibrate", "leaderboard.report", "leade
 
 def test_help_of_every_command_exits_0_without_a_traceback():
     argvs = [[command, flag] for command in COMMANDS for flag in ("--help", "-h")]
-    for argv, done in zip(argvs, _many(argvs)):
+    for argv, done in zip(argvs, _many(argvs), strict=True):
         assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, argv
         assert "usage" in done.stdout.lower(), (argv, done.stdout[:300])
     groups = _run("leaderboard", "--help").stdout
@@ -159,7 +157,7 @@ NEEDS_STORE = [
 
 def test_every_bad_input_that_needs_the_store_is_one_line(store_home):
     outcomes = _many([argv for argv, _ in NEEDS_STORE])
-    problems = {" ".join(argv): problem for (argv, fragments), done in zip(NEEDS_STORE, outcomes)
+    problems = {" ".join(argv): problem for (argv, fragments), done in zip(NEEDS_STORE, outcomes, strict=True)
                 if (problem := _refusal_problem(done, *fragments))}
     assert not problems, json.dumps(problems, indent=1)
 

@@ -26,15 +26,17 @@ def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict) -> lis
             run = by.get((p, d))
             if run is None:
                 status = outcomes.get((p, d), "no run")
-                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 6])
+                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 7])
             elif not run["valid"]:
                 rows.append([p, d, "INVALID: " + "; ".join(run["invalid_reasons"])[:140],
-                             *["—"] * 6])
+                             *["—"] * 7])
             else:
-                rows.append([p, d, "VALID", *(fmt(phase_stat(run, m, s)) for m in ("ttft", "tpot")
+                n = phase_stat(run, "ttft", "n")
+                rows.append([p, d, "VALID", "—" if n is None else f"{n:,}",
+                             *(fmt(phase_stat(run, m, s)) for m in ("ttft", "tpot")
                                               for s in ("mape", "median_ape", "p90_ape"))])
-    return table(["predictor", "dataset", "status", "TTFT MAPE %", "TTFT median %",
-                  "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %"], rows, "lll" + "r" * 6)
+    return table(["predictor", "dataset", "status", "n loads", "TTFT MAPE %", "TTFT median %",
+                  "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %"], rows, "lll" + "r" * 7)
 
 
 def disagreement(step_runs: pl.DataFrame, runs: pl.DataFrame) -> list[str]:

@@ -9,7 +9,7 @@ import re
 
 import polars as pl
 
-from leaderboard_core.report_tables import PhaseMapes, datasets_of, fmt, phase_stat, table
+from leaderboard_core.report_tables import GPU_MEAN, PhaseMapes, datasets_of, fmt, phase_stat, table
 from predictors import registry
 
 # Per unseen GPU, MAPE at most this much per phase.
@@ -31,7 +31,8 @@ def ladder(runs: pl.DataFrame) -> list[str]:
             "rung. MAPE % over `all` (prefill and decode cells; composed mixed cells out) on "
             "the home's held-out cells and the mean over the unseen "
             "`_vidur` GPUs; the last column is what the rung's factor changed on unseen GPUs.", "",
-            *table(["rung", "factor added", *(f"{d} (home)" for d in home), "unseen mean",
+            *table(["rung", "factor added", *(mapes.header(d, "all", home=True) for d in home),
+                    f"{GPU_MEAN} %",
                     "change vs previous rung"], rows, "llrrr")]
 
 
