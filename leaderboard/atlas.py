@@ -106,19 +106,53 @@ def bucket_label(k: int) -> str:
 
 def signed_heatmap(ax, values: np.ndarray, notes: dict[tuple[int, int], str],
                    row_labels: list[str], col_labels: list[str]):
-    """``values`` (a signed error %, NaN where empty) coloured on the fixed scale, each box of
-    ``notes`` annotated with its text; the image, for a colour bar. The step and per-op atlases
-    share it, so their colours read the same."""
+    """``values`` (a signed error %, NaN where empty) coloured on the fixed scale; the image,
+    for a colour bar. ``notes`` wait on the axes until ``annotate`` knows the laid-out box
+    size. The step and per-op atlases share it, so their colours read the same."""
     cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=-SIGNED_RANGE,
                       vmax=SIGNED_RANGE, aspect="auto")
-    ax.set_xticks(range(len(col_labels)), col_labels, rotation=30, ha="right", fontsize=9)
+    step = max(1, -(-len(col_labels) // MAX_TICK_LABELS))  # every step-th label, so none overlap
+    ax.set_xticks(range(len(col_labels)), [t if i % step == 0 else "" for i, t in
+                                           enumerate(col_labels)], rotation=30, ha="right",
+                  fontsize=9)
     ax.set_yticks(range(len(row_labels)), row_labels, fontsize=9)
-    for (r, c), text in notes.items():
-        dark = abs(values[r, c]) > 0.6 * SIGNED_RANGE
-        ax.text(c, r, text, ha="center", va="center", fontsize=8,
-                color="white" if dark else "black", linespacing=0.95)
+    ax.atlas_notes = values, notes
     return image
+
+
+def annotate(fig) -> None:
+    """Each heatmap's notes, with as much of the text as fits a box once the figure is laid out
+    (every line, the first only, or none: the colour still tells, and the atlas tables hold
+    every number)."""
+    fig.canvas.draw()  # runs the layout, so each axes has its final size
+    for ax in fig.axes:
+        values, notes = getattr(ax, "atlas_notes", (None, {}))
+        if not notes:
+            continue
+        box = ax.get_window_extent()
+        keep = _lines_that_fit(notes, box.width / values.shape[1], box.height / values.shape[0])
+        for (r, c), text in notes.items():
+            if keep:
+                dark = abs(values[r, c]) > 0.6 * SIGNED_RANGE
+                ax.text(c, r, "\n".join(text.split("\n")[:keep]), ha="center", va="center",
+                        fontsize=NOTE_PT, color="white" if dark else "black", linespacing=0.95)
+
+
+def _lines_that_fit(notes: dict, box_w: float, box_h: float) -> int:
+    """How many leading lines of every note fit its box, the same for the whole panel (so a
+    panel shows all its values or none, never a scattered few)."""
+    split = [text.split("\n") for text in notes.values()]
+    keep = max(map(len, split), default=0)
+    while keep and (keep * LINE_PX > box_h or any(
+            len(line) * CHAR_PX > box_w for lines in split for line in lines[:keep])):
+        keep -= 1
+    return keep
+
+
+# Box annotations: 8 pt text at the figures' 72 dpi is about 5 px a character and 9 px a line,
+# with a pixel of room either side.
+NOTE_PT, CHAR_PX, LINE_PX, MAX_TICK_LABELS = 8, 6.0, 10.0, 9
 
 
 def _heatmap(ax, table: pl.DataFrame, row_key: str, col_key: str, rows: list, cols: list,
@@ -168,6 +202,7 @@ def draw(title: str, cells: pl.DataFrame, families: pl.DataFrame, groups: list[s
                  label=f"mean signed APE %, colour clipped at ±{SIGNED_RANGE:.0f}%")
     fig.suptitle(f"{title}    (blue: predicted too fast, red: too slow; n = cells)",
                  fontsize=13)
+    annotate(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from leaderboard.atlas import signed_heatmap  # noqa: E402
+from leaderboard.atlas import annotate, signed_heatmap  # noqa: E402
 from leaderboard.catalog import StoreCatalog  # noqa: E402
 from leaderboard_core.contract import BY_OP_PREFIX  # noqa: E402
 from leaderboard_core.report_tables import table as markdown_table  # noqa: E402
@@ -119,6 +119,7 @@ def draw(tbl: pl.DataFrame, predictor: str, path: Path) -> Path:
     ax.set_title(f"Per-op error: {predictor} (median predicted / measured - 1, %; below: MAPE %)",
                  fontsize=10)
     fig.colorbar(image, ax=ax, shrink=0.8, label="median signed error %")
+    annotate(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)

@@ -59,6 +59,8 @@ def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:
     predictors = sorted(set(runs["predictor"]), key=lambda p: (
         mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
     for phase in PHASES:
+        if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
+            continue  # no run scored this phase
         rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
                  fmt(mapes.unseen_mean(p, phase))] for p in predictors]
         lines += [f"### two homes: {phase}", "",

@@ -62,8 +62,8 @@ class PhaseMapes:
         deploy reading leaves out the few cells it read)."""
         counts = [phase_stat(r, phase, "n") for (_, d), r in self.by.items() if d == dataset]
         n = max((c for c in counts if c is not None), default=None)
-        where = "home, " if home else ""
-        return f"{dataset} ({where}n={n:,})" if n is not None else f"{dataset} ({where}no run)"
+        parts = [*(["home"] if home else []), *([f"n={n:,}"] if n is not None else [])]
+        return f"{dataset} ({', '.join(parts)})" if parts else dataset
 
 
 def seal_columns(runs: pl.DataFrame, predictor: str) -> list[str]:

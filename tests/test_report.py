@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import atlas, ranking, report, results
+from leaderboard import atlas, ranking, report, report_headline, results
 from leaderboard_core.contract import PredictorCard
 from leaderboard_core.versioning import code_hash
 from predictors import registry
@@ -192,7 +192,8 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert "peeker" not in block.replace(unsealed, "")
     assert "| tiny | 10.0 | 10.0 | 10.0 | 10.0 |" in block  # the one-home table: no two-home run
     two = block[block.index("## Two homes"):block.index("## Baselines at their published")]
-    assert "| predictor | a100_vidur (home) | h100_vidur (home) | h200_vidur | unseen mean |" in two
+    assert ("| predictor | a100_vidur (home, n=40) | h100_vidur (home, n=40) | h200_vidur (n=40) "
+            "| GPU-mean MAPE % |") in two
     assert "| tiny | 7.5 | 8.5 | 9.5 | 9.5 |" in two
     strength = block[block.index("## Baselines at their published"):]
     # the default (full_grid) run stands for rf_verbatim; the behind_cells variant does not
@@ -217,7 +218,7 @@ def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
     current = results.current(results.load_runs(runs), VERSIONS).pl()
     lines = report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)))
     header = next(line for line in lines if line.startswith("| predictor"))
-    assert header.endswith("| unseen mean | target rows | sandbox |")
+    assert header.endswith("| GPU-mean MAPE % | target rows | sandbox |")
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
     assert rows["| tiny"].endswith("| 10.0 | 0 | namespaces+landlock |")
     assert rows["| reader"].endswith("| 10.0 | 16 | namespaces/namespaces+landlock |")
@@ -299,3 +300,46 @@ def test_the_seal_cost_section_shows_each_run_and_the_target(tmp_path):
     assert "| ours | h100_vidur | 2.60 | namespaces+landlock | 1.90 | landlock | 1.37 | **NO** |" in text
     assert "target walled / bare ≤ 1.3" in text
     assert "No benchmark result" in "\n".join(report_sections.seal_overhead(tmp_path / "none"))
+
+
+def test_headline_is_the_gpu_mean_of_each_kind_recomputed_by_hand(tmp_path, monkeypatch):
+    """The headline's number is the mean over the unseen GPUs of each GPU's MAPE (recomputed
+    here from the predictions written), its CI brackets it, and each kind gets its own best."""
+    for name in ("tiny", "reader", "profiled"):
+        monkeypatch.setitem(registry._REGISTRY, name, TinyPredictor)
+    runs = tmp_path / "runs"
+    frames = {}
+    for i, dataset in enumerate(VERSIONS):
+        frames[dataset] = cells(seed=i, bias=0.1 + 0.05 * i)
+        write_run(runs, f"t{i}", dataset=dataset, predictions=frames[dataset])
+        write_run(runs, f"r{i}", dataset=dataset, predictor="reader", profiled_rows=3,
+                  predictions=cells(seed=i, bias=0.02))
+        write_run(runs, f"p{i}", dataset=dataset, predictor="profiled",
+                  card={"kind": "profiled", "reference": "t", "needs_profiled_rows": True},
+                  predictions=cells(seed=i, bias=0.3))
+    current = report.leaderboard_runs(results.current(results.load_runs(runs), VERSIONS).pl(),
+                                      sorted(VERSIONS))
+    lines = report_headline.headline(current, results.load_predictions(current))
+    unseen = [d for d in VERSIONS if d != "a100_vidur"]
+    by_hand = np.mean([frames[d]["signed_pct"].abs().mean() for d in unseen])
+    row = next(line for line in lines if "| datasheet only |" in line)
+    cols = [c.strip() for c in row.strip("|").split("|")]
+    assert cols[:4] == ["vidur", "datasheet only", "tiny", f"{by_hand:.1f}"]
+    low, high = map(float, cols[4].split(" – "))
+    assert low <= by_hand <= high and cols[5] == str(len(unseen))
+    assert "| vidur | with a deploy reading | reader |" in "\n".join(lines)
+    assert "| vidur | profiled on the home | profiled |" in "\n".join(lines)
+
+
+def test_a_not_supported_run_shows_as_such(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    monkeypatch.setitem(registry._REGISTRY, "bf16_only", TinyPredictor)
+    runs = tmp_path / "runs"
+    for i, dataset in enumerate(VERSIONS):
+        write_run(runs, f"t{i}", dataset=dataset, predictions=cells(seed=i))
+    current = results.current(results.load_runs(runs), VERSIONS).pl()
+    outcomes = {("bf16_only", d): "not supported: prices bf16 GEMMs only" for d in VERSIONS}
+    text = "\n".join(report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)),
+                                             outcomes))
+    assert "| bf16_only | n/s | n/s | n/s | — |" in text
+    assert "- bf16_only on h200_vidur: prices bf16 GEMMs only" in text
