@@ -1,0 +1,133 @@
+"""The README's times, measured: run each example as a newcomer would and write the table.
+
+Everything runs in a fresh temporary ``LEADERBOARD_HOME``, so the first command builds the
+store and the first forest fit is uncached, as on a new machine; each example is timed once,
+in README order, and a few twice (``again``) where a cache makes the second run faster.
+``--make-test`` also times ``make test`` (about ten minutes). The result goes to
+``benchmarks/readme_times.json`` and, between its markers, to the README's "Measured times"
+table:
+
+    .venv/bin/python benchmarks/readme_times.py [--make-test]
+
+Run it on a quiet machine: the times are wall times, and anything else running inflates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+OUT = REPO / "benchmarks" / "readme_times.json"
+BEGIN, END = "<!-- BEGIN measured times: benchmarks/readme_times.py -->", "<!-- END measured times -->"
+
+# (what it is, the command as the README shows it, how many times to run it). ``{tmp}`` is a
+# scratch folder; runs land there, never in the repository.
+EXAMPLES = [
+    ("first command on a new machine: builds the store", "python -m leaderboard.data build", 1),
+    ("list the datasets", "python -m leaderboard.data list", 1),
+    ("the default run (what `make run` runs)", "python -m leaderboard runs_dir={tmp}/runs", 1),
+    ("a forest baseline; again with its forests cached",
+     "python -m leaderboard predictor=rf_scaled dataset=h200_vidur runs_dir={tmp}/runs", 2),
+    ("the home, held-out cells only",
+     "python -m leaderboard predictor=genz_calibrated dataset=a100_vidur runs_dir={tmp}/runs", 1),
+    ("home points behind the training cells only",
+     "python -m leaderboard predictor=rf_scaled dataset=a100_vidur "
+     "split.home_points=behind_cells runs_dir={tmp}/runs", 1),
+    ("two homes", "python -m leaderboard predictor=genz_calibrated dataset=h200_vidur "
+                  "dataset.home=[a100_vidur,h100_vidur] runs_dir={tmp}/runs", 1),
+    ("op-level scoring",
+     "python -m leaderboard predictor=llm_viewer dataset=h200_sxm_ops runs_dir={tmp}/runs", 1),
+    ("a sweep of 4 runs, 2 processes",
+     "python -m leaderboard -m predictor=rf_scaled,ours dataset=h100_vidur,h200_vidur "
+     "runs_dir={tmp}/runs", 1),
+    ("one cell explained", "python -m leaderboard.explain predictor=ours dataset=h200_vidur", 1),
+    ("the 3 worst cells explained",
+     "python -m leaderboard.explain predictor=ours dataset=h200_vidur explain.worst=3", 1),
+    ("export every dataset for the hub", "python -m leaderboard.hub hub.export={tmp}/export", 1),
+    ("RESULTS.md from the runs in results/runs (written to a scratch file)",
+     "python -m leaderboard.report report.out={tmp}/RESULTS.md report.atlas_dir={tmp}/atlas "
+     "report.partial=replace", 1),
+]
+
+
+def timed(command: str, env: dict, cwd: Path) -> tuple[float, int]:
+    started = time.perf_counter()
+    done = subprocess.run(shlex.split(command), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        print(f"{command}: exit {done.returncode}\n{done.stderr[-2000:]}", file=sys.stderr)
+    return seconds, done.returncode
+
+
+def measure(make_test: bool) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="leaderboard-times-") as tmp:
+        env = {**os.environ, "LEADERBOARD_HOME": str(Path(tmp) / "home")}
+        bin_dir = str(Path(sys.executable).parent)  # `python` is this interpreter
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+        for what, command, repeats in EXAMPLES:
+            times = []
+            for _ in range(repeats):
+                seconds, rc = timed(command.format(tmp=tmp), env, REPO)
+                times.append(round(seconds, 1))
+                print(f"{seconds:7.1f} s  rc {rc}  {command}", file=sys.stderr)
+            rows.append({"what": what, "command": command.replace(" runs_dir={tmp}/runs", "")
+                         .replace("{tmp}", "/tmp"), "seconds": times, "rc": rc})
+        if make_test:
+            seconds, rc = timed("make test", env, REPO)
+            rows.append({"what": "the whole test suite", "command": "make test",
+                         "seconds": [round(seconds, 1)], "rc": rc})
+            print(f"{seconds:7.1f} s  rc {rc}  make test", file=sys.stderr)
+    return {"rows": rows, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+                       f"Python {platform.python_version()}",
+            "load_average_1min": os.getloadavg()[0]}
+
+
+def markdown(result: dict) -> str:
+    lines = [BEGIN, "", f"Measured by `python benchmarks/readme_times.py --make-test` on "
+             f"{result['date']} ({result['machine']}), in a fresh `LEADERBOARD_HOME`, in this "
+             "order: wall seconds, a second number for the same command run again.", "",
+             "| what | command | wall time |", "| --- | --- | ---: |"]
+    for row in result["rows"]:
+        shown = " / ".join(f"{s:.0f} s" for s in row["seconds"])
+        failed = "" if row["rc"] == 0 else f" (exit {row['rc']})"
+        lines.append(f"| {row['what']} | `{row['command']}` | {shown}{failed} |")
+    return "\n".join([*lines, "", END])
+
+
+def write_readme(result: dict, path: Path = README) -> None:
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"{path} has no {BEGIN} ... {END} block to fill")
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    path.write_text(pattern.sub(lambda _: markdown(result), text))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--make-test", action="store_true", help="also time `make test`")
+    parser.add_argument("--from-json", action="store_true",
+                        help="rewrite the README from benchmarks/readme_times.json, measuring nothing")
+    args = parser.parse_args()
+    result = json.loads(OUT.read_text()) if args.from_json else measure(args.make_test)
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    write_readme(result)
+    return 0 if all(r["rc"] == 0 for r in result["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
