@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 from conftest import requires_shared
-from test_cells_vidur import _cells, _heads, _one, _raw, check_random_cells
+from test_cells_vidur import AIC, _cells, _heads, _one, _raw, check_random_cells
 
 from leaderboard import families
 from leaderboard.cells.schema import CELL_SCHEMA, derive
@@ -19,14 +19,15 @@ from leaderboard_core.specs import load_gpu_specs
 from predictors.ours import Ours, config, ops
 from predictors.ours.ops import Switches
 
-FP8_SETS = ["h100_vidur_fp8", "h200_vidur_fp8", "l40s_vidur_fp8", "b200_vidur_fp8",
-            "gb200_vidur_fp8"]
+# The GPUs whose FP8 table passes the build's check from vLLM 0.19.0 (fp8_check): H100 and
+# H200 at 0.19.0, GB200 at 0.24.0; B200's and L40S's fail at every version from there.
+FP8_SETS = ["h100_vidur_fp8", "h200_vidur_fp8", "gb200_vidur_fp8"]
 
 
 def test_the_two_word_suffix_is_the_family():
     assert families.suffix_of("h200_vidur_fp8") == "vidur_fp8"
     assert families.suffix_of("h200_vidur") == "vidur"
-    assert families.of("l40s_vidur_fp8").home == "h100_vidur_fp8"
+    assert families.of("gb200_vidur_fp8").home == "h100_vidur_fp8"
 
 
 @requires_shared
@@ -35,7 +36,7 @@ def test_hand_computed_fp8_mixed_cell(real_store):
     read from the upstream parquet files by hand."""
     cell = _cells(real_store, "h100_vidur_fp8").filter(
         model="qwen3-8b", tp=4, phase="mixed").sort("cell_id").row(0, named=True)
-    gemm, attn, ar = _raw("h100_sxm", "0.14.0", "fp8")
+    gemm, attn, ar = _raw("h100_sxm", "0.19.0", "fp8")
     t, n_dec, n_pre = cell["total_tokens"], cell["num_decode"], cell["num_prefill"]
     ctx, length = max(cell["ctx_lens"]), (t - n_dec) // n_pre
     per_layer = (_one(gemm, m=t, n=1536, k=4096) + _one(gemm, m=t, n=4096, k=1024)
@@ -111,3 +112,62 @@ def test_a_bf16_only_predictor_is_not_supported_on_fp8(store_home, tmp_path):
                                            r"h200_vidur_fp8 holds fp8"):
         run(RunSpec("llm_viewer", "h200_vidur_fp8", {}, runs_dir=tmp_path / "runs"))
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@requires_shared
+def test_the_fp8_check_recomputed_from_the_raw_parquet(real_store):
+    """Each kept FP8 table's large-shape FP8/bf16 ratio, read from the upstream parquet by hand,
+    lies within 20 % of the peak ratio; each quarantined one outside it, and none of its FP8 rows
+    reached the gemm table or a cell."""
+    gpus = load_gpu_specs()
+    kept = {("h100_sxm", "0.19.0"), ("h200_sxm", "0.19.0"), ("gb200", "0.24.0")}
+    failed = {("h100_sxm", "0.14.0"), ("h200_sxm", "0.14.0"), ("b200_sxm", "0.19.0"),
+              ("gb200", "0.19.0"), ("l40s", "0.24.0")}
+    for sku, version in kept | failed:
+        table = pl.read_parquet(AIC / sku / f"gemm/vllm/{version}/gemm_perf.parquet")
+        gemm = {dtype: table.filter(gemm_dtype=dtype) for dtype in ("bfloat16", "fp8")}
+        large = [g.filter((pl.col("m") >= 8192) & (pl.col("n") >= 8192) & (pl.col("k") >= 8192))
+                 .group_by("m", "n", "k").agg(pl.col("latency").median()) for g in gemm.values()]
+        ratio = large[1].join(large[0], on=["m", "n", "k"]).select(
+            (pl.col("latency") / pl.col("latency_right")).median()).item()
+        peak = gpus[sku]["bf16_dense_tflops"] / gpus[sku]["fp8_dense_tflops"]
+        assert (abs(ratio / peak - 1) <= 0.2) == ((sku, version) in kept), (sku, version, ratio)
+        stored = real_store.sql(f"SELECT count(*) FROM gemm WHERE sku = '{sku}' AND dtype = 'fp8' "
+                                f"AND backend_version = '{version}'")[0][0]
+        assert (stored > 0) == ((sku, version) in kept), (sku, version, stored)
+    quarantined = {tuple(r) for r in real_store.sql(
+        "SELECT DISTINCT sku, json_extract_string(row, '$.backend_version') FROM quarantine "
+        "WHERE reason = 'fp8_off_its_peak'")}
+    assert failed <= quarantined and not kept & quarantined
+    versions = dict(real_store.sql("SELECT dataset, string_agg(DISTINCT backend_version) FROM "
+                                   "cells WHERE dataset LIKE '%_fp8' GROUP BY ALL"))
+    assert versions == {"h100_vidur_fp8": "0.19.0", "h200_vidur_fp8": "0.19.0",
+                        "gb200_vidur_fp8": "0.24.0"}
+
+
+def test_the_fp8_check_on_a_table_by_hand():
+    """A synthetic table: a half-time FP8 table passes, an equal-time one and one at 0.65 fail,
+    small shapes are not looked at, and only failing FP8 rows leave the table."""
+    from leaderboard.cells import fp8_check
+    from leaderboard.quarantine import Quarantine
+
+    gpus = load_gpu_specs()
+    rows = []
+    for version, fp8_time in (("1.0", 0.5), ("2.0", 1.0), ("3.0", 0.65)):
+        for m in (8192, 16384):
+            rows += [{"source": "aiconfigurator", "sku": "h100_sxm", "backend_version": version,
+                      "file": "f", "dtype": dtype, "m": m, "n": 8192, "k": 8192,
+                      "latency_ms": t} for dtype, t in (("bfloat16", 1.0), ("fp8", fp8_time))]
+        rows.append({"source": "aiconfigurator", "sku": "h100_sxm", "backend_version": version,
+                     "file": "f", "dtype": "fp8", "m": 16, "n": 8192, "k": 8192,
+                     "latency_ms": 9.0})  # small and off: not checked
+    gemm = pl.DataFrame(rows)
+    checks = fp8_check.table_checks(gemm, gpus)
+    assert dict(checks.select("backend_version", "passes").iter_rows()) == {
+        "1.0": True, "2.0": False, "3.0": False}
+    quarantine = Quarantine()
+    left = fp8_check.quarantine_failing(gemm, gpus, quarantine)
+    assert sorted(set(left.filter(pl.col("dtype") == "fp8")["backend_version"])) == ["1.0"]
+    assert len(left.filter(pl.col("dtype") == "bfloat16")) == 6  # bf16 rows always stay
+    assert len(quarantine.table()) == 6 and "median FP8/bf16 GEMM time 1.00" in quarantine.table()[
+        "detail"].to_list()[0]

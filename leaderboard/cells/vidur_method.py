@@ -20,6 +20,7 @@ from collections import Counter
 import duckdb
 import yaml
 
+from leaderboard.cells import fp8_check
 from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
@@ -77,9 +78,25 @@ def _tokens_ok(axes: dict, model: dict, tp: int):
     return lambda t: t in m_grid and (tp == 1 or t * model["hidden_size"] * BF16 in ar)
 
 
-def _version(con, sku: str, fixed: str | None) -> str | None:
-    return vidur_version(con, sku) if fixed is None else (
-        fixed if fixed in measured_versions(con, sku) else None)
+def _versions(con, sku: str, wanted: str | None) -> list[str]:
+    """The versions a family may read on this GPU, in preference order: ``null``, the home's
+    version or the nearest later one; ``"X"``, X only; ``"X+"``, X or any later one."""
+    if wanted is None:
+        found = vidur_version(con, sku)
+        return [found] if found else []
+    if wanted.endswith("+"):
+        floor = tuple(map(int, wanted[:-1].split(".")))
+        return [v for v in measured_versions(con, sku) if tuple(map(int, v.split("."))) >= floor]
+    return [wanted] if wanted in measured_versions(con, sku) else []
+
+
+def _grid(con, sku: str, fam: dict, dtype: str) -> Grid | None:
+    """The first grid of ``_versions`` holding GEMMs of ``dtype`` (after the build's FP8 check
+    has quarantined the tables that fail it); None if the GPU has none."""
+    for version in _versions(con, sku, fam["version"]):
+        if (grid := load_grid(con, sku, version, dtype)).gemm:
+            return grid
+    return None
 
 
 def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> list[CellSet]:
@@ -96,8 +113,7 @@ def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> lis
 
 def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
     dtype = fam.get("gemm_dtype", "bf16")
-    grids = {sku: grid for sku in skus if (v := _version(con, sku, fam["version"]))
-             and (grid := load_grid(con, sku, v, dtype)).gemm}  # a GPU without such GEMMs: none
+    grids = {sku: grid for sku in skus if (grid := _grid(con, sku, fam, dtype))}
     members = [grids[s] for s in fam["gpus"] if s in grids]
     if not members:
         return []
@@ -177,8 +193,27 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
         warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
         warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
-        files=source_lines(con, grid.files),
+        files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con),
     )
+
+
+def _fp8_checks(con) -> str:
+    """Markdown: every FP8 table the build checked (``fp8_check``), kept or quarantined."""
+    large = f"m >= {fp8_check.LARGE} AND n >= {fp8_check.LARGE} AND k >= {fp8_check.LARGE}"
+    kept = con.execute(f"""
+        WITH large AS (SELECT sku, backend_version v, dtype, m, n, k, latency_ms FROM gemm
+                       WHERE source = '{fp8_check.SOURCE}' AND {large})
+        SELECT f.sku, f.v, 'kept', format('median FP8/bf16 GEMM time {{:.2f}} over {{}} shapes',
+               median(f.latency_ms / b.latency_ms), count(*))
+        FROM large f JOIN large b ON b.dtype = '{fp8_check.BF16}' AND b.sku = f.sku
+             AND b.v = f.v AND b.m = f.m AND b.n = f.n AND b.k = f.k
+        WHERE f.dtype = '{fp8_check.FP8}' GROUP BY f.sku, f.v""").fetchall()
+    dropped = con.execute("SELECT DISTINCT sku, json_extract_string(row, '$.backend_version'), "
+                          "'quarantined', detail FROM quarantine WHERE reason = ?",
+                          [fp8_check.REASON]).fetchall()
+    rows = sorted(kept + dropped, key=lambda r: (r[0], tuple(map(int, r[1].split(".")))))
+    return "\n".join(["| GPU | vLLM | verdict | measured |", "|---|---|---|---|",
+                      *(f"| {sku} | {v} | {verdict} | {what} |" for sku, v, verdict, what in rows)])
 
 
 def _origin(cells: list[dict]) -> str:
