@@ -40,7 +40,7 @@ from leaderboard_core.versioning import code_hash, code_version
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
                       "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms",
-                      "warm_share", "composed")
+                      "warm_share", "composed", "weight")
 
 
 @dataclass

@@ -16,9 +16,13 @@ import polars as pl
 
 from leaderboard_core.naming import Registry
 
-PHASES = ("all", "all_cold", "prefill", "decode", "mixed")
+PHASES = ("all", "all_cold", "replayed", "traffic", "prefill", "decode", "mixed")
 # Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
 COLD = "all_cold"
+# Beside "all", where cells carry a replay ``weight``: the cells of "all" that replayed traces
+# produced (weight > 0; the measured uniform batches that fill thin phases have weight 0), and
+# those same cells counted as often as the replay produced them (the traffic a server sees).
+REPLAYED, TRAFFIC = "replayed", "traffic"
 # "all" and "all_cold" leave out the cells labelled ``composed``: ground truth whose points may
 # stand in for fewer calls than the engine makes (``_vidur``'s mixed steps). Their own phase
 # still scores them.
@@ -85,16 +89,26 @@ def in_all(predictions: pl.DataFrame) -> pl.Series:
 def by_phase(predictions: pl.DataFrame, groups: tuple[str, ...] = PHASES,
              level: str = "step") -> dict[str, dict]:
     """Statistics over every row not labelled ``composed`` (when ``groups`` names "all"), over
-    the cold ones of those where the rows carry ``warm_share``, and over every row of each value
-    of ``phase`` (in ``groups`` order, then any other)."""
+    the cold ones of those where the rows carry ``warm_share``, over the replayed ones of those
+    and their traffic where the rows carry ``weight``, and over every row of each value of
+    ``phase`` (in ``groups`` order, then any other)."""
     signed = predictions["signed_pct"].to_numpy()
     phase = predictions["phase"].to_numpy()
-    present = [g for g in groups if g not in ("all", COLD)] + sorted(set(phase) - set(groups))
+    present = [g for g in groups if g not in ("all", COLD, REPLAYED, TRAFFIC)] + sorted(
+        set(phase) - set(groups))
     measured = in_all(predictions).to_numpy()
     out = {"all": summarize(signed[measured], level)} if "all" in groups else {}
     warm = predictions.get_column("warm_share") if "warm_share" in predictions.columns else None
     if COLD in groups and warm is not None and warm.null_count() < len(warm):
         out[COLD] = summarize(signed[measured & (warm == 0).fill_null(False).to_numpy()], level)
+    weight = predictions.get_column("weight") if "weight" in predictions.columns else None
+    if weight is not None and weight.null_count() < len(weight):
+        weight = weight.fill_null(0).to_numpy().astype(np.int64)
+        replayed = measured & (weight > 0)
+        if REPLAYED in groups:
+            out[REPLAYED] = summarize(signed[replayed], level)
+        if TRAFFIC in groups:
+            out[TRAFFIC] = summarize(np.repeat(signed[replayed], weight[replayed]), level)
     for g in present:
         out[g] = summarize(signed[phase == g], level)
     return out

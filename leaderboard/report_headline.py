@@ -102,19 +102,33 @@ def headline(runs: pl.DataFrame, predictions: pl.DataFrame) -> list[str]:
 
 
 def cell_datasets() -> list[str]:
-    """Every cell and serving dataset of the store, with its rows per phase."""
+    """Every cell and serving dataset of the store: its rows per phase and, for cells, how many
+    of those ``all`` scores are measured uniform filler rather than replayed steps."""
     with store.connect() as con:
         found = con.execute("SELECT name, kind, sku, rows, phases FROM datasets WHERE kind IN "
                             "('cells', 'serving') ORDER BY kind, name").fetchall()
+        filler = {d: (n, uniform, steps) for d, n, uniform, steps in con.execute(
+            "SELECT dataset, count(*), count(*) FILTER (WHERE coalesce(weight, 0) = 0), "
+            "sum(coalesce(weight, 0)) FROM cells WHERE NOT coalesce(composed, false) "
+            "GROUP BY dataset").fetchall()}
     rows = []
     for name, kind, sku, n, phases in found:
         by_phase = json.loads(phases) if phases else {}
+        in_all, uniform, steps = filler.get(name, (None, None, None))
         rows.append([name, kind, sku, f"{n:,}",
-                     ", ".join(f"{p} {c:,}" for p, c in by_phase.items()) or "—"])
+                     ", ".join(f"{p} {c:,}" for p, c in by_phase.items()) or "—",
+                     "—" if in_all is None else f"{in_all:,}",
+                     "—" if not in_all else f"{uniform:,} ({uniform / in_all:.0%})",
+                     "—" if not steps else f"{steps:,}"])
     return ["## Cell datasets", "",
             "Read from the store these runs were scored on (`python -m leaderboard.data list` "
-            "prints the same, with each dataset's home; `data card NAME` its card).", "",
-            *table(["dataset", "kind", "GPU", "rows", "per phase"], rows, "lllrl")]
+            "prints the same, with each dataset's home; `data card NAME` its card). `in all`: "
+            "the cells `all` scores (not `composed`); `filler`: those of them that are measured "
+            "uniform batches (weight 0) rather than replayed steps; `replayed steps`: how many "
+            "steps the trace replays produced, which `traffic` weighs by. A family without "
+            "replay weights (Vidur's profiles) has no filler column.", "",
+            *table(["dataset", "kind", "GPU", "rows", "per phase", "in all", "filler in all",
+                    "replayed steps"], rows, "lllrlrrr")]
 
 
 def store_build(path: Path = BUILD_JSON) -> list[str]:

@@ -55,3 +55,20 @@ def test_all_leaves_out_composed_cells_and_their_phase_keeps_them():
 def test_a_metric_twice_is_refused():
     with pytest.raises(ValueError, match="already registered.*Did you mean 'mape'"):
         register_metric(Metric("mape", "again", np.mean))
+
+
+def test_replayed_and_traffic_leave_out_the_filler_and_weigh_by_replay_count():
+    """By hand: filler (weight 0) is in all but not in replayed; traffic counts a cell as often
+    as the replay produced it; a composed cell is in neither."""
+    predictions = pl.DataFrame({
+        "phase": ["decode", "decode", "prefill", "mixed"],
+        "signed_pct": [10.0, -30.0, 50.0, 99.0], "composed": [False, False, False, True],
+        "weight": [3, 1, 0, 5]})
+    phases = metrics.by_phase(predictions)
+    assert phases["all"]["mape"] == pytest.approx((10 + 30 + 50) / 3)
+    assert phases["replayed"]["mape"] == pytest.approx((10 + 30) / 2)
+    assert phases["traffic"]["mape"] == pytest.approx((3 * 10 + 30) / 4)
+    assert phases["traffic"]["bias"] == pytest.approx((3 * 10 - 30) / 4)
+    assert phases["traffic"]["n"] == 4 and phases["replayed"]["n"] == 2
+    without = metrics.by_phase(predictions.drop("weight"))
+    assert "replayed" not in without and "traffic" not in without

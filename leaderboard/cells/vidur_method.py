@@ -20,7 +20,7 @@ from collections import Counter
 import duckdb
 import yaml
 
-from leaderboard.cells import fp8_check
+from leaderboard.cells import fp8_check, memory
 from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
@@ -131,8 +131,8 @@ def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
         for step in uniform_steps(axes, ok):  # measured uniform batches fill thin phases
             found.setdefault(step, [None, "uniform", 0])
         workloads += _sample(entry, found, cfg["cells_per_phase"], members, model)
-    return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally,
-                      gpus[sku]["short_name"]) for sku, grid in sorted(grids.items())]
+    return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally, gpus[sku])
+            for sku, grid in sorted(grids.items())]
 
 
 def _sample(entry: dict, found: dict, per_phase: int, members: list[Grid], model: dict) -> list:
@@ -157,10 +157,16 @@ def _sample(entry: dict, found: dict, per_phase: int, members: list[Grid], model
     return out
 
 
-def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, short_name: str):
-    cells, lineage = [], []
+def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, gpu: GpuSpec):
+    cells, lineage, too_big = [], [], 0
+    dtype = fam.get("gemm_dtype", "bf16")
     for w in map(dict, workloads):
-        result = compose_snapped(grid, models[w["model"]], w["tp"], w.pop("step"))
+        step = w.pop("step")
+        if not memory.fits(models[w["model"]], w["tp"], w["q_lens"], w["ctx_lens"],
+                           gpu["mem_gb"], dtype):
+            too_big += 1  # weights plus KV cache above what a server may use: no such state
+            continue
+        result = compose_snapped(grid, models[w["model"]], w["tp"], step)
         if result is None:
             continue  # kept where measured: this GPU lacks a point of this workload
         total, warm, points = result
@@ -171,12 +177,14 @@ def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, short
                       "gemm_dtype": fam.get("gemm_dtype", "bf16")})
         lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": p.table, "key": p.key,
                      "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
-    name = f"{short_name}_{suffix}"
-    card = _card(con, name, grid, cells, cfg, fam, tally, len(workloads) - len(cells))
+    name = f"{gpu['short_name']}_{suffix}"
+    card = _card(con, name, grid, cells, cfg, fam, tally, len(workloads) - len(cells) - too_big,
+                 too_big, models, gpu)
     return cell_set(name, grid.sku, cells, lineage, card)
 
 
-def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int) -> str:
+def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int,
+          too_big: int, models: dict, gpu: GpuSpec) -> str:
     counts = phase_counts(cells)
     replayed = sum(c["weight"] for c in cells)
     warm = [c for c in cells if c["warm_share"] > 0]
@@ -194,7 +202,21 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
         warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
         files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con),
+        too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
+        lm_head=_lm_head(cfg, models, fam.get("gemm_dtype", "bf16")),
     )
+
+
+def _lm_head(cfg, models: dict, dtype: str) -> str:
+    """Markdown: per configuration, the LM head's weight bytes against all its layers' linear
+    weights (what a memory-bound decode step streams), from the model shapes."""
+    rows = ["| model | TP | LM head / layers' linear weights |", "|---|---|---|"]
+    for entry in cfg["configs"]:
+        model, tp = models[entry["model"]], entry["tp"]
+        share = memory.lm_head_bytes(model, tp) / (
+            model["num_layers"] * memory.layer_weight_bytes(model, tp, dtype))
+        rows.append(f"| {entry['model']} | {tp} | {share:.1%} |")
+    return "\n".join(rows)
 
 
 def _fp8_checks(con) -> str:

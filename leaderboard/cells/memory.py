@@ -1,0 +1,47 @@
+"""What a step holds in GPU memory, from the model's shapes: weights and KV cache per GPU.
+
+A cell whose weights plus KV cache exceed ``UTILIZATION`` of the GPU's memory is a state no
+server can be in (vLLM reserves ``gpu_memory_utilization`` = 0.9 of it by default), so the
+builder drops it and the card counts it. Weights are Megatron-sharded over TP (the vocabulary
+too); KV heads are split over TP, one per GPU at least (replicated when there are fewer).
+Memory sizes in the specs are binary gigabytes (an "80 GB" HBM3 stack holds 80 GiB).
+"""
+
+from __future__ import annotations
+
+from leaderboard_core.specs import tp_shapes
+
+UTILIZATION = 0.9
+BF16_BYTES = 2
+GEMM_BYTES = {"bf16": 2, "fp8": 1}  # linear-layer weight bytes per element
+
+
+def layer_weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
+    """One layer's linear weights on one GPU."""
+    s = tp_shapes(model, tp)
+    return sum(n * k for n, k in (s["qkv"], s["o"], s["gate_up"], s["down"])) * GEMM_BYTES[gemm_dtype]
+
+
+def lm_head_bytes(model: dict, tp: int) -> float:
+    """The LM head's weights on one GPU (vocabulary-parallel, bf16)."""
+    return model["vocab_size"] * model["hidden_size"] * BF16_BYTES / tp
+
+
+def weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
+    """Every weight on one GPU: the layers, the LM head and, unless tied to it, the embedding."""
+    embeddings = 1 if model.get("tied_embeddings") else 2
+    return (model["num_layers"] * layer_weight_bytes(model, tp, gemm_dtype)
+            + embeddings * lm_head_bytes(model, tp))
+
+
+def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> float:
+    """The bf16 KV cache of the step's requests (cached context plus new tokens) on one GPU."""
+    tokens = sum(q + c for q, c in zip(q_lens, ctx_lens, strict=True))
+    heads = max(model["num_kv_heads"] // tp, 1)
+    return tokens * model["num_layers"] * 2 * heads * model["head_dim"] * BF16_BYTES
+
+
+def fits(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int], mem_gb: float,
+         gemm_dtype: str = "bf16") -> bool:
+    need = weight_bytes(model, tp, gemm_dtype) + kv_bytes(model, tp, q_lens, ctx_lens)
+    return need <= UTILIZATION * mem_gb * 2**30

@@ -1,0 +1,89 @@
+"""The numbers a ``_vidur*`` card states, recomputed from the store and the model shapes by
+hand: cell counts per phase, the LM head's share per configuration, the warm cells, the
+backend version; and no cell needs more memory than its GPU lets a server use."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from leaderboard_core import paths
+from leaderboard_core.specs import load_gpu_specs
+
+CARDS = ["a100_vidur", "h200_vidur", "l40s_vidur", "gb200_vidur", "h100_vidur19",
+         "h100_vidur_fp8", "gb200_vidur_fp8"]
+
+
+def _card(real_store, name: str) -> str:
+    return real_store.sql(f"SELECT card FROM datasets WHERE name = '{name}'")[0][0]
+
+
+def _number(text: str, pattern: str) -> int:
+    found = re.search(pattern, text)
+    assert found, pattern
+    return int(found.group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize("name", CARDS)
+def test_every_count_a_card_states_is_the_stores(real_store, name):
+    card = _card(real_store, name)
+    counts = dict(real_store.sql(f"SELECT phase, count(*) FROM cells WHERE dataset = '{name}' "
+                                 "GROUP BY phase"))
+    total = sum(counts.values())
+    assert _number(card, r"(\d+) cells: ") == total
+    for phase in ("prefill", "decode", "mixed"):
+        assert _number(card, rf"(\d+)\s+{phase}") == counts.get(phase, 0), phase
+    composed = real_store.sql(f"SELECT count(*) FROM cells WHERE dataset = '{name}' AND composed")
+    assert composed[0][0] == counts.get("mixed", 0)  # every mixed cell, and only they
+    warm = real_store.sql(f"SELECT count(*) FROM cells WHERE dataset = '{name}' "
+                          "AND warm_share > 0")[0][0]
+    assert _number(card, r"(\d+) cells\s+(?:carry|hold points)") == warm
+    (version,) = real_store.sql(f"SELECT DISTINCT backend_version FROM cells "
+                                f"WHERE dataset = '{name}'")[0]
+    assert f"this GPU: {version}" in card or f"vLLM {version}" in card
+
+
+@pytest.mark.parametrize("name", ["h200_vidur", "h100_vidur_fp8"])
+def test_the_lm_head_table_from_the_shapes_by_hand(real_store, name):
+    card = _card(real_store, name)
+    gemm_bytes = 1 if name.endswith("_fp8") else 2
+    block = card[card.index("| model | TP | LM head"):].split("\n\n")[0]
+    rows = re.findall(r"\| ([\w.-]+) \| (\d+) \| ([\d.]+)% \|", block)
+    assert len(rows) == 9  # one per configuration of conf/cells/vidur.yaml
+    for model_name, _tp, share in rows:
+        m = yaml.safe_load((paths.CONF_DIR / "model" / f"{model_name}.yaml").read_text())
+        h, d, f = m["hidden_size"], m["head_dim"], m["intermediate_size"]
+        per_layer = (h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
+                     + (3 if m["gated_mlp"] else 2) * h * f)  # q/k/v, o, the MLP
+        by_hand = m["vocab_size"] * h * 2 / (m["num_layers"] * per_layer * gemm_bytes) * 100
+        assert float(share) == pytest.approx(by_hand, abs=0.05), model_name
+    shares = {model: float(s) for model, _, s in rows}
+    if not name.endswith("_fp8"):  # what the issue measured: 22 %, 14 %, 9 %
+        assert round(shares["qwen3-1.7b"]) == 22 and round(shares["llama-3.2-3b"]) == 14
+        assert round(shares["qwen3-8b"]) == 9
+
+
+def test_no_cell_needs_more_memory_than_a_server_may_use(real_store):
+    """Weights (every GPU's shard, LM head and embedding) plus the bf16 KV cache of a cell's
+    requests, by hand, stay under 90 % of the GPU's memory on every _vidur* cell."""
+    gpus = load_gpu_specs()
+    models = {p.stem: yaml.safe_load(p.read_text()) for p in (paths.CONF_DIR / "model").glob("*.yaml")}
+    rows = real_store.sql("SELECT dataset, sku, model, tp, q_lens, ctx_lens, gemm_dtype FROM cells "
+                          "WHERE regexp_matches(dataset, '_vidur(19|_fp8)?$')")
+    worst = 0.0
+    for dataset, sku, model_name, tp, q_lens, ctx_lens, dtype in rows:
+        m = models[model_name]
+        h, d, f, layers = m["hidden_size"], m["head_dim"], m["intermediate_size"], m["num_layers"]
+        linear = (h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
+                  + (3 if m["gated_mlp"] else 2) * h * f)
+        weights = (layers * linear * (1 if dtype == "fp8" else 2)
+                   + (1 if m.get("tied_embeddings") else 2) * m["vocab_size"] * h * 2) / tp
+        q_lens, ctx_lens = (json.loads(v) if isinstance(v, str) else v for v in (q_lens, ctx_lens))
+        kv = (sum(q_lens) + sum(ctx_lens)) * layers * 2 * max(m["num_kv_heads"] // tp, 1) * d * 2
+        share = (weights + kv) / (gpus[sku]["mem_gb"] * 2**30)
+        worst = max(worst, share)
+        assert share <= 0.9, (dataset, model_name, tp, share)
+    assert worst > 0.5  # the check saw cells near the limit, not only small ones
