@@ -66,7 +66,11 @@ from predictors.steps import Steps
 # (~20-100 rows per regressor) the least regularized point of Vidur's grid with its fewest trees.
 GRIDS = {"full": {"n_estimators": [250, 500, 750], "max_depth": [8, 16, 32],
                   "min_samples_split": [2, 5, 10]},
-         "reduced": {"n_estimators": [250], "max_depth": [32], "min_samples_split": [2]}}
+         "reduced": {"n_estimators": [250], "max_depth": [32], "min_samples_split": [2]},
+         # Not Vidur's: no bootstrap, so every tree holds every measured point and reproduces
+         # it exactly (the trees are then alike: one is enough). rf_exact, labelled as such.
+         "exact": {"n_estimators": [1], "max_depth": [32], "min_samples_split": [2],
+                   "bootstrap": [False]}}
 GEMMS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
 TOKEN_ROUNDING, KV_GRANULARITY = 8, 64
 GQA_BATCHING_FACTOR = 0.1
@@ -396,3 +400,24 @@ def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, floa
                                byte / target["mem_bw"])
         ratios[op] = np.divide(on_target, on_home, out=np.ones(steps.n), where=on_home > 0)
     return ratios
+
+
+@register("rf_exact")
+class VidurRandomForestExact(VidurRandomForestScaled):
+    """rf_scaled with forests fitted without bootstrap (``grid="exact"``): a labelled variant,
+    not Vidur's configuration. On a sparse grid (21 GEMM m values, 2x apart) bootstrap leaves
+    about a third of the points out of each tree, which then averages neighbours 2x away; without
+    it every measured point is reproduced, so this is the forest at its in-sample strength."""
+
+    card = PredictorCard(
+        kind="profiled", reference="Vidur (Agrawal et al., MLSys'24) with bootstrap off; "
+                                   "docs/baselines.md (rf_exact)",
+        description="rf_scaled with trees fitted without bootstrap: every home point exact, "
+                    "each op scaled to the target by its roofline-time ratio",
+        needs_profiled_rows=True, precisions=("bf16", "fp8"))
+
+    def __init__(self, grid: str = "exact", random_state: int = 0,
+                 decode_attention: str = "mean_context", prefill_batches: str = "one",
+                 vidur_launch_on_gpu_block: bool = False):
+        super().__init__(grid, random_state, decode_attention, prefill_batches,
+                         vidur_launch_on_gpu_block)

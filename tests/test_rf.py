@@ -266,3 +266,17 @@ def test_the_launch_constant_is_priced_on_wall_clock_cells_only(fitted):
     quirk = with_params(fitted, vidur_launch_on_gpu_block=True)
     assert quirk.predict(tp2.with_columns(gt_kind=pl.lit("gpu_block")), gpu)[0] == pytest.approx(
         base, rel=1e-12)
+
+
+def test_the_exact_grid_reproduces_every_point_the_reduced_one_does_not():
+    """Without bootstrap each tree holds every point: on a sparse grid (m 2x apart, as the home
+    GEMM table) the exact forest returns each measured time; Vidur's bootstrapped one misses."""
+    from predictors.rf import fit_forest
+
+    x = (2.0 ** np.arange(0, 14))[:, None]
+    y = 0.01 + x[:, 0] * 1e-4 * (1 + 0.3 * np.sin(np.arange(14)))
+    exact = fit_forest(x, y, "exact", random_state=0)
+    np.testing.assert_allclose(exact.predict(x), y, rtol=1e-12)
+    assert not exact.bootstrap and exact.n_estimators == 1
+    reduced = fit_forest(x, y, "reduced", random_state=0).predict(x)
+    assert np.abs(reduced / y - 1).max() > 0.05
