@@ -1,6 +1,6 @@
 """Report sections about the protocol: the two-home table and each baseline's strength.
 
-The one-home leaderboard (``report.main_leaderboard``) fits on the A100 alone. The two-home
+The one-home leaderboard (``report_leaderboard.main_leaderboard``) fits on the A100 alone. The two-home
 table fits every predictor on the A100 and the H100 (``dataset.home=[a100_vidur,h100_vidur]``);
 both homes are scored on their held-out cells only. The strength section sets each baseline's
 home error here beside the error its authors published, where they published one.

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import atlas, ranking, report, report_headline, results
+from leaderboard import atlas, ranking, report, report_headline, report_leaderboard, results
 from leaderboard_core.contract import PredictorCard
 from leaderboard_core.versioning import code_hash
 from predictors import registry
@@ -216,7 +216,8 @@ def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
                   profiled_rows=[0, 16, 9][i], sandbox=["namespaces+landlock", "namespaces",
                                                         "namespaces+landlock"][i])
     current = results.current(results.load_runs(runs), VERSIONS).pl()
-    lines = report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)))
+    board = report_leaderboard
+    lines = board.main_leaderboard(board.leaderboard_runs(current, sorted(VERSIONS)))
     header = next(line for line in lines if line.startswith("| predictor"))
     assert header.endswith("| GPU-mean MAPE % | target rows | sandbox |")
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
@@ -317,7 +318,7 @@ def test_headline_is_the_gpu_mean_of_each_kind_recomputed_by_hand(tmp_path, monk
         write_run(runs, f"p{i}", dataset=dataset, predictor="profiled",
                   card={"kind": "profiled", "reference": "t", "needs_profiled_rows": True},
                   predictions=cells(seed=i, bias=0.3))
-    current = report.leaderboard_runs(results.current(results.load_runs(runs), VERSIONS).pl(),
+    current = report_leaderboard.leaderboard_runs(results.current(results.load_runs(runs), VERSIONS).pl(),
                                       sorted(VERSIONS))
     lines = report_headline.headline(current, results.load_predictions(current))
     unseen = [d for d in VERSIONS if d != "a100_vidur"]
@@ -339,7 +340,8 @@ def test_a_not_supported_run_shows_as_such(tmp_path, monkeypatch):
         write_run(runs, f"t{i}", dataset=dataset, predictions=cells(seed=i))
     current = results.current(results.load_runs(runs), VERSIONS).pl()
     outcomes = {("bf16_only", d): "not supported: prices bf16 GEMMs only" for d in VERSIONS}
-    text = "\n".join(report.main_leaderboard(report.leaderboard_runs(current, sorted(VERSIONS)),
-                                             outcomes))
+    board = report_leaderboard
+    text = "\n".join(board.main_leaderboard(board.leaderboard_runs(current, sorted(VERSIONS)),
+                                            outcomes))
     assert "| bf16_only | n/s | n/s | n/s | — |" in text
     assert "- bf16_only on h200_vidur: prices bf16 GEMMs only" in text

@@ -36,17 +36,29 @@ def ladder(runs: pl.DataFrame) -> list[str]:
                     "change vs previous rung"], rows, "llrrr")]
 
 
+def strongest_baseline(runs: pl.DataFrame, mapes: PhaseMapes, dataset: str
+                       ) -> tuple[str | None, float | None]:
+    """The predictor outside the ``ours`` family with the lowest ``all`` MAPE on ``dataset``
+    (a VALID run), whichever it is."""
+    scored = [(m, p) for p in sorted(set(runs["predictor"])) if not p.startswith("ours")
+              and (m := mapes.mape(p, dataset, "all")) is not None
+              and mapes.by[(p, dataset)]["valid"]]
+    best = min(scored, default=(None, None))
+    return best[1], best[0]
+
+
 def targets(runs: pl.DataFrame) -> list[str]:
     home, unseen = datasets_of(runs, "vidur")
     mapes = PhaseMapes(runs, unseen)
     rows = []
     for d in unseen:
         ours = {p: mapes.mape("ours", d, p) for p in TARGETS}
-        rf = mapes.mape("rf_scaled", d, "all")
-        ratio = rf / ours["all"] if rf is not None and ours["all"] else None
+        rival, theirs = strongest_baseline(runs, mapes, d)
+        ratio = theirs / ours["all"] if theirs is not None and ours["all"] else None
         rows.append([d, *(f"{fmt(ours[p])} {'met' if ours[p] is not None and ours[p] <= t else 'MISSED'}"
                           for p, t in TARGETS.items()),
-                     fmt(rf), fmt(ratio, 2) + (" met" if ratio and ratio >= 1.5 else " MISSED")])
+                     rival or "—", fmt(theirs),
+                     fmt(ratio, 2) + (" met" if ratio and ratio >= 1.5 else " MISSED")])
     home_rows = []
     for d in home:
         ours, rf = mapes.mape("ours", d, "all"), mapes.mape("rf_verbatim", d, "all")
@@ -55,12 +67,16 @@ def targets(runs: pl.DataFrame) -> list[str]:
     return ["## ours: its targets", "",
             "Targets per unseen GPU: decode MAPE ≤ 5 %, prefill ≤ 10 %, `all` ≤ 7 % (prefill "
             "and decode cells; the composed mixed cells are out), and at least 1.5× lower `all` "
-            "MAPE than `rf_scaled`. On the home: within 2× of the "
-            "random forest's held-out error. Missed targets are reported as missed; why: the "
-            "per-op tables by phase and the kernel floors below.", "",
-            *table(["GPU", "decode %", "prefill %", "all %", "rf_scaled all %",
-                    "rf_scaled / ours"], rows, "lrrrrr"),
-            *table(["home", "ours all %", "rf held-out all %", "within 2×"], home_rows, "lrrl")]
+            "MAPE than the **strongest baseline on that GPU** (the predictor outside the `ours` "
+            "family with the lowest `all` MAPE there, whichever it is). On the home: within 2× "
+            "of the random forest's held-out error; under `full_grid` that error is in-sample "
+            "for the forest (it fitted the very points the cells sum), so this target is weak. "
+            "Missed targets are reported as missed; why: the per-op tables by phase and the "
+            "kernel floors below.", "",
+            *table(["GPU", "decode %", "prefill %", "all %", "strongest baseline",
+                    "its all %", "baseline / ours"], rows, "lrrrlrr"),
+            *table(["home", "ours all %", "rf held-out all % (in-sample)", "within 2×"],
+                   home_rows, "lrrl")]
 
 
 def wall_clock(runs: pl.DataFrame) -> list[str]:
