@@ -14,7 +14,7 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.common import cell_set
 from leaderboard.families import DatasetFamily, register_family
 from leaderboard.homes import with_family
-from leaderboard.report import main_leaderboard
+from leaderboard.report_leaderboard import main_leaderboard
 from leaderboard_core import paths
 from predictors import registry
 from tests.conftest import TinySources
