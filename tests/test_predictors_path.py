@@ -55,7 +55,7 @@ def test_a_predictor_outside_the_repo_runs_sealed(store_home, tmp_path):
                          capture_output=True, text=True, cwd=paths.REPO_ROOT, timeout=300,
                          env={**os.environ, "LEADERBOARD_HOME": str(store_home.home)})
     assert out.returncode == 0, out.stderr
-    (run,) = (tmp_path / "runs").iterdir()
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name != ".hydra"]  # Hydra logs
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["valid"] and metrics["predictor"] == "toy_outside", metrics["invalid_reasons"]
     assert metrics["params"] == {"us_per_token": 2.0}
