@@ -54,8 +54,14 @@ class PhaseMapes:
         return None if not values or None in values else statistics.fmean(values)
 
     def cell(self, predictor: str, dataset: str, phase: str) -> str:
+        """The MAPE; ``n/s`` for a run whose predictor answered NotSupported (and nothing else
+        went wrong), ``INVALID`` for any other run that is not VALID."""
         run = self.by.get((predictor, dataset))
-        return "INVALID" if run and not run["valid"] else fmt(self.mape(predictor, dataset, phase))
+        if run and not run["valid"]:
+            reasons = run["invalid_reasons"] or []
+            return "n/s" if reasons and all(r.startswith("NotSupported") for r in reasons) \
+                else "INVALID"
+        return fmt(self.mape(predictor, dataset, phase))
 
     def header(self, dataset: str, phase: str, home: bool = False) -> str:
         """``dataset`` with the cells its runs scored in ``phase`` (the most of any run: a
