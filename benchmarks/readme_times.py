@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,21 +66,24 @@ EXAMPLES = [
 
 def timed(command: str, env: dict, cwd: Path) -> tuple[float, int]:
     started = time.perf_counter()
-    done = subprocess.run(shlex.split(command), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True,
+                          text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        print(f"{command}: exit {done.returncode}\n{done.stderr[-2000:]}", file=sys.stderr)
+        print(f"{command}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}",
+              file=sys.stderr)
     return seconds, done.returncode
 
 
 def fresh_clone_make_test(env: dict) -> tuple[float, int]:
     """``make test`` as CI runs it: on a clone of the committed HEAD, beside this checkout (so
     ``../shared`` is found as it is here), with a ``.venv`` of its own; the clone is removed."""
-    with tempfile.TemporaryDirectory(prefix=".readme-times-", dir=REPO.parent) as parent:
-        clone = Path(parent) / REPO.name
+    clone = REPO.parent / f".{REPO.name}-readme-times-{os.getpid()}"  # ../shared as for REPO
+    try:
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
         return timed("make test", env, clone)
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)
 
 
 def measure(make_test: bool) -> dict:

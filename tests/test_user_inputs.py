@@ -101,7 +101,7 @@ COMMANDS = ("leaderboard", "leaderboard.calibrate", "leaderboard.report", "leade
 
 
 def test_help_of_every_command_exits_0_without_a_traceback():
-    argvs = [[command, flag] for command in COMMANDS for flag in ("--help", "-h")]
+    argvs = [[command, "--help"] for command in COMMANDS] + [["leaderboard.calibrate", "-h"]]
     for argv, done in zip(argvs, _many(argvs), strict=True):
         assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, argv
         assert "usage" in done.stdout.lower(), (argv, done.stdout[:300])
