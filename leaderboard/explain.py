@@ -108,10 +108,7 @@ def arguments(argv: list[str]) -> tuple[str, str, str | None, int | None]:
     """(predictor, dataset, cell, worst) from Hydra overrides; the old ``cell=ID`` still works."""
     cfg = command_config(argv, "python -m leaderboard.explain", __doc__, "explain",
                          {"cell": "explain.cell"})
-    wanted, k = cfg.explain.cell, cfg.explain.worst
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise InputError(f"explain.worst={k!r} is not allowed: it must be a whole number of "
-                         "cells, at least 1")
+    wanted, k = cfg.explain.cell, cfg.explain.worst  # worst checked with the root keys
     if wanted is not None and k is not None:
         raise InputError("explain.cell and explain.worst pick the cells two ways: pass one")
     return cfg.predictor.name, cfg.dataset.name, None if wanted is None else str(wanted), k

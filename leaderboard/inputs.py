@@ -66,6 +66,7 @@ ROOT: dict[str, Callable[[object], str | None]] = {
     "report.jobs": _number(int, 1),
     "report.partial": _one_of("keep", "replace"),
     "hub.overwrite": _flag,
+    "explain.worst": _number(int, 1),
 }
 
 
