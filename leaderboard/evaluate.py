@@ -134,8 +134,8 @@ def _simulate(described: dict, params: dict, inputs: RunInputs) -> tuple[pl.Data
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0
     nan = np.full(len(inputs.target), np.nan)
-    ttft, tpot = (pred[0], pred[1]) if pred is not None else (nan, nan)
-    return serving_api.prediction_rows(inputs.target, ttft, tpot), facts
+    predicted = {m: pred[i] if pred is not None else nan for i, m in enumerate(serving_api.METRICS)}
+    return serving_api.prediction_rows(inputs.target, predicted), facts
 
 
 @dataclass
@@ -265,7 +265,7 @@ def run(spec: RunSpec) -> RunResult:
                for op, ms in facts.pop("by_op", {}).items()})
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
-    phases = (serving_api.SERVING_PHASES if inputs.serving else
+    phases = (serving_api.phases_of(spec.dataset) if inputs.serving else
               op_level_api.OP_PHASES if op_level else metrics.PHASES)
     result = {
         "predictor": spec.predictor, "params": params,

@@ -138,6 +138,6 @@ for _fam in (
     DatasetFamily("silicon", "serving", "serving", "aiconfigurator's measured serving runs",
                   phases=("ttft", "tpot"), home="a100_vidur"),
     DatasetFamily("serving", "serving", "serving", "recorded serving runs",
-                  phases=("ttft", "tpot"), home="a100_vidur"),
+                  phases=("ttft", "tpot", "service"), home="a100_vidur"),
 ):
     register_family(_fam)

@@ -220,7 +220,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += report_sections.explain_examples(runs)
-    body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir)
+    oracle = report_leaderboard.oracle_runs(current, datasets)
+    body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir, oracle)
     body += report_sections.throughput() + report_sections.seal_overhead() + performance(runs)
     body += unsealed_runs(unsealed)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
@@ -246,17 +247,26 @@ def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list
     the last rerun found the predictor cannot score."""
     versions = results.store_versions() if versions is None else versions
     current = results.current(results.load_runs(runs_dir), versions).pl()
-    have = {(p, d, tuple(sorted(h)) if len(h or []) > 1 else None)
-            for p, d, h in current.select("predictor", "dataset", "home_datasets").iter_rows()}
+    named = {(p, d, tuple(sorted(h))) for p, d, h in
+             current.select("predictor", "dataset", "home_datasets").iter_rows()}
+    default = {(p, d) for (p, d, h), oracle in zip(
+        current.select("predictor", "dataset", "home_datasets").iter_rows(),
+        report_leaderboard.oracle_flags(current), strict=True) if len(h or []) == 1 and not oracle}
     timing = Path(runs_dir) / rerun.TIMING_FILE
     unsupported = set()
     if timing.is_file():
         unsupported = {(o["predictor"], o["dataset"]) for o in json.loads(timing.read_text())
                        ["outcomes"] if o["status"].startswith("not supported")}
-    return [f"{s.predictor} on {s.dataset}" + (f" (homes {'+'.join(s.home)})" if s.home else "")
+    def present(s) -> bool:
+        if not s.home:
+            return (s.predictor, s.dataset) in default
+        homes = [s.home] if isinstance(s.home, str) else s.home
+        return (s.predictor, s.dataset, tuple(sorted(homes))) in named
+
+    return [f"{s.predictor} on {s.dataset}" + (f" (home {s.home if isinstance(s.home, str) else '+'.join(s.home)})"
+                                               if s.home else "")
             for s in rerun.run_specs(Path(runs_dir))
-            if (s.predictor, s.dataset, tuple(sorted(s.home)) if s.home else None) not in have
-            and (s.predictor, s.dataset) not in unsupported]
+            if not present(s) and (s.predictor, s.dataset) not in unsupported]
 
 
 def main(argv: list[str] | None = None) -> None:

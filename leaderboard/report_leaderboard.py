@@ -14,6 +14,7 @@ import polars as pl
 
 from leaderboard import families, metrics, predictor_index
 from leaderboard.homes import with_family
+from leaderboard.serving.oracle import is_oracle
 from leaderboard.split import default_split
 from leaderboard_core.report_tables import (
     GPU_MEAN,
@@ -25,17 +26,38 @@ from leaderboard_core.report_tables import (
 )
 
 
-def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
-    """The current runs that make the leaderboard: registered predictors, default parameters,
-    default split and home points, one home, the leaderboard ``datasets``."""
+def _default_runs(current: pl.DataFrame, datasets: list[str]) -> list[bool]:
+    """Per run: a registered predictor, default parameters, default split and home points,
+    one home, one of ``datasets``."""
     split = default_split()
     defaults = {name: d["defaults"] for name, d in predictor_index.index().items()}
-    keep = [name in defaults and json.loads(params) == defaults[name] and seed == split["seed"]
+    return [name in defaults and json.loads(params) == defaults[name] and seed == split["seed"]
             and fraction == split["test_fraction"] and dataset in datasets
             and points == split["home_points"] and len(homes or []) == 1
             for name, params, seed, fraction, dataset, points, homes in current.select(
                 "predictor", "params", "split_seed", "test_fraction", "dataset", "home_points",
                 "home_datasets").iter_rows()]
+
+
+def oracle_flags(current: pl.DataFrame) -> list[bool]:
+    """Per run: is it the serving oracle (``leaderboard.serving.oracle.is_oracle``)."""
+    return [is_oracle(fam.level if (fam := families.of(d)) else "", sku, home_sku)
+            for d, sku, home_sku in current.select("dataset", "sku", "home_sku").iter_rows()]
+
+
+def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
+    """The current runs that make the leaderboard: registered predictors, default parameters,
+    default split and home points, one home, the leaderboard ``datasets``; never the serving
+    oracle (``leaderboard.serving.oracle``)."""
+    keep = [default and not oracle for default, oracle in
+            zip(_default_runs(current, datasets), oracle_flags(current), strict=True)]
+    return with_family(current.filter(pl.Series(keep, dtype=pl.Boolean)))
+
+
+def oracle_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
+    """The serving oracle's current runs (default parameters, one of ``datasets``)."""
+    keep = [default and oracle for default, oracle in
+            zip(_default_runs(current, datasets), oracle_flags(current), strict=True)]
     return with_family(current.filter(pl.Series(keep, dtype=pl.Boolean)))
 
 

@@ -30,6 +30,7 @@ from rich.console import Console
 from leaderboard import families, predictor_index, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
+from leaderboard.serving.oracle import ORACLE, oracle_home
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.versioning import code_hash
@@ -55,7 +56,11 @@ def leaderboard_datasets() -> list[str]:
 
 
 def run_specs(runs_dir: Path) -> list[RunSpec]:
+    """Every leaderboard run, and the serving oracle on each serving set whose GPU has kernel
+    tables (``leaderboard.serving.oracle``: a self-check of the replay, never ranked)."""
     specs = []
+    with StoreCatalog() as catalog:
+        rows = catalog.datasets()
     for dataset in leaderboard_datasets():
         fam = families.of(dataset)
         # Op-level datasets are scored by the predictors that predict single kernels.
@@ -66,6 +71,9 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
         if fam.two_homes:  # the two-home protocol, beside the one-home one
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
                               home=list(fam.two_homes)) for name in names]
+        if fam.level == "serving" and (home := oracle_home(dataset, rows)):
+            specs.append(RunSpec(predictor=ORACLE, dataset=dataset, params={}, runs_dir=runs_dir,
+                                 home=home))
     return specs
 
 

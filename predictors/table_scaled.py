@@ -19,6 +19,13 @@ tokens, one prefill-attention kernel over its prefills (a uniform batch at their
 and one decode-attention kernel over its decodes (at their mean context), two all-reduces of
 the activations at TP > 1; times the layers. On the home every ``_vidur`` cell is a measured
 grid point, so the home column is in-sample for this predictor.
+
+A step whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than
+``gpu_block``: measured serving, wall-clock steps) also runs the LM head, as aiconfigurator's own
+step model does: one GEMM per step at m = the step's requests, n = vocabulary / TP, k = hidden.
+The tables stop below the vocabulary sizes (n ≤ 65,536), so the LM head is read as the fewest
+equal column slices inside the grid, each a measured-table lookup. ``lm_head=False`` leaves it
+out. Light kernels (norms, rotary, activations, sampling) have no table and are never priced.
 """
 
 from __future__ import annotations
@@ -114,10 +121,11 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame)
     return np.exp(inside), outside
 
 
-def step_points(cells: pl.DataFrame, models: dict) -> list[tuple[str, np.ndarray, np.ndarray,
-                                                                  pl.DataFrame]]:
+def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: int | None = None
+                ) -> list[tuple[str, np.ndarray, np.ndarray, pl.DataFrame]]:
     """The op points of each cell as the ``_vidur`` cells compose them: (op family, cell index,
-    calls per step, the points' shape columns)."""
+    calls per step, the points' shape columns); with ``lm_head_max_n``, the LM head of every
+    cell whose ground truth is not ``gpu_block``, in slices of at most that many columns."""
     out = []
     c = cells.with_row_index("_cell")
     for (name, tp), group in c.group_by("model", "tp", maintain_order=True):
@@ -141,7 +149,25 @@ def step_points(cells: pl.DataFrame, models: dict) -> list[tuple[str, np.ndarray
         if tp > 1:
             out.append(("allreduce", i, np.full(len(i), ALLREDUCES_PER_LAYER * layers), pl.DataFrame(
                 {"message_bytes": tokens * s["hidden"] * BF16_BYTES, "num_gpus": np.full(len(i), tp)})))
+        if lm_head_max_n is not None and (head := _lm_head(group, model, tp, s["hidden"],
+                                                           lm_head_max_n)):
+            out.append(head)
     return out
+
+
+def _lm_head(group: pl.DataFrame, model: dict, tp: int, hidden: int, max_n: int):
+    """The LM head GEMM of each cell of ``group`` that is not ``gpu_block`` ground truth (None
+    where there is none)."""
+    wanted = (group["gt_kind"] != "gpu_block").fill_null(True).to_numpy() \
+        if "gt_kind" in group.columns else np.ones(len(group), bool)
+    if not wanted.any():
+        return None
+    columns = model["vocab_size"] / tp
+    slices = int(np.ceil(columns / max_n))
+    rows = group.filter(pl.Series(wanted))
+    return ("gemm", rows["_cell"].to_numpy(), np.full(len(rows), float(slices)), pl.DataFrame({
+        "m": rows["num_requests"].to_numpy(), "n": np.full(len(rows), columns / slices),
+        "k": np.full(len(rows), hidden)}))
 
 
 @register("table_scaled")
@@ -153,7 +179,11 @@ class TableScaled(Predictor):
                   "(baselines.md §2.6 (b))",
         description="each op read from the home GPU's measured table (log-log interpolation off "
                     "the grid, nearest point outside it), scaled by the roofline-time ratio, "
-                    "target over home", needs_profiled_rows=True)
+                    "target over home; the LM head on steps that are not GPU-block ground truth",
+        needs_profiled_rows=True)
+
+    def __init__(self, lm_head: bool = True):
+        self.lm_head = lm_head
 
     def fit(self, home: Home) -> TableScaled:
         ops = in_first_home_units(home)
@@ -180,7 +210,8 @@ class TableScaled(Predictor):
                      / point_seconds(family, query, self.home_peaks_))
 
     def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
-        total, parts = np.zeros(len(cells)), step_points(cells, load_models())
+        max_n = int(self.tables_["gemm"]["n"].max()) if self.lm_head else None
+        total, parts = np.zeros(len(cells)), step_points(cells, load_models(), max_n)
         for family in AXES:  # one lookup per family: its interpolants are built once
             mine = [(i, calls, query) for f, i, calls, query in parts if f == family and len(i)]
             if mine:

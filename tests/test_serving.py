@@ -38,12 +38,32 @@ def test_two_request_toy_load_matches_the_hand_computation():
                           "llama-3.1-8b", 1, fixed_steps)
     np.testing.assert_allclose(t.ttft, [20.0, 15.0])
     np.testing.assert_allclose(t.tpot, [(22 - 20) / 2, (21 - 20) / 1])
+    # service time: first token minus the start of the first step with the request (0 and 10)
+    np.testing.assert_allclose(t.service, [20.0, 10.0])
     # Closed loop, one client, two 10+3 requests: A runs steps 0-3 (10+10+1+1 ms), B is sent
     # when A ends at 22 and repeats it.
     c = closed_loop(policy, 10, 3, 1, 2, "llama-3.1-8b", 1, fixed_steps)
     np.testing.assert_allclose(c.arrival, [0.0, 22.0])
     np.testing.assert_allclose(c.ttft, [20.0, 20.0])
     np.testing.assert_allclose(c.tpot, [1.0, 1.0])
+
+
+def test_a_staggered_closed_loop_matches_the_hand_computation():
+    # Two clients, 4+3 requests, staggered: client 1 starts 3 // 2 = 1 step after client 0.
+    # step 0 [0,10): A's prompt (first token at 10). step 1 [10,20): A decodes, B's prompt
+    # joins (B sent at 10, first token at 20). step 2 [20,21): A and B decode; A is done, C is
+    # sent. step 3 [21,31): B decodes (done), C's prompt. step 4 [31,41): C decodes, D's
+    # prompt. step 5 [41,42): C (done) and D decode. step 6 [42,43): D is done.
+    policy = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
+    t = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "staggered")
+    np.testing.assert_allclose(t.arrival, [0.0, 10.0, 21.0, 31.0])
+    np.testing.assert_allclose(t.ttft, [10.0, 10.0, 10.0, 10.0])
+    np.testing.assert_allclose(t.tpot, [(21 - 10) / 2, (31 - 20) / 2, (42 - 31) / 2, (43 - 41) / 2])
+    lockstep = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps)
+    np.testing.assert_allclose(lockstep.ttft, 10.0)  # both prompts share step 0, then C and D
+    np.testing.assert_allclose(lockstep.arrival, [0.0, 0.0, 12.0, 12.0])
+    with pytest.raises(ValueError, match="'drifting' is not one of"):
+        closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "drifting")
 
 
 def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():

@@ -66,7 +66,7 @@ def test_a_step_is_its_measured_points_times_the_layers_and_scaled_by_the_roofli
     cells = pl.DataFrame({"model": [model], "tp": [tp], "total_tokens": [batch],
                           "num_decode": [batch], "num_prefill": [0], "prefill_tokens": [0],
                           "decode_ctx_sum": [batch * ctx], "q_lens": [[1] * batch],
-                          "ctx_lens": [[ctx] * batch]})
+                          "ctx_lens": [[ctx] * batch], "gt_kind": ["gpu_block"]})
     fitted = TableScaled().fit(home)
     layers = load_models()[model]["num_layers"]
     per_layer = sum(times[op] for op in GEMMS) + times["attn_decode"] + 2 * times["allreduce"]
@@ -78,3 +78,26 @@ def test_a_step_is_its_measured_points_times_the_layers_and_scaled_by_the_roofli
                                          **d["interconnect"], "bw_gbs": 2 * d["interconnect"]["bw_gbs"]}},
                             home.gpu.path)
     assert fitted.predict(cells, faster)[0] == pytest.approx(per_layer * layers / 2, rel=1e-9)
+
+
+def test_a_serving_step_adds_the_lm_head_read_in_slices_inside_the_grid():
+    """Off GPU-block ground truth the step also runs the LM head: m = requests, n = vocabulary
+    / TP in the fewest equal slices no wider than the table's widest n, k = hidden."""
+    model, tp, batch, ctx = "llama-3-8b", 2, 8, 1023
+    home, times = _tiny_home(model, tp, batch, ctx, batch)
+    m, s = load_models()[model], tp_shapes(load_models()[model], tp)
+    widest = max(int(frame["n"].max()) for name, frame in home.ops.items() if name.startswith("gemm"))
+    columns = m["vocab_size"] / tp
+    slices = int(np.ceil(columns / widest))
+    assert slices > 1  # 128,256 / 2 columns do not fit the tiny grid: the slicing is exercised
+    home.ops["gemm_lm_head"] = pl.DataFrame({"m": [batch], "n": [columns / slices],
+                                             "k": [s["hidden"]], "dtype": ["bfloat16"],
+                                             "latency_ms": [0.5]})
+    step = pl.DataFrame({"model": [model] * 2, "tp": [tp] * 2, "total_tokens": [batch] * 2,
+                         "num_requests": [batch] * 2, "num_decode": [batch] * 2,
+                         "num_prefill": [0] * 2, "prefill_tokens": [0] * 2,
+                         "decode_ctx_sum": [batch * ctx] * 2, "q_lens": [[1] * batch] * 2,
+                         "ctx_lens": [[ctx] * batch] * 2, "gt_kind": ["gpu_block", "serving"]})
+    kernels, served = TableScaled().fit(home).predict(step, home.gpu)
+    assert served - kernels == pytest.approx(slices * 0.5, rel=1e-9)
+    assert TableScaled(lm_head=False).fit(home).predict(step, home.gpu)[1] == pytest.approx(kernels)

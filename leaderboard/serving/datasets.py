@@ -26,7 +26,7 @@ TARGET_SCHEMA = {
     "tp": pl.Int64, "backend": pl.String, "backend_version": pl.String, "precision": pl.String,
     "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
     "concurrency": pl.Int64, "arrival_ms": pl.Float64, "gt_ttft_ms": pl.Float64,
-    "gt_tpot_ms": pl.Float64, "gt_kind": pl.String, "source": pl.String, "file": pl.String,
+    "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_kind": pl.String, "source": pl.String, "file": pl.String,
     "file_sha256": pl.String,
 }
 
@@ -99,6 +99,8 @@ def _recorded(con) -> list[tuple[str, str, pl.DataFrame, str]]:
         # A one-token output has no TPOT: its target scores TTFT only (it still loads the replay).
         gt_tpot_ms=pl.when(pl.col("output_toks") > 1).then(
             (pl.col("last_token_ts") - pl.col("first_token_ts")) * 1e3 / (pl.col("output_toks") - 1)),
+        # The engine's own view: first token minus the first step that scheduled the request.
+        gt_service_ms=(pl.col("first_token_ts") - pl.col("scheduled_ts")) * 1e3,
         source="source", file="file", file_sha256="file_sha256")
     sku = reqs["sku"][0]
     card = render_card("serving", name=f"{sku}_serving", sku=sku, requests=len(reqs),
@@ -116,15 +118,17 @@ def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_
         targets = targets.select([(pl.col(c) if c in targets.columns else pl.lit(None)).cast(t)
                                   .alias(c) for c, t in TARGET_SCHEMA.items()])
         frames.append(targets)
-        digest = targets.select("target_id", "gt_ttft_ms", "gt_tpot_ms").sort("target_id").write_csv()
+        digest = targets.select("target_id", "gt_ttft_ms", "gt_tpot_ms", "gt_service_ms").sort(
+            "target_id").write_csv()
         entries.append({
             "name": name, "kind": "serving", "source": targets["source"][0], "sku": sku,
             "rows": len(targets), "version": content_hash(builder_version, digest, card),
             "tables": json.dumps({"serving_targets": len(targets)}),
             "backend_versions": json.dumps(sorted(set(targets["backend_version"].drop_nulls()))),
             "files": json.dumps(sorted(set(targets["file"]))), "pinned": True,
-            "phases": json.dumps({"ttft": len(targets),
-                                  "tpot": int(targets["gt_tpot_ms"].is_not_null().sum())}),
+            "phases": json.dumps({m: int(targets[f"gt_{m}_ms"].is_not_null().sum())
+                                  for m in ("ttft", "tpot", "service")
+                                  if targets[f"gt_{m}_ms"].is_not_null().any()}),
             "card": card,
         })
     return pl.concat(frames), entries

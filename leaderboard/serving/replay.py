@@ -27,20 +27,27 @@ from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 
 StepTimer = Callable[[pl.DataFrame], np.ndarray]  # cells -> ms per cell
 LOOKAHEAD_STEPS = 64
+CLOSED_LOOP_STARTS = ("lockstep", "staggered")
 
 
 @dataclass
 class Timeline:
-    """Per request: arrival, first-token and last-token times (ms)."""
+    """Per request: arrival, first-scheduled, first-token and last-token times (ms)."""
 
     arrival: np.ndarray
     first: np.ndarray
     last: np.ndarray
     output: np.ndarray
+    scheduled: np.ndarray
 
     @property
     def ttft(self) -> np.ndarray:
         return self.first - self.arrival
+
+    @property
+    def service(self) -> np.ndarray:
+        """First token minus the start of the request's first step: TTFT without the queue."""
+        return self.first - self.scheduled
 
     @property
     def tpot(self) -> np.ndarray:
@@ -80,9 +87,12 @@ def step_cells(log: dict[str, np.ndarray], model: str, tp: int) -> pl.DataFrame:
 
 
 def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
-           n: int) -> tuple[np.ndarray, np.ndarray]:
-    """First-token time (end of the step finishing the prompt) and last-token time per request."""
-    first, last = np.full(n, np.nan), np.full(n, np.nan)
+           n: int, step_start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """First-token time (end of the step finishing the prompt), last-token time and the start
+    of the first step that computes the request's prompt, per request (NaN where not in ``log``)."""
+    first, last, scheduled = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    opening = np.where(log["ctx"] == 0)[0]
+    scheduled[log["req"][opening]] = step_start[log["step"][opening]]
     ends = step_end[log["step"]]
     done_prompt = log["ctx"] + log["q"] >= prompt[log["req"]]
     first_step = np.where(done_prompt & (log["ctx"] < prompt[log["req"]]))[0]
@@ -91,31 +101,47 @@ def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
     np.maximum.at(last_idx, log["req"], np.arange(len(ends)))
     seen = last_idx >= 0
     last[seen] = ends[last_idx[seen]]
-    return first, last
+    return first, last, scheduled
 
 
 def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
-                model: str, tp: int, timer: StepTimer) -> Timeline:
-    """``requests`` fixed-length requests from ``concurrency`` clients that resend at once."""
+                model: str, tp: int, timer: StepTimer, start: str = "lockstep") -> Timeline:
+    """``requests`` fixed-length requests from ``concurrency`` clients that resend at once.
+
+    ``start``: ``lockstep`` sends every client's first request at step 0, so the clients never
+    drift apart (a deterministic replay has no jitter to part them); ``staggered`` sends client
+    i's first request after i/concurrency of one request's decode steps, the steady state of a
+    closed loop whose clients have drifted apart. A measured run lies between the two."""
+    if start not in CLOSED_LOOP_STARTS:
+        raise ValueError(f"closed-loop start '{start}' is not one of {CLOSED_LOOP_STARTS}")
     prompt, output = np.full(requests, isl), np.full(requests, osl)
     engine, log = Engine(policy, prompt, output), StepLog()
     issued = min(concurrency, requests)
-    for r in range(issued):
-        engine.arrive(r)
+    first_sends = (np.zeros(issued, np.int64) if start == "lockstep"
+                   else (np.arange(issued) * osl) // concurrency)
     arrival_step = np.zeros(requests, np.int64)  # the step count when the request was sent
-    while engine.busy:
-        engine.step(log, requests * (isl + osl))
+    arrival_step[:issued] = first_sends
+    pending = 0  # first requests not yet sent, in sending order
+    sent = issued
+    while pending < issued or engine.busy:
+        if not engine.busy:  # every sent request done before the next client starts: send now
+            first_sends[pending] = arrival_step[pending] = log.steps
+        while pending < issued and first_sends[pending] <= log.steps:
+            engine.arrive(pending)
+            pending += 1
+        until = first_sends[pending] - log.steps if pending < issued else requests * (isl + osl)
+        engine.step(log, int(until))
         while engine.finished:
             engine.finished.pop()
-            if issued < requests:
-                arrival_step[issued] = log.steps
-                engine.arrive(issued)
-                issued += 1
+            if sent < requests:
+                arrival_step[sent] = log.steps
+                engine.arrive(sent)
+                sent += 1
     arrays = log.arrays()
     step_end = np.cumsum(timer(step_cells(arrays, model, tp)))
-    start = np.concatenate([[0.0], step_end])
-    first, last = _times(arrays, step_end, prompt, requests)
-    return Timeline(start[arrival_step], first, last, output)
+    start_ms = np.concatenate([[0.0], step_end])
+    first, last, scheduled = _times(arrays, step_end, prompt, requests, start_ms[:-1])
+    return Timeline(start_ms[arrival_step], first, last, output, scheduled)
 
 
 def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray,
@@ -124,7 +150,7 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
     step that starts at or after its arrival."""
     order = np.argsort(arrival_ms, kind="stable")
     engine, n = Engine(policy, prompt, output), len(prompt)
-    first, last = np.full(n, np.nan), np.full(n, np.nan)
+    first, last, scheduled = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     now, nxt = 0.0, 0
     while nxt < n or engine.busy:
         while nxt < n and arrival_ms[order[nxt]] <= now:
@@ -148,8 +174,9 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
             arrays = log.arrays()
         else:
             engine = ahead
-        f, la = _times(arrays, ends[:keep], prompt, n)
+        f, la, sc = _times(arrays, ends[:keep], prompt, n, starts[:keep])
         first = np.where(np.isnan(f), first, f)
         last = np.where(np.isnan(la), last, la)
+        scheduled = np.where(np.isnan(sc), scheduled, sc)
         now = float(ends[keep - 1])
-    return Timeline(arrival_ms.astype(np.float64), first, last, output)
+    return Timeline(arrival_ms.astype(np.float64), first, last, output, scheduled)

@@ -1,5 +1,7 @@
-"""The serving section of RESULTS.md: TTFT/TPOT errors, step vs serving disagreement, the
-serving-level SKU ranking and the error atlas by concurrency and prompt length."""
+"""The serving section of RESULTS.md: the replay's own error (the oracle), TTFT/TPOT errors with
+ties inside it, each predictor's coverage and distance from the oracle, step vs serving
+disagreement, the serving-level SKU ranking and the error atlas by concurrency and prompt
+length."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
+from leaderboard.serving.oracle import ORACLE
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 # Same model, precision, TP and load: the serving analogue of a workload id.
@@ -17,7 +20,28 @@ LOAD_KEY = ("model", "precision", "tp", "isl", "osl", "concurrency")
 STEP_PAIR = ("h100_vidur", "h100_silicon")  # one GPU scored step by step and served
 
 
-def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict) -> list[str]:
+def ttft_ties(runs: pl.DataFrame, oracle: pl.DataFrame) -> dict[tuple[str, str], str]:
+    """Per (predictor, dataset): ``tie`` when its TTFT MAPE is within the oracle's TTFT MAPE of
+    the best predictor's on that dataset (the replay cannot tell them apart), else the points
+    behind the best; nothing where the dataset has no oracle."""
+    oracle_mape = {r["dataset"]: phase_stat(r, "ttft", "mape") for r in oracle.iter_rows(named=True)}
+    valid = [(r["predictor"], r["dataset"], phase_stat(r, "ttft", "mape"))
+             for r in runs.filter(pl.col("valid")).iter_rows(named=True)]
+    best = {}
+    for _, d, m in valid:
+        if m is not None:
+            best[d] = min(best.get(d, np.inf), m)
+    out = {}
+    for p, d, m in valid:
+        if m is not None and oracle_mape.get(d) is not None:
+            behind = m - best[d]
+            out[(p, d)] = "tie" if behind < oracle_mape[d] else f"+{behind:.1f}"
+    return out
+
+
+def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict,
+                 ties: dict | None = None) -> list[str]:
+    ties = ties or {}
     by = {(r["predictor"], r["dataset"]): r for r in runs.iter_rows(named=True)}
     predictors = sorted({p for p, _ in by} | {p for p, d in outcomes if d in datasets})
     rows = []
@@ -26,17 +50,82 @@ def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict) -> lis
             run = by.get((p, d))
             if run is None:
                 status = outcomes.get((p, d), "no run")
-                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 7])
+                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 9])
             elif not run["valid"]:
                 rows.append([p, d, "INVALID: " + "; ".join(run["invalid_reasons"])[:140],
-                             *["—"] * 7])
+                             *["—"] * 9])
             else:
                 n = phase_stat(run, "ttft", "n")
                 rows.append([p, d, "VALID", "—" if n is None else f"{n:,}",
                              *(fmt(phase_stat(run, m, s)) for m in ("ttft", "tpot")
-                                              for s in ("mape", "median_ape", "p90_ape"))])
+                                              for s in ("mape", "median_ape", "p90_ape")),
+                             fmt(phase_stat(run, "service", "mape")), ties.get((p, d), "—")])
     return table(["predictor", "dataset", "status", "n loads", "TTFT MAPE %", "TTFT median %",
-                  "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %"], rows, "lll" + "r" * 7)
+                  "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %",
+                  "service MAPE %", "TTFT vs best"], rows, "lll" + "r" * 9)
+
+
+def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]:
+    """The oracle's error per dataset, then per backend, prompt length and concurrency."""
+    lines = ["### The replay's own error: the oracle", "",
+             f"The oracle times every replayed step from the target GPU's own measured kernels "
+             f"(`{ORACLE}` fitted on the target's `_vidur` set: its GEMM, attention and "
+             "all-reduce tables, and the LM head; `leaderboard/serving/oracle.py`). A perfect "
+             "kernel predictor would score about this; what it misses is the replay's and the "
+             "tables' (light kernels, host and frontend time, another backend's kernels). It is "
+             "never ranked. `rtx4090_serving` has no oracle: no kernel table holds the RTX4090.", ""]
+    if oracle.is_empty():
+        return lines + ["No oracle run is current (`python -m leaderboard.rerun` runs it).", ""]
+    lines += table(["dataset", "n loads", "TTFT MAPE %", "TTFT median %", "TTFT bias %",
+                    "TPOT MAPE %", "TPOT median %", "TPOT bias %"], [
+        [r["dataset"], f"{phase_stat(r, 'ttft', 'n'):,}",
+         *(fmt(phase_stat(r, m, s)) for m in ("ttft", "tpot") for s in ("mape", "median_ape", "bias"))]
+        for r in oracle.sort("dataset").iter_rows(named=True)])
+    mine = predictions.filter(pl.col("run_id").is_in(oracle["run_id"].to_list()))
+    if mine.is_empty():
+        return lines
+    cube = (mine.group_by("dataset", "backend", "isl", "concurrency", "phase")
+            .agg(mape=pl.col("signed_pct").abs().mean(), n=pl.len())
+            .pivot("phase", index=["dataset", "backend", "isl", "concurrency"],
+                   values=["mape", "n"])
+            .sort("dataset", "backend", "isl", "concurrency"))
+    lines += ["By backend, prompt length and concurrency (MAPE %):", ""]
+    lines += table(["dataset", "backend", "isl", "concurrency", "n", "TTFT MAPE %", "TPOT MAPE %"], [
+        [r["dataset"], r["backend"], str(r["isl"]), str(r["concurrency"]), str(r["n_ttft"]),
+         fmt(r["mape_ttft"]), fmt(r.get("mape_tpot"))] for r in cube.iter_rows(named=True)])
+    return lines
+
+
+def coverage_and_distance(runs: pl.DataFrame, oracle: pl.DataFrame, predictions: pl.DataFrame
+                          ) -> list[str]:
+    """Per predictor: the share of the serving targets it scores VALID, and its TTFT and TPOT
+    error measured against the oracle's prediction of the same target (its kernel error as
+    the replay sees it, the replay's own error taken out)."""
+    targets = {r["dataset"]: phase_stat(r, "ttft", "n") or 0 for r in oracle.iter_rows(named=True)}
+    for r in runs.filter(pl.col("valid")).iter_rows(named=True):
+        targets[r["dataset"]] = max(targets.get(r["dataset"], 0), phase_stat(r, "ttft", "n") or 0)
+    total = sum(targets.values())
+    reference = predictions.filter(pl.col("run_id").is_in(oracle["run_id"].to_list())).select(
+        "dataset", "cell_id", oracle_ms="pred_ms")
+    rows = []
+    for p in sorted(set(runs["predictor"])):
+        mine = runs.filter((pl.col("predictor") == p) & pl.col("valid"))
+        scored = sum(phase_stat(r, "ttft", "n") or 0 for r in mine.iter_rows(named=True))
+        paired = (predictions.filter(pl.col("run_id").is_in(mine["run_id"].to_list()))
+                  .join(reference, on=["dataset", "cell_id"]))
+        distance = {m: None for m in ("ttft", "tpot")}
+        for m in distance:
+            part = paired.filter(pl.col("phase") == m)
+            if len(part):
+                distance[m] = float(((part["pred_ms"] / part["oracle_ms"] - 1).abs().mean()) * 100)
+        rows.append([p, f"{scored:,} of {total:,}", fmt(100 * scored / total if total else None),
+                     fmt(distance["ttft"]), fmt(distance["tpot"])])
+    return ["### Coverage and distance from the oracle", "",
+            "Coverage: the serving targets a predictor scores VALID, of all targets of the serving "
+            "sets. Distance: its mean absolute difference from the oracle's prediction of the same "
+            "target, in % of the oracle's (targets with an oracle only).", ""] + table(
+        ["predictor", "targets scored", "coverage %", "TTFT from oracle %", "TPOT from oracle %"],
+        rows)
 
 
 def disagreement(step_runs: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
@@ -107,7 +196,7 @@ def atlas(predictions: pl.DataFrame, atlas_dir: Path) -> list[str]:
 
 
 def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
-            atlas_dir: Path) -> list[str]:
+            atlas_dir: Path, oracle: pl.DataFrame | None = None) -> list[str]:
     datasets = sorted(set(runs["dataset"]))
     timing = last_rerun(runs_dir) or {"outcomes": []}
     outcomes = {(o["predictor"], o["dataset"]): o["status"] for o in timing["outcomes"]
@@ -119,15 +208,28 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "Each `_silicon` target is one measured serving run (aiconfigurator's silicon "
              "sample, BF16 dense models, aggregated mode); `rtx4090_serving` holds the requests "
              "of one vLLM run with recorded arrivals. The replay schedules each load with the "
-             "backend's defaults (`conf/serving/schedulers.yaml`) and the predictor times every "
-             "step; TTFT and TPOT follow. Coverage and left-out rows: the dataset cards.", ""]
-    lines += errors_table(runs, datasets, outcomes)
+             "backend's defaults (`conf/serving/schedulers.yaml`: a closed loop of 4 waves whose "
+             "clients start together, KV capacity in GiB, admission reserving prompt and output) "
+             "and the predictor times every step; TTFT and TPOT follow. Left-out rows: the "
+             "dataset cards.", ""]
+    oracle = oracle if oracle is not None else runs.clear()
+    predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
+    lines += oracle_section(oracle, predictions)
+    lines += ["### TTFT and TPOT per predictor", "",
+              "Service time (recorded arrivals only): first token minus the first step that "
+              "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a predictor's TTFT MAPE is within the oracle's TTFT "
+              "MAPE of the best one on that dataset (inside the replay's own error), else the "
+              "points behind the best.", ""]
+    lines += errors_table(runs, datasets, outcomes, ttft_ties(runs, oracle))
+    if len(predictions):
+        lines += coverage_and_distance(runs, oracle, predictions)
     lines += ["### Step level against serving level (H100)", "",
               "The same predictor's error on H100 steps (`h100_vidur`, kernel sums) and on H100 "
               "serving (`h100_silicon`, end to end). TPOT is made of decode-heavy steps, so the "
               "decode-step MAPE is its nearest step-level counterpart.", ""]
     lines += disagreement(step_runs, runs)
-    predictions = results.load_predictions(runs)
+    predictions = predictions.filter(~pl.col("run_id").is_in(oracle["run_id"].to_list())) \
+        if len(predictions) else predictions
     if len(predictions):
         lines += ["### Serving-level SKU ranking (TPOT)", ""] + sku_ranking(predictions)
         lines += ["### Serving error atlas", ""] + atlas(predictions, atlas_dir)

@@ -20,8 +20,8 @@ import polars as pl
 from leaderboard import families
 from leaderboard.serving.simulate import predict_targets
 
-SERVING_PHASES = families.get("silicon").phases
-GROUND_TRUTH = ("gt_ttft_ms", "gt_tpot_ms")  # what the sandboxed replay never receives
+METRICS = ("ttft", "tpot", "service")  # what the replay predicts, in predict_targets' order
+GROUND_TRUTH = tuple(f"gt_{m}_ms" for m in METRICS)  # what the sandboxed replay never receives
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "phase", "backend",
                       "isl", "osl", "concurrency", "gt_kind", "gt_ms")
 
@@ -29,9 +29,14 @@ PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "pha
 StepPricer = Callable[[pl.DataFrame], tuple[np.ndarray, float]]  # ms per step, seconds taken
 
 
+def phases_of(dataset: str) -> tuple[str, ...]:
+    """The metrics a serving dataset scores (its family's phases)."""
+    return families.of(dataset).phases
+
+
 def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted TTFT and TPOT per target. The replay (scheduling, timing) runs here, in the
+           ) -> tuple[np.ndarray, ...]:
+    """Predicted TTFT, TPOT and service time per target (``METRICS``). The replay (scheduling, timing) runs here, in the
     harness; ``price`` asks the predictor's sandboxed child for the time of each step it
     schedules, and nothing else. ``facts`` gains ``predict_seconds`` (the child's) and ``steps``."""
     facts.update(predict_seconds=0.0, steps=0)
@@ -50,7 +55,7 @@ def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: 
     return predict_targets(targets, models, gpu, timer)
 
 
-def prediction_rows(targets: pl.DataFrame, ttft: np.ndarray, tpot: np.ndarray) -> pl.DataFrame:
+def prediction_rows(targets: pl.DataFrame, predicted: dict[str, np.ndarray]) -> pl.DataFrame:
     """One row per (target, metric) with a measured value: cell_id is ``<target>:<metric>``."""
     base = targets.select(workload_id="target_id", model="model", precision="precision", tp="tp",
                           backend="backend",
@@ -58,7 +63,7 @@ def prediction_rows(targets: pl.DataFrame, ttft: np.ndarray, tpot: np.ndarray) -
     rows = pl.concat([
         base.with_columns(phase=pl.lit(metric), gt_ms=targets[f"gt_{metric}_ms"],
                           pred_ms=pl.Series(pred, dtype=pl.Float64))
-        for metric, pred in (("ttft", ttft), ("tpot", tpot))])
+        for metric, pred in predicted.items() if f"gt_{metric}_ms" in targets.columns])
     rows = rows.filter(pl.col("gt_ms").is_not_null()).with_columns(
         cell_id=pl.col("workload_id") + ":" + pl.col("phase"))
     return rows.select(*PREDICTION_COLUMNS, "pred_ms")

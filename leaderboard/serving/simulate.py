@@ -37,7 +37,7 @@ def weight_params(m: dict) -> float:
 def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict) -> int:
     """KV tokens an engine of ``tp`` GPUs holds after its weights."""
     sim = conf["simulation"]
-    free = fraction * float(gpu["mem_gb"]) * 1e9 * tp - weight_params(m) * sim["weight_bytes_per_param"]
+    free = fraction * float(gpu["mem_gb"]) * 2**30 * tp - weight_params(m) * sim["weight_bytes_per_param"]
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * sim["kv_bytes_per_element"]
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
@@ -58,25 +58,29 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec) -> Po
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
-                    progress=None) -> tuple[np.ndarray, np.ndarray]:
-    """Predicted TTFT and TPOT (ms) per target row, in the rows' order."""
-    ttft, tpot = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
+                    progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted TTFT, TPOT and service time (ms) per target row, in the rows' order (service
+    time, first token minus first scheduled, for recorded arrivals only)."""
+    ttft, tpot, service = (np.full(len(targets), np.nan) for _ in range(3))
     indexed = targets.with_row_index("_i")
-    waves = load_conf()["simulation"]["waves"]
+    sim = load_conf()["simulation"]
     for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
         policy = policy_for(first["backend"], run, models[model], tp, gpu)
         rows = group["_i"].to_numpy()
         if load == "closed":
-            timeline = closed_loop(policy, first["isl"], first["osl"], first["concurrency"],
-                                   waves * first["concurrency"], model, tp, timer)
-            ttft[rows], tpot[rows] = np.mean(timeline.ttft), np.nanmean(timeline.tpot)
+            c = first["concurrency"]
+            timeline = closed_loop(policy, first["isl"], first["osl"], c, sim["waves"] * c,
+                                   model, tp, timer, sim["closed_loop_start"])
+            kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
+            ttft[rows] = np.mean(timeline.ttft[kept])
+            tpot[rows] = np.nanmean(timeline.tpot[kept])
         else:
             timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
                                          group["isl"].to_numpy(), group["osl"].to_numpy(),
                                          model, tp, timer)
-            ttft[rows], tpot[rows] = timeline.ttft, timeline.tpot
+            ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
         if progress is not None:
             progress(len(rows))
-    return ttft, tpot
+    return ttft, tpot, service
