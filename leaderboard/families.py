@@ -137,6 +137,8 @@ for _fam in (
                   phases=("all", "gemm", "attn_prefill", "attn_decode")),
     DatasetFamily("silicon", "serving", "serving", "aiconfigurator's measured serving runs",
                   phases=("ttft", "tpot"), home="a100_vidur"),
+    DatasetFamily("silicon_fp8", "serving", "serving", "aiconfigurator's measured FP8 serving runs",
+                  phases=("ttft", "tpot"), home="h100_vidur_fp8"),  # the FP8 family's home
     DatasetFamily("serving", "serving", "serving", "recorded serving runs",
                   phases=("ttft", "tpot", "service"), home="a100_vidur"),
 ):

@@ -11,7 +11,10 @@ keys (``leaderboard.homes.op_points``) plus the dtypes, so predictors read them 
 Then the held-out home cells are in-sample: their points are in the grid, as they are for Vidur.
 
 ``home_points=behind_cells`` keeps the earlier protocol: only the points the training cells were
-summed from.
+summed from. ``home_points=every_shape`` gives every measured point of the home GPU at that
+version, whatever the shape (every GEMM n and k of the precision, every bf16 head layout,
+every all-reduce group): the serving oracle's home (``leaderboard.serving.oracle``), whose
+targets run models the home's cells never do.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import polars as pl
 from leaderboard.cells.grid import GEMM_DTYPES
 from leaderboard_core.specs import tp_shapes
 
-HOME_POINTS = ("full_grid", "behind_cells")
+HOME_POINTS = ("full_grid", "behind_cells", "every_shape")
 GEMM_OPS = {"gemm_qkv": "qkv", "gemm_o": "o", "gemm_gate_up": "gate_up", "gemm_down": "down"}
 OPS_SUFFIX = "_ops"
 BF16 = "bfloat16"
@@ -45,12 +48,13 @@ def grid_version(row: dict) -> str:
     return versions[0]
 
 
-def full_grid(catalog, row: dict, configs: list[tuple[str, int]], models: dict,
+def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models: dict,
               gemm_dtype: str = "bf16") -> dict[str, pl.DataFrame]:
     """Per op (the lineage's names), every measured home point of the (model, TP) configs, the
-    GEMMs at ``gemm_dtype`` (the home cells' precision)."""
+    GEMMs at ``gemm_dtype`` (the home cells' precision); ``configs=None``: of every shape (each
+    GEMM op gets the whole GEMM table)."""
     sku, version = row["sku"], grid_version(row)
-    shapes = [tp_shapes(models[name], tp) for name, tp in configs]
+    shapes = [tp_shapes(models[name], tp) for name, tp in configs or []]
     points = catalog.op_points(f"{sku}{OPS_SUFFIX}").filter(backend_version=version).rename(
         {"backend_version": "version"})
     if points.is_empty():
@@ -59,20 +63,26 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]], models: dict,
     gemm = points.filter(op_family="gemm", dtype=GEMM_DTYPES[gemm_dtype])
     out = {}
     for op, shape in GEMM_OPS.items():
+        if configs is None:
+            out[op] = _select(gemm, GEMM_COLUMNS)
+            continue
         nk = pl.DataFrame(sorted({s[shape] for s in shapes}), schema=["n", "k"], orient="row")
         out[op] = _select(gemm.join(nk, on=["n", "k"], how="semi"), GEMM_COLUMNS)
-    heads = pl.DataFrame(sorted({(s["heads"], s["kv_heads"]) for s in shapes}),
-                         schema=["num_heads", "num_kv_heads"], orient="row")
     attention = points.filter(
         (pl.col("op_family") == "attention") & (pl.col("dtype") == BF16)
         & (pl.col("kv_dtype") == BF16) & (pl.col("head_dim") == HEAD_DIM)
-        & (pl.col("window_size").fill_null(0) == 0)).join(heads, on=list(heads.columns), how="semi")
+        & (pl.col("window_size").fill_null(0) == 0))
+    if configs is not None:
+        heads = pl.DataFrame(sorted({(s["heads"], s["kv_heads"]) for s in shapes}),
+                             schema=["num_heads", "num_kv_heads"], orient="row")
+        attention = attention.join(heads, on=list(heads.columns), how="semi")
     for phase in ("prefill", "decode"):
         out[f"attn_{phase}"] = _select(attention.filter(phase=phase), ATTENTION_COLUMNS)
-    tps = sorted({tp for _, tp in configs if tp > 1})
-    if tps:
+    tps = None if configs is None else sorted({tp for _, tp in configs if tp > 1})
+    if tps is None or tps:
         collectives = catalog.collective_points(sku, version)
-        out["allreduce"] = _select(collectives.filter(pl.col("num_gpus").is_in(tps)),
+        out["allreduce"] = _select(collectives if tps is None else
+                                   collectives.filter(pl.col("num_gpus").is_in(tps)),
                                    COLLECTIVE_COLUMNS)
     return dict(sorted(out.items()))
 

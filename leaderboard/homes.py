@@ -99,8 +99,9 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
 def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
                home_points: str = "behind_cells") -> Home:
     home_grid.require_choice(home_points)
-    if home_points == "full_grid" and not train.is_empty():
-        configs = sorted(set(train.select("model", "tp").iter_rows()))
+    if home_points in ("full_grid", "every_shape") and not train.is_empty():
+        configs = (sorted(set(train.select("model", "tp").iter_rows()))
+                   if home_points == "full_grid" else None)
         dtypes = train["gemm_dtype"].unique().to_list()
         if len(dtypes) != 1:
             raise ValueError(f"home {row['name']} mixes GEMM precisions {dtypes}; full_grid reads "

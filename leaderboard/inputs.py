@@ -20,6 +20,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from leaderboard.home_grid import HOME_POINTS
 from leaderboard_core import paths
 
 HYDRA_INPUT_ERRORS = (OverrideParseException, MissingConfigException, ConfigCompositionException,
@@ -61,7 +62,7 @@ ROOT: dict[str, Callable[[object], str | None]] = {
     "reading.max_fraction": _number(float, 0, 1),
     "split.seed": _number(int, 0),
     "split.test_fraction": _number(float, 0, 1, low_open=True),
-    "split.home_points": _one_of("full_grid", "behind_cells"),
+    "split.home_points": _one_of(*HOME_POINTS),
     "report.rerun": _flag,
     "report.jobs": _number(int, 1),
     "report.partial": _one_of("keep", "replace"),

@@ -26,14 +26,15 @@ from leaderboard_core.report_tables import (
 )
 
 
-def _default_runs(current: pl.DataFrame, datasets: list[str]) -> list[bool]:
-    """Per run: a registered predictor, default parameters, default split and home points,
-    one home, one of ``datasets``."""
+def _default_runs(current: pl.DataFrame, datasets: list[str], any_points: bool = False
+                  ) -> list[bool]:
+    """Per run: a registered predictor, default parameters, default split and home points
+    (any home points with ``any_points``), one home, one of ``datasets``."""
     split = default_split()
     defaults = {name: d["defaults"] for name, d in predictor_index.index().items()}
     return [name in defaults and json.loads(params) == defaults[name] and seed == split["seed"]
             and fraction == split["test_fraction"] and dataset in datasets
-            and points == split["home_points"] and len(homes or []) == 1
+            and (any_points or points == split["home_points"]) and len(homes or []) == 1
             for name, params, seed, fraction, dataset, points, homes in current.select(
                 "predictor", "params", "split_seed", "test_fraction", "dataset", "home_points",
                 "home_datasets").iter_rows()]
@@ -57,7 +58,8 @@ def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame
 def oracle_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
     """The serving oracle's current runs (default parameters, one of ``datasets``)."""
     keep = [default and oracle for default, oracle in
-            zip(_default_runs(current, datasets), oracle_flags(current), strict=True)]
+            zip(_default_runs(current, datasets, any_points=True), oracle_flags(current),
+                strict=True)]
     return with_family(current.filter(pl.Series(keep, dtype=pl.Boolean)))
 
 

@@ -30,7 +30,7 @@ from rich.console import Console
 from leaderboard import families, predictor_index, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.serving.oracle import ORACLE, oracle_home
+from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.versioning import code_hash
@@ -73,7 +73,7 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
                               home=list(fam.two_homes)) for name in names]
         if fam.level == "serving" and (home := oracle_home(dataset, rows)):
             specs.append(RunSpec(predictor=ORACLE, dataset=dataset, params={}, runs_dir=runs_dir,
-                                 home=home))
+                                 home=home, home_points=ORACLE_POINTS))
     return specs
 
 

@@ -53,19 +53,20 @@ KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_
                                             "kv_dtype", "window_size"),
         "allreduce": ("num_gpus",)}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
+TABLE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # a cell's gemm_dtype -> the tables' dtype
 
 
 def family_of(op: str) -> str:
     return "gemm" if op.startswith("gemm") else op
 
 
-def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: dict[str, float]
-           ) -> tuple[np.ndarray, np.ndarray]:
+def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: dict[str, float],
+           prepared: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Home latency (ms) of each query point, and whether it was extrapolated. The fixed key is
     every column of ``KEYS[family]`` the query carries. A key the home never measured (a head
     layout, a dtype) borrows the nearest measured key's table, rescaled by the home roofline
     time of the query's shape over the borrowed shape's, and counts as extrapolated."""
-    keys = [c for c in KEYS[family] if c in query.columns]
+    keys = [c for c in KEYS[family] if c in query.columns and c in table.columns]
     ms, outside = np.full(len(query), np.nan), np.zeros(len(query), bool)
     indexed = query.with_row_index("_q")
     for key, rows in indexed.group_by(keys, maintain_order=True) if keys else [((), indexed)]:
@@ -76,12 +77,13 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
             nearest = _nearest_key(table, wanted)
             known = table.filter(*[pl.col(c) == v for c, v in nearest.items()])
             borrowed = rows.with_columns(**{c: pl.lit(v) for c, v in nearest.items()})
-            ms[i], _ = _interpolate(known, AXES[family], rows)
+            ms[i], _ = _interpolate(known, AXES[family], rows, prepared, (family, *nearest.items()))
             ms[i] *= (point_seconds(family, rows, home_peaks)
                       / point_seconds(family, borrowed, home_peaks))
             outside[i] = True
         else:
-            ms[i], outside[i] = _interpolate(known, AXES[family], rows)
+            ms[i], outside[i] = _interpolate(known, AXES[family], rows, prepared,
+                                             (family, *wanted.items()))
     return ms, outside
 
 
@@ -96,14 +98,26 @@ def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
     return min(table.select(list(wanted)).unique().to_dicts(), key=distance)
 
 
-def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame):
-    """Log-log interpolation in the axes that vary among ``known``; nearest point outside."""
-    points = known.group_by(axes).agg(pl.col("latency_ms").median()).sort(axes)  # order fixes the hull
-    varying = [a for a in axes if points[a].n_unique() > 1]
-    log = lambda frame: np.log(np.maximum(frame.select(varying).to_numpy().astype(np.float64),  # noqa: E731
-                                          1.0))
-    values = np.log(points["latency_ms"].to_numpy())
-    x, q = log(points), log(rows)
+def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
+                 prepared: dict | None = None, key=None):
+    """Log-log interpolation in the axes that vary among ``known``; nearest point outside.
+    ``prepared`` caches the triangulation per ``key`` (a replay asks for many small batches)."""
+    if prepared is not None and key in prepared:
+        varying, x, values, linear = prepared[key]
+    else:
+        points = known.group_by(axes).agg(pl.col("latency_ms").median()).sort(axes)  # order fixes the hull
+        varying = [a for a in axes if points[a].n_unique() > 1]
+        x = _log(points, varying)
+        values = np.log(points["latency_ms"].to_numpy())
+        linear = None
+        if len(varying) > 1:
+            try:
+                linear = LinearNDInterpolator(x, values)
+            except Exception:  # noqa: BLE001 - a degenerate hull (points on one plane): nearest only
+                linear = None
+        if prepared is not None:
+            prepared[key] = varying, x, values, linear
+    q = _log(rows, varying)
     if not varying:
         return np.full(len(rows), np.exp(values[0])), np.zeros(len(rows), bool)
     if len(varying) == 1:
@@ -111,14 +125,15 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame)
         grid, at = x[order, 0], q[:, 0]
         outside = (at < grid[0]) | (at > grid[-1])
         return np.exp(np.interp(at, grid, values[order])), outside
-    try:
-        inside = LinearNDInterpolator(x, values)(q)
-    except Exception:  # noqa: BLE001 - a degenerate hull (points on one plane): nearest only
-        inside = np.full(len(q), np.nan)
+    inside = linear(q) if linear is not None else np.full(len(q), np.nan)
     outside = np.isnan(inside)
     if outside.any():
         inside[outside] = NearestNDInterpolator(x, values)(q[outside])
     return np.exp(inside), outside
+
+
+def _log(frame: pl.DataFrame, columns: list[str]) -> np.ndarray:
+    return np.log(np.maximum(frame.select(columns).to_numpy().astype(np.float64), 1.0))
 
 
 def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: int | None = None
@@ -134,10 +149,13 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: int | None = N
         tokens = group["total_tokens"].to_numpy()
         heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
                  "head_dim": model["head_dim"]}
+        dtypes = [TABLE_DTYPES[d] for d in (group["gemm_dtype"].fill_null("bf16")
+                                            if "gemm_dtype" in group.columns else ["bf16"] * len(i))]
         for op in ("qkv", "o", "gate_up", "down"):
             n, k = s[op]
             out.append(("gemm", i, np.full(len(i), layers),
-                        pl.DataFrame({"m": tokens, "n": np.full(len(i), n), "k": np.full(len(i), k)})))
+                        pl.DataFrame({"m": tokens, "n": np.full(len(i), n), "k": np.full(len(i), k),
+                                      "dtype": dtypes})))
         n_dec, n_pf = group["num_decode"].to_numpy(), group["num_prefill"].to_numpy()
         dec, pf = n_dec > 0, n_pf > 0
         out.append(("attn_decode", i[dec], np.full(dec.sum(), layers), pl.DataFrame({
@@ -167,7 +185,7 @@ def _lm_head(group: pl.DataFrame, model: dict, tp: int, hidden: int, max_n: int)
     rows = group.filter(pl.Series(wanted))
     return ("gemm", rows["_cell"].to_numpy(), np.full(len(rows), float(slices)), pl.DataFrame({
         "m": rows["num_requests"].to_numpy(), "n": np.full(len(rows), columns / slices),
-        "k": np.full(len(rows), hidden)}))
+        "k": np.full(len(rows), hidden), "dtype": TABLE_DTYPES["bf16"]}))  # never quantized
 
 
 @register("table_scaled")
@@ -180,7 +198,7 @@ class TableScaled(Predictor):
         description="each op read from the home GPU's measured table (log-log interpolation off "
                     "the grid, nearest point outside it), scaled by the roofline-time ratio, "
                     "target over home; the LM head on steps that are not GPU-block ground truth",
-        needs_profiled_rows=True)
+        needs_profiled_rows=True, precisions=("bf16", "fp8"))
 
     def __init__(self, lm_head: bool = True):
         self.lm_head = lm_head
@@ -199,17 +217,24 @@ class TableScaled(Predictor):
         self.tables_ = {f: pl.concat(frames, how="diagonal_relaxed")
                         for f, frames in by_family.items()}
         self.home_peaks_ = peaks(home.gpu)
+        self.prepared_: dict = {}  # triangulations, built on first use
         self.profiled_rows_ = sum(len(t) for t in self.tables_.values())
         return super().fit(home)
 
     def _priced(self, family: str, query: pl.DataFrame, gpu) -> np.ndarray:
         if family not in self.tables_:
             raise NotSupported(f"the home measured no {family} points")
-        ms, _ = lookup(self.tables_[family], family, query, self.home_peaks_)
+        ms, _ = lookup(self.tables_[family], family, query, self.home_peaks_, self.prepared_)
         return ms * (point_seconds(family, query, peaks(gpu))
                      / point_seconds(family, query, self.home_peaks_))
 
     def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
+        wanted = set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else set()
+        measured = set(self.tables_["gemm"]["dtype"]) if "dtype" in self.tables_["gemm"].columns else set()
+        missing = {d for d in wanted if TABLE_DTYPES[d] not in measured and d != "bf16"}
+        if missing:
+            raise NotSupported(f"the home measured no {'/'.join(sorted(missing))} GEMMs to look up "
+                               "(a home of the FP8 family has them)")
         max_n = int(self.tables_["gemm"]["n"].max()) if self.lm_head else None
         total, parts = np.zeros(len(cells)), step_points(cells, load_models(), max_n)
         for family in AXES:  # one lookup per family: its interpolants are built once

@@ -103,6 +103,59 @@ def test_every_prompt_and_decode_token_is_scheduled_exactly_once(kind, budget, m
     assert np.bincount(a["step"]).max() <= max_seqs
 
 
+def test_vllm_kv_on_demand_preempts_the_last_admitted_and_recomputes_it():
+    # 12 KV tokens; A and B have 4-token prompts and 6 outputs. Step 0 prefills both (8 held),
+    # steps 1-2 decode both (12 held). At step 3 A's next token does not fit: B, admitted last,
+    # is preempted (6 tokens freed) and nothing is admitted that step. A finishes at step 5;
+    # step 6 recomputes B's 6 tokens as one prefill, then B decodes to its end at step 9.
+    engine = Engine(Policy("chunked_mixed", 64, 16, 12, "on_demand"), np.array([4, 4]),
+                    np.array([6, 6]))
+    log = StepLog()
+    engine.arrive(0)
+    engine.arrive(1)
+    while engine.busy:
+        engine.step(log, 1)
+    a = log.arrays()
+    steps = [sorted(zip(a["req"][a["step"] == k].tolist(), a["q"][a["step"] == k].tolist(),
+                        a["ctx"][a["step"] == k].tolist())) for k in range(log.steps)]
+    assert steps == [[(0, 4, 0), (1, 4, 0)], [(0, 1, 4), (1, 1, 4)], [(0, 1, 5), (1, 1, 5)],
+                     [(0, 1, 6)], [(0, 1, 7)], [(0, 1, 8)], [(1, 6, 0)], [(1, 1, 6)],
+                     [(1, 1, 7)], [(1, 1, 8)]]
+    assert engine.preemptions == 1
+    t = recorded_arrivals(Policy("chunked_mixed", 64, 16, 12, "on_demand"), np.array([0.0, 0.0]),
+                          np.array([4, 4]), np.array([6, 6]), "llama-3.1-8b", 1, fixed_steps)
+    # Steps 0 and 6 hold prompt tokens (10 ms), the others are decodes (1 ms): A ends at 15,
+    # B at 28. B's first token came with step 0 (10 ms), not with its recompute.
+    np.testing.assert_allclose(t.ttft, [10.0, 10.0])
+    np.testing.assert_allclose(t.tpot, [(15 - 10) / 5, (28 - 10) / 5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(16, 96), max_seqs=st.integers(1, 6), kv=st.integers(40, 400),
+       lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=9))
+def test_on_demand_kv_recomputes_whole_passes_and_never_overfills(budget, max_seqs, kv, lengths):
+    prompt = np.array([p for p, _ in lengths])
+    output = np.array([o for _, o in lengths])
+    engine = Engine(Policy("chunked_mixed", budget, max_seqs, kv, "on_demand"), prompt, output)
+    log = StepLog()
+    for r in range(len(prompt)):
+        engine.arrive(r)
+    while engine.busy:
+        engine.step(log, 5)
+    a = log.arrays()
+    for r in range(len(prompt)):
+        mine = np.flatnonzero(a["req"] == r)
+        q, ctx = a["q"][mine], a["ctx"][mine]
+        starts = np.flatnonzero(ctx == 0)
+        assert starts[0] == 0
+        for lo, hi in zip(starts, [*starts[1:], len(q)]):  # every pass is contiguous from 0
+            assert (ctx[lo + 1:hi] == ctx[lo:hi - 1] + q[lo:hi - 1]).all()
+        assert ctx[-1] + q[-1] == prompt[r] + output[r] - 1  # the last pass reaches the end
+    held = np.bincount(a["step"], weights=a["ctx"] + a["q"])  # KV of the requests a step runs
+    alone = np.bincount(a["step"]) == 1  # an empty engine takes any request
+    assert ((held <= kv) | alone).all()
+
+
 GOOD = {"id": "run-a", "silicon_data_source": "x; silicon_concurrency=8", "backend": "vllm",
         "backend_version": "0.12.0", "model_path": "Qwen/Qwen3-32B", "system": "h100_sxm",
         "precision": "", "mode": "agg", "gemm_quant_mode": "", "isl": "1024", "osl": "128",
@@ -156,13 +209,69 @@ def test_a_serving_run_scores_ttft_and_tpot(constant, tmp_path):
     assert result.metrics["level"] == "serving" and result.metrics["valid"]
     assert set(result.metrics["phases"]) == {"ttft", "tpot"}
     tpot = result.predictions.filter(pl.col("phase") == "tpot")
-    # Every step is 2 ms; vLLM and TRT-LLM decode every running request each step, so their
-    # TPOT is exactly 2 ms; SGLang's prefill-only steps stall the decodes they interrupt, so
-    # its TPOT is never less and is more wherever a prompt lands mid-decode.
-    mixed = tpot.filter(pl.col("backend") != "sglang")["pred_ms"].to_numpy()
-    np.testing.assert_allclose(mixed, 2.0)
-    sglang = tpot.filter(pl.col("backend") == "sglang")["pred_ms"].to_numpy()
-    assert (sglang >= 2.0 - 1e-9).all() and (sglang > 2.01).any()
+    # Every step is 2 ms; TRT-LLM decodes every running request each step, so its TPOT is
+    # exactly 2 ms; SGLang's prefill-only steps stall the decodes they interrupt, and vLLM
+    # recomputes what it preempts when the KV cache fills, so theirs are never less.
+    trtllm = tpot.filter(pl.col("backend") == "trtllm")["pred_ms"].to_numpy()
+    np.testing.assert_allclose(trtllm, 2.0)
+    for backend in ("sglang", "vllm"):
+        stalled = tpot.filter(pl.col("backend") == backend)["pred_ms"].to_numpy()
+        assert (stalled >= 2.0 - 1e-9).all(), backend
+    assert (tpot.filter(pl.col("backend") == "sglang")["pred_ms"] > 2.01).any()
     gt = tpot["gt_ms"].to_numpy()
     assert result.metrics["phases"]["tpot"]["median_ape"] == pytest.approx(
         np.median(np.abs(tpot["pred_ms"].to_numpy() - gt) / gt * 100))
+
+
+def test_the_oracle_fits_on_the_same_gpus_kernels_at_a_version_with_a_whole_grid():
+    from leaderboard.serving.oracle import oracle_home
+
+    def row(kind, sku, version):
+        return {"kind": kind, "sku": sku, "backend_versions": [version]}
+
+    rows = {"h100_silicon": row("serving", "h100_sxm", "0.12.0"),
+            "h100_silicon_fp8": row("serving", "h100_sxm", "0.12.0"),
+            "rtx4090_serving": row("serving", "rtx4090", "0.10.0"),
+            "h100_vidur": row("cells", "h100_sxm", "0.14.0"),
+            "h200_vidur": row("cells", "h200_sxm", "0.14.0"),
+            "h100_vidur_fp8": row("cells", "h100_sxm", "0.19.0"),
+            "h100_sxm_ops": row("ops", "h100_sxm", "0.14.0")}
+    rows = {name: {"name": name, **r} for name, r in rows.items()}
+    assert oracle_home("h100_silicon", rows) == "h100_vidur"
+    assert oracle_home("h100_silicon_fp8", rows) is None  # 0.19.0 has no _ops grid
+    assert oracle_home("rtx4090_serving", rows) is None  # no kernel table of the GPU
+    rows["h100_sxm_ops"]["backend_versions"] = ["0.19.0"]
+    assert oracle_home("h100_silicon_fp8", rows) == "h100_vidur_fp8"
+    assert oracle_home("h100_silicon", rows) is None
+
+
+def test_kv_capacity_counts_gib_and_fp8_layers_at_one_byte():
+    from leaderboard.serving.simulate import kv_capacity, load_conf
+
+    m, gpu = load_models()["llama-3.1-70b"], load_gpu_specs()["h100_sxm"]
+    # Llama-3.1-70B: 80 layers, hidden 8192, 64 query / 8 KV heads of 128, MLP 28672, vocab 128256
+    layer = 8192 * (64 + 2 * 8) * 128 + 64 * 128 * 8192 + 3 * 8192 * 28672
+    embeddings = 2 * 128256 * 8192 * 2  # embedding and LM head, BF16
+    per_token = 2 * 80 * 8 * 128 * 2  # K and V, BF16
+    memory = 0.9 * 80 * 2**30 * 2  # TP 2, GiB
+    for dtype, layer_bytes in (("bf16", 2), ("fp8", 1)):
+        expected = int((memory - 80 * layer * layer_bytes - embeddings) // per_token)
+        assert kv_capacity(m, 2, gpu, 0.9, load_conf(), dtype) == expected, dtype
+
+
+def test_an_fp8_serving_set_replays_fp8_steps_and_a_bf16_only_predictor_declines(store_home,
+                                                                                  tmp_path):
+    from leaderboard_core.contract import NotSupported
+
+    seen = []
+
+    class Spy:
+        def __call__(self, cells):
+            seen.append(set(cells["gemm_dtype"]))
+            return np.full(len(cells), 2.0)
+
+    policy = Policy("chunked_mixed", 64, 16, 1000, "on_demand")
+    closed_loop(policy, 8, 3, 2, 4, "llama-3.1-70b", 2, Spy(), gemm_dtype="fp8")
+    assert seen == [{"fp8"}]
+    with pytest.raises(NotSupported, match="prices bf16 GEMMs only; dataset h200_silicon_fp8"):
+        run(RunSpec("genz", "h200_silicon_fp8", {}, runs_dir=tmp_path / "runs"))

@@ -1,7 +1,9 @@
 """Serving-level datasets (kind ``serving``): measured TTFT and TPOT, built at store build time.
 
 - ``<sku>_silicon``: one target per aiconfigurator silicon run the suite can express (see
-  ``exclusion``); ground truth is the run's mean TTFT and TPOT under its closed-loop load.
+  ``exclusion``) with BF16 weights; ground truth is the run's mean TTFT and TPOT under its
+  closed-loop load. ``<sku>_silicon_fp8``: the same for vLLM's FP8 runs (FP8 GEMMs, BF16
+  attention and KV cache, as vLLM's ``quantization=fp8`` runs them).
 - ``rtx4090_serving``: one target per request of LLMServingSim's RTX4090 vLLM run, its TTFT and
   TPOT from the recorded timestamps.
 
@@ -19,12 +21,14 @@ from leaderboard.cells.common import render_card, source_lines
 from leaderboard_core.specs import GpuSpec
 from leaderboard_core.versioning import content_hash
 
-SUPPORTED_PRECISIONS = ("bf16",)
+SUPPORTED_PRECISIONS = ("bf16", "fp8")
+FP8_BACKENDS = ("vllm",)  # FP8 rows replayed so far; another backend's FP8 kernels are unchecked
+FAMILY_OF_PRECISION = {"bf16": "silicon", "fp8": "silicon_fp8"}
 SERVING_RUN = "RTX4090/Llama-3.1-8B"  # the LLMServingSim run with recorded arrivals
 TARGET_SCHEMA = {
     "dataset": pl.String, "target_id": pl.String, "sku": pl.String, "model": pl.String,
     "tp": pl.Int64, "backend": pl.String, "backend_version": pl.String, "precision": pl.String,
-    "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
+    "gemm_dtype": pl.String, "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
     "concurrency": pl.Int64, "arrival_ms": pl.Float64, "gt_ttft_ms": pl.Float64,
     "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_kind": pl.String, "source": pl.String, "file": pl.String,
     "file_sha256": pl.String,
@@ -38,7 +42,11 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec]) -> str | None:
     if row["model"] is None:
         return "no dense shape in conf/model (MoE model or pre-quantized checkpoint)"
     if row["precision"] not in SUPPORTED_PRECISIONS:
-        return f"{row['precision'].upper() or 'unstated'} precision: the step predictors score BF16 only"
+        return (f"{row['precision'].upper() or 'unstated'} precision: the step predictors score "
+                "BF16 and FP8 only")
+    if row["precision"] == "fp8" and row["backend"] not in FP8_BACKENDS:
+        return (f"FP8 on {row['backend']}: only vLLM's FP8 runs are replayed (the other "
+                "backends' FP8 kernels are not checked against a measured table yet)")
     if row["sku"] not in gpus:
         return "no conf/gpu spec for the GPU"
     if (row["pp"] or 1) > 1 or (row["attention_dp"] or 1) > 1:
@@ -67,15 +75,18 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     coverage = _coverage(runs)
     sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
     out = []
-    for (sku,), group in runs.filter(pl.col("why").is_null()).group_by("sku", maintain_order=True):
-        name = f"{gpus[sku]['short_name']}_silicon"
+    usable = runs.filter(pl.col("why").is_null())
+    for (sku, precision), group in usable.group_by("sku", "precision", maintain_order=True):
+        name = f"{gpus[sku]['short_name']}_{FAMILY_OF_PRECISION[precision]}"
         targets = group.select(
             target_id="run_id", sku="sku", model="model", tp="tp", backend="backend",
-            backend_version="backend_version", precision="precision", load=pl.lit("closed"),
+            backend_version="backend_version", precision="precision",
+            gemm_dtype="precision", load=pl.lit("closed"),
             run="run_id", isl="isl", osl="osl", concurrency="batch_size",
             gt_ttft_ms="ttft_ms", gt_tpot_ms="tpot_ms", source="source", file="file",
             file_sha256="file_sha256")
-        card = render_card("silicon", name=name, sku=sku, rows=len(group),
+        card = render_card("silicon", name=name, sku=sku, precision=precision.upper(),
+                           rows=len(group),
                            runs_total=len(runs), usable_total=int(runs["why"].is_null().sum()),
                            coverage=coverage, sources=sources)
         out.append((name, sku, targets, card))
@@ -93,6 +104,7 @@ def _recorded(con) -> list[tuple[str, str, pl.DataFrame, str]]:
     targets = reqs.select(
         target_id="request_id", sku="sku", model="model", tp=pl.lit(1, pl.Int64),
         backend="backend", backend_version="backend_version", precision=pl.lit("bf16"),
+        gemm_dtype=pl.lit("bf16"),
         load=pl.lit("recorded"), run="run", isl="input_toks", osl="output_toks",
         concurrency=pl.lit(None, pl.Int64), arrival_ms=(pl.col("queued_ts") - first) * 1e3,
         gt_ttft_ms=(pl.col("first_token_ts") - pl.col("queued_ts")) * 1e3,

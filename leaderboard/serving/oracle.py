@@ -10,21 +10,33 @@ the report gives its TTFT and TPOT error beside the predictors' and calls predic
 their TTFT errors differ by less than the oracle's.
 
 An oracle run is an ordinary sealed run (``predictor=table_scaled dataset=<set>
-dataset.home=<short>_vidur``); what marks it is a serving-level run whose home GPU is the target.
+dataset.home=<short>_vidur split.home_points=every_shape``: every measured shape of the target,
+since the serving models are not the step sets' models); what marks it is a serving-level run
+whose home GPU is the target.
 """
 
 from __future__ import annotations
 
+from leaderboard import families, homes
+
 ORACLE = "table_scaled"
-STEP_SUFFIX = "vidur"  # the step-level family whose op points are the target's own kernels
+# Every measured shape of the target GPU: the serving models are not the step sets' models, so
+# their projections and head layouts are not in those sets' grid (``leaderboard.home_grid``).
+ORACLE_POINTS = "every_shape"
+# Per serving family, the step family whose op points are the target's own kernels at its
+# precision (FP8 GEMM tables only in the FP8 family's, at the versions that pass its check).
+STEP_FAMILY = {"silicon": "vidur", "silicon_fp8": "vidur_fp8", "serving": "vidur"}
 
 
 def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:
-    """The oracle's home for a serving ``dataset``: the step set of the same GPU, or None when
-    the GPU has no kernel tables (the RTX4090)."""
-    sku = rows[dataset]["sku"]
-    same_gpu = sorted(n for n, r in rows.items()
-                      if r["sku"] == sku and n.endswith(f"_{STEP_SUFFIX}") and r["kind"] == "cells")
+    """The oracle's home for a serving ``dataset``: the step set of the same GPU and precision
+    whose version has the GPU's whole measured grid (its ``_ops`` set), or None: no kernel
+    table holds the GPU (the RTX4090), or the grid is of another version (the FP8 family's
+    0.19.0 tables are in no ``_ops`` set, whose version is the ``_vidur`` sets')."""
+    sku, step = rows[dataset]["sku"], STEP_FAMILY.get(families.suffix_of(dataset))
+    same_gpu = sorted(n for n, r in rows.items() if r["sku"] == sku and r["kind"] == "cells"
+                      and step and families.suffix_of(n) == step
+                      and homes.points_of(ORACLE_POINTS, [r], rows) == ORACLE_POINTS)
     return same_gpu[0] if same_gpu else None
 
 

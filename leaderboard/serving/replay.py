@@ -61,9 +61,10 @@ def _list_column(values: np.ndarray, offsets: np.ndarray) -> pl.Series:
                                                    pa.array(values, pa.int64())))
 
 
-def step_cells(log: dict[str, np.ndarray], model: str, tp: int) -> pl.DataFrame:
+def step_cells(log: dict[str, np.ndarray], model: str, tp: int, gemm_dtype: str = "bf16"
+               ) -> pl.DataFrame:
     """One cell per step of ``log`` (entries ordered by step), with the derived columns a
-    predictor reads."""
+    predictor reads; ``gemm_dtype``: the precision of the deployment's GEMMs."""
     step, q, ctx = log["step"], log["q"], log["ctx"]
     n = int(step.max()) + 1 if len(step) else 0
     counts = np.bincount(step, minlength=n)
@@ -80,7 +81,7 @@ def step_cells(log: dict[str, np.ndarray], model: str, tp: int) -> pl.DataFrame:
         "num_requests": counts.astype(np.int64), "num_prefill": counts - num_decode,
         "num_decode": num_decode, "total_tokens": total, "prefill_tokens": total - num_decode,
         "decode_ctx_sum": np.bincount(step, weights=ctx * decode, minlength=n).astype(np.int64),
-        "gt_kind": ["serving"] * n, "weight": np.ones(n, np.int64),
+        "gt_kind": ["serving"] * n, "weight": np.ones(n, np.int64), "gemm_dtype": [gemm_dtype] * n,
     })
     # The columns of a blind step-level cell, those the replay does not know left null.
     return cells.select(typed_columns(cells.columns, GROUND_TRUTH_COLUMNS))
@@ -90,13 +91,16 @@ def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
            n: int, step_start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """First-token time (end of the step finishing the prompt), last-token time and the start
     of the first step that computes the request's prompt, per request (NaN where not in ``log``)."""
-    first, last, scheduled = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    first, last, scheduled = np.full(n, np.inf), np.full(n, np.nan), np.full(n, np.inf)
+    # A preempted request is recomputed from scratch: its first token and first scheduling are
+    # the earliest of its passes.
     opening = np.where(log["ctx"] == 0)[0]
-    scheduled[log["req"][opening]] = step_start[log["step"][opening]]
+    np.minimum.at(scheduled, log["req"][opening], step_start[log["step"][opening]])
     ends = step_end[log["step"]]
     done_prompt = log["ctx"] + log["q"] >= prompt[log["req"]]
     first_step = np.where(done_prompt & (log["ctx"] < prompt[log["req"]]))[0]
-    first[log["req"][first_step]] = ends[first_step]
+    np.minimum.at(first, log["req"][first_step], ends[first_step])
+    first[np.isinf(first)], scheduled[np.isinf(scheduled)] = np.nan, np.nan
     last_idx = np.full(n, -1)
     np.maximum.at(last_idx, log["req"], np.arange(len(ends)))
     seen = last_idx >= 0
@@ -105,7 +109,8 @@ def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
 
 
 def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
-                model: str, tp: int, timer: StepTimer, start: str = "lockstep") -> Timeline:
+                model: str, tp: int, timer: StepTimer, start: str = "lockstep",
+                gemm_dtype: str = "bf16") -> Timeline:
     """``requests`` fixed-length requests from ``concurrency`` clients that resend at once.
 
     ``start``: ``lockstep`` sends every client's first request at step 0, so the clients never
@@ -138,14 +143,15 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
                 engine.arrive(sent)
                 sent += 1
     arrays = log.arrays()
-    step_end = np.cumsum(timer(step_cells(arrays, model, tp)))
+    step_end = np.cumsum(timer(step_cells(arrays, model, tp, gemm_dtype)))
     start_ms = np.concatenate([[0.0], step_end])
     first, last, scheduled = _times(arrays, step_end, prompt, requests, start_ms[:-1])
     return Timeline(start_ms[arrival_step], first, last, output, scheduled)
 
 
 def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray,
-                      output: np.ndarray, model: str, tp: int, timer: StepTimer) -> Timeline:
+                      output: np.ndarray, model: str, tp: int, timer: StepTimer,
+                      gemm_dtype: str = "bf16") -> Timeline:
     """Requests arriving at the recorded times (ms from the first); a request joins the first
     step that starts at or after its arrival."""
     order = np.argsort(arrival_ms, kind="stable")
@@ -163,7 +169,7 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
         while ahead.busy and log.steps < LOOKAHEAD_STEPS:
             ahead.step(log, LOOKAHEAD_STEPS - log.steps)
         arrays = log.arrays()
-        ends = now + np.cumsum(timer(step_cells(arrays, model, tp)))
+        ends = now + np.cumsum(timer(step_cells(arrays, model, tp, gemm_dtype)))
         starts = np.concatenate([[now], ends[:-1]])
         next_arrival = arrival_ms[order[nxt]] if nxt < n else np.inf
         keep = int((starts < next_arrival).sum())
@@ -175,8 +181,8 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
         else:
             engine = ahead
         f, la, sc = _times(arrays, ends[:keep], prompt, n, starts[:keep])
-        first = np.where(np.isnan(f), first, f)
-        last = np.where(np.isnan(la), last, la)
-        scheduled = np.where(np.isnan(sc), scheduled, sc)
+        # fmin/fmax skip NaN: a request's earliest first token and scheduling (a preempted one
+        # passes twice), its latest last token
+        first, scheduled, last = np.fmin(first, f), np.fmin(scheduled, sc), np.fmax(last, la)
         now = float(ends[keep - 1])
     return Timeline(arrival_ms.astype(np.float64), first, last, output, scheduled)

@@ -11,8 +11,17 @@ predictor. Three policies cover the backends in ``conf/serving/schedulers.yaml``
   up to the budget); otherwise it decodes every running request;
 - ``whole_mixed`` (TRT-LLM, chunking off): decodes plus whole prompts that fit the budget.
 
-Admission reserves a request's prompt and output in the KV cache (no preemption): a request
-waits while the reservation would exceed ``kv_tokens``.
+The KV cache follows one of two rules (``kv_rule``):
+
+- ``reserve`` (TRT-LLM's GUARANTEED_NO_EVICT; SGLang here, whose estimated-output admission is
+  not modelled): admission reserves a request's prompt and output, and a request waits while
+  the reservation would exceed ``kv_tokens``; nothing is ever evicted;
+- ``on_demand`` (vLLM V1): a request holds the KV of the tokens it has computed, and is
+  admitted when its next chunk fits what is free. When a running request's next tokens do not
+  fit, the most recently admitted running request is preempted (its KV freed, moved to the
+  front of the queue, recomputed from scratch: prompt and the outputs so far), as vLLM's
+  recompute preemption does; no request is admitted in a step that preempted. KV is counted
+  in tokens, not 16-token blocks.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 POLICIES = ("chunked_mixed", "prefill_first", "whole_mixed")
+KV_RULES = ("reserve", "on_demand")
 
 
 @dataclass(frozen=True)
@@ -31,10 +41,15 @@ class Policy:
     token_budget: int
     max_seqs: int
     kv_tokens: int
+    kv_rule: str = "reserve"
 
     def __post_init__(self):
         if self.kind not in POLICIES:
             raise ValueError(f"scheduler policy '{self.kind}' is not one of {POLICIES}")
+        if self.kv_rule not in KV_RULES:
+            raise ValueError(f"KV rule '{self.kv_rule}' is not one of {KV_RULES}")
+        if self.kv_rule == "on_demand" and self.kind != "chunked_mixed":
+            raise ValueError("the on_demand KV rule is vLLM's and runs with chunked_mixed only")
 
 
 @dataclass
@@ -77,6 +92,10 @@ class Engine:
         if (self.prompt < 1).any() or (self.output < 1).any():
             raise ValueError("every request needs at least one prompt and one output token")
         self.done = np.zeros(len(prompt), np.int64)  # tokens computed: prompt, then decodes
+        # Tokens to compute before decoding: the prompt, or after a preemption every token the
+        # request had computed (recompute).
+        self.prefill = self.prompt.copy()
+        self.preemptions = 0
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.reserved = 0
@@ -90,15 +109,61 @@ class Engine:
         return bool(self.waiting or self.running)
 
     def _need(self, r: int) -> int:
-        """Tokens left to compute: the prompt's rest, or a decode of one token."""
-        return int(self.prompt[r] - self.done[r]) if self.done[r] < self.prompt[r] else 1
+        """Tokens left to compute: the prompt's (or recompute's) rest, or a decode of one token."""
+        return int(self.prefill[r] - self.done[r]) if self.done[r] < self.prefill[r] else 1
 
-    def _admissible(self, budget_left: int) -> bool:
+    def _admissible(self, budget_left: int, used: int = 0) -> bool:
+        """Whether the first waiting request joins this step; ``used``: the KV tokens the
+        running requests hold after this step's chunks so far (``on_demand`` only)."""
         if not self.waiting or len(self.running) >= self.policy.max_seqs or budget_left <= 0:
             return False
         r = self.waiting[0]
-        fits = self.reserved + self.prompt[r] + self.output[r] <= self.policy.kv_tokens
+        if self.policy.kv_rule == "on_demand":
+            fits = used + min(self._need(r), budget_left) <= self.policy.kv_tokens
+        else:
+            fits = self.reserved + self.prompt[r] + self.output[r] <= self.policy.kv_tokens
         return bool(fits or not self.running)  # an empty engine takes any request
+
+    def _preempt_last(self) -> int:
+        """Free the most recently admitted running request's KV and queue it first again."""
+        r = self.running.pop()
+        self.reserved -= int(self.prompt[r] + self.output[r])
+        self.prefill[r] = self.done[r]
+        self.done[r] = 0
+        self.waiting.appendleft(r)
+        self.preemptions += 1
+        return r
+
+    def _plan_on_demand(self) -> list[tuple[int, int]]:
+        """vLLM V1: running requests in admission order, preempting from the back when the next
+        tokens do not fit; then waiting requests, unless this step preempted."""
+        budget, plan, preempted = self.policy.token_budget, [], False
+        used = int(self.done[self.running].sum()) if self.running else 0
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            take = min(self._need(r), budget)
+            if take <= 0:
+                break
+            while used + take > self.policy.kv_tokens and len(self.running) > i + 1:
+                used -= int(self.done[self.running[-1]])
+                self._preempt_last()
+                preempted = True
+            if used + take > self.policy.kv_tokens and plan:  # r alone does not fit either
+                used -= int(self.done[r])
+                self._preempt_last()
+                preempted = True
+                break
+            plan.append((r, take))
+            used += take
+            budget -= take
+            i += 1
+        while not preempted and self._admissible(budget, used):
+            r = self._admit()
+            plan.append((r, min(self._need(r), budget)))
+            used += plan[-1][1]
+            budget -= plan[-1][1]
+        return plan
 
     def _admit(self) -> int:
         r = self.waiting.popleft()
@@ -108,6 +173,8 @@ class Engine:
 
     def _plan(self) -> list[tuple[int, int]]:
         """(request, new tokens) for the next step, per the policy."""
+        if self.policy.kv_rule == "on_demand":
+            return self._plan_on_demand()
         p, budget, plan = self.policy, self.policy.token_budget, []
         prefilling = [r for r in self.running if self.done[r] < self.prompt[r]]
         if p.kind == "prefill_first" and (prefilling or self._admissible(budget)):
@@ -138,15 +205,18 @@ class Engine:
 
     def _decode_run(self) -> int:
         """How many next steps are pure decodes of the same running set (0: plan step by step)."""
-        if not self.running or self._admissible(self.policy.token_budget):
+        used = int(self.done[self.running].sum()) if self.running else 0
+        if not self.running or self._admissible(self.policy.token_budget, used):
             return 0
         if len(self.running) > self.policy.token_budget:
             return 0
         run = np.asarray(self.running)
-        if (self.done[run] < self.prompt[run]).any():
+        if (self.done[run] < self.prefill[run]).any():
             return 0
-        left = self.prompt[run] + self.output[run] - 1 - self.done[run]
-        return int(left.min())
+        left = int((self.prompt[run] + self.output[run] - 1 - self.done[run]).min())
+        if self.policy.kv_rule == "on_demand":  # each decode step adds a token per request
+            left = min(left, (self.policy.kv_tokens - int(self.done[run].sum())) // len(run))
+        return left
 
     def step(self, log: StepLog, max_steps: int) -> int:
         """Schedule up to ``max_steps`` steps (one, or a run of identical-shape decodes) into

@@ -26,25 +26,31 @@ def load_conf() -> dict:
     return yaml.safe_load(CONF.read_text())
 
 
-def weight_params(m: dict) -> float:
-    """Parameters of a dense decoder: attention, MLP, embedding and LM head."""
+def weight_bytes(m: dict, gemm_dtype: str, conf: dict) -> float:
+    """Weight bytes of a dense decoder: the layers' projections at the GEMM precision (one byte
+    per FP8 parameter), embedding and LM head at BF16 (vLLM leaves them unquantized)."""
     h, d = m["hidden_size"], m["head_dim"]
     attn = h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
     mlp = (3 if m["gated_mlp"] else 2) * h * m["intermediate_size"]
-    return m["num_layers"] * (attn + mlp) + 2 * m["vocab_size"] * h
+    per_param = conf["simulation"]["weight_bytes_per_param"]
+    layer_bytes = 1 if gemm_dtype == "fp8" else per_param
+    return m["num_layers"] * (attn + mlp) * layer_bytes + 2 * m["vocab_size"] * h * per_param
 
 
-def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict) -> int:
-    """KV tokens an engine of ``tp`` GPUs holds after its weights."""
+def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
+                gemm_dtype: str = "bf16") -> int:
+    """KV tokens an engine of ``tp`` GPUs holds after its weights (memory in GiB, as
+    ``nvidia-smi`` and the engines count it)."""
     sim = conf["simulation"]
-    free = fraction * float(gpu["mem_gb"]) * 2**30 * tp - weight_params(m) * sim["weight_bytes_per_param"]
+    free = fraction * float(gpu["mem_gb"]) * 2**30 * tp - weight_bytes(m, gemm_dtype, conf)
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * sim["kv_bytes_per_element"]
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
     return int(free // per_token)
 
 
-def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec) -> Policy:
+def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
+               gemm_dtype: str = "bf16") -> Policy:
     conf = load_conf()
     if backend not in conf["backends"]:
         raise ValueError(f"no scheduler for backend '{backend}'; add it to {CONF} "
@@ -54,7 +60,9 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec) -> Po
     stated = conf.get("runs", {}).get(run, {})
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
                   stated.get("max_seqs", limits["max_seqs"]),
-                  stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf))
+                  stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf,
+                                                         gemm_dtype),
+                  b.get("kv_rule", "reserve"))
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
@@ -67,19 +75,19 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
-        policy = policy_for(first["backend"], run, models[model], tp, gpu)
+        policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"])
         rows = group["_i"].to_numpy()
         if load == "closed":
             c = first["concurrency"]
             timeline = closed_loop(policy, first["isl"], first["osl"], c, sim["waves"] * c,
-                                   model, tp, timer, sim["closed_loop_start"])
+                                   model, tp, timer, sim["closed_loop_start"], first["gemm_dtype"])
             kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
             ttft[rows] = np.mean(timeline.ttft[kept])
             tpot[rows] = np.nanmean(timeline.tpot[kept])
         else:
             timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
                                          group["isl"].to_numpy(), group["osl"].to_numpy(),
-                                         model, tp, timer)
+                                         model, tp, timer, first["gemm_dtype"])
             ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
         if progress is not None:
             progress(len(rows))
