@@ -35,14 +35,9 @@ import polars as pl
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
 from leaderboard_core.contract import Home, NotSupported, PredictorCard
-from leaderboard_core.specs import load_models, tp_shapes
-from predictors._roofline import (
-    ALLREDUCES_PER_LAYER,
-    BF16_BYTES,
-    in_first_home_units,
-    peaks,
-    point_seconds,
-)
+from leaderboard_core.specs import load_models
+from predictors._roofline import in_first_home_units, peaks, point_seconds
+from predictors._step_ops import TABLE_DTYPES, step_points
 from predictors.base import Predictor
 from predictors.registry import register
 
@@ -53,7 +48,6 @@ KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_
                                             "kv_dtype", "window_size"),
         "allreduce": ("num_gpus",)}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
-TABLE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # a cell's gemm_dtype -> the tables' dtype
 
 
 def family_of(op: str) -> str:
@@ -134,58 +128,6 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
 
 def _log(frame: pl.DataFrame, columns: list[str]) -> np.ndarray:
     return np.log(np.maximum(frame.select(columns).to_numpy().astype(np.float64), 1.0))
-
-
-def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: int | None = None
-                ) -> list[tuple[str, np.ndarray, np.ndarray, pl.DataFrame]]:
-    """The op points of each cell as the ``_vidur`` cells compose them: (op family, cell index,
-    calls per step, the points' shape columns); with ``lm_head_max_n``, the LM head of every
-    cell whose ground truth is not ``gpu_block``, in slices of at most that many columns."""
-    out = []
-    c = cells.with_row_index("_cell")
-    for (name, tp), group in c.group_by("model", "tp", maintain_order=True):
-        model, s = models[name], tp_shapes(models[name], tp)
-        i, layers = group["_cell"].to_numpy(), float(model["num_layers"])
-        tokens = group["total_tokens"].to_numpy()
-        heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
-                 "head_dim": model["head_dim"]}
-        dtypes = [TABLE_DTYPES[d] for d in (group["gemm_dtype"].fill_null("bf16")
-                                            if "gemm_dtype" in group.columns else ["bf16"] * len(i))]
-        for op in ("qkv", "o", "gate_up", "down"):
-            n, k = s[op]
-            out.append(("gemm", i, np.full(len(i), layers),
-                        pl.DataFrame({"m": tokens, "n": np.full(len(i), n), "k": np.full(len(i), k),
-                                      "dtype": dtypes})))
-        n_dec, n_pf = group["num_decode"].to_numpy(), group["num_prefill"].to_numpy()
-        dec, pf = n_dec > 0, n_pf > 0
-        out.append(("attn_decode", i[dec], np.full(dec.sum(), layers), pl.DataFrame({
-            "batch": n_dec[dec], "kv_len": group["decode_ctx_sum"].to_numpy()[dec] / n_dec[dec],
-            "q_len": np.ones(dec.sum()), **{k: np.full(dec.sum(), v) for k, v in heads.items()}})))
-        out.append(("attn_prefill", i[pf], np.full(pf.sum(), layers), pl.DataFrame({
-            "batch": n_pf[pf], "q_len": group["prefill_tokens"].to_numpy()[pf] / n_pf[pf],
-            "kv_len": np.zeros(pf.sum()), **{k: np.full(pf.sum(), v) for k, v in heads.items()}})))
-        if tp > 1:
-            out.append(("allreduce", i, np.full(len(i), ALLREDUCES_PER_LAYER * layers), pl.DataFrame(
-                {"message_bytes": tokens * s["hidden"] * BF16_BYTES, "num_gpus": np.full(len(i), tp)})))
-        if lm_head_max_n is not None and (head := _lm_head(group, model, tp, s["hidden"],
-                                                           lm_head_max_n)):
-            out.append(head)
-    return out
-
-
-def _lm_head(group: pl.DataFrame, model: dict, tp: int, hidden: int, max_n: int):
-    """The LM head GEMM of each cell of ``group`` that is not ``gpu_block`` ground truth (None
-    where there is none)."""
-    wanted = (group["gt_kind"] != "gpu_block").fill_null(True).to_numpy() \
-        if "gt_kind" in group.columns else np.ones(len(group), bool)
-    if not wanted.any():
-        return None
-    columns = model["vocab_size"] / tp
-    slices = int(np.ceil(columns / max_n))
-    rows = group.filter(pl.Series(wanted))
-    return ("gemm", rows["_cell"].to_numpy(), np.full(len(rows), float(slices)), pl.DataFrame({
-        "m": rows["num_requests"].to_numpy(), "n": np.full(len(rows), columns / slices),
-        "k": np.full(len(rows), hidden), "dtype": TABLE_DTYPES["bf16"]}))  # never quantized
 
 
 @register("table_scaled")

@@ -1,0 +1,73 @@
+"""The op points of a step, composed as the ``_vidur`` cells compose them, for the predictors
+that price each op from measured points (``table_scaled``, ``neusight_tiles``).
+
+Per layer: the four GEMMs at m = the step's tokens, one prefill-attention kernel over its
+prefills (a uniform batch at their mean length) and one decode-attention kernel over its decodes
+(at their mean context), two all-reduces of the activations at TP > 1; times the layers. A step
+whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than ``gpu_block``)
+also runs the LM head: one GEMM at m = the step's requests, n = vocabulary / TP, k = hidden, in
+the fewest equal column slices no wider than ``lm_head_max_n`` (a measured table stops short of
+the vocabulary sizes), at BF16 (vLLM never quantizes it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from leaderboard_core.specs import tp_shapes
+from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
+
+TABLE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # a cell's gemm_dtype -> the tables' dtype
+
+
+def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None = None
+                ) -> list[tuple[str, np.ndarray, np.ndarray, pl.DataFrame]]:
+    """The op points of each cell: (op family, cell index, calls per step, the points' shape
+    columns); with ``lm_head_max_n``, the LM head of every cell whose ground truth is not
+    ``gpu_block``, in slices of at most that many columns."""
+    out = []
+    c = cells.with_row_index("_cell")
+    for (name, tp), group in c.group_by("model", "tp", maintain_order=True):
+        model, s = models[name], tp_shapes(models[name], tp)
+        i, layers = group["_cell"].to_numpy(), float(model["num_layers"])
+        tokens = group["total_tokens"].to_numpy()
+        heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
+                 "head_dim": model["head_dim"]}
+        dtypes = [TABLE_DTYPES[d] for d in (group["gemm_dtype"].fill_null("bf16")
+                                            if "gemm_dtype" in group.columns else ["bf16"] * len(i))]
+        for op in ("qkv", "o", "gate_up", "down"):
+            n, k = s[op]
+            out.append(("gemm", i, np.full(len(i), layers),
+                        pl.DataFrame({"m": tokens, "n": np.full(len(i), n), "k": np.full(len(i), k),
+                                      "dtype": dtypes})))
+        n_dec, n_pf = group["num_decode"].to_numpy(), group["num_prefill"].to_numpy()
+        dec, pf = n_dec > 0, n_pf > 0
+        out.append(("attn_decode", i[dec], np.full(dec.sum(), layers), pl.DataFrame({
+            "batch": n_dec[dec], "kv_len": group["decode_ctx_sum"].to_numpy()[dec] / n_dec[dec],
+            "q_len": np.ones(dec.sum()), **{k: np.full(dec.sum(), v) for k, v in heads.items()}})))
+        out.append(("attn_prefill", i[pf], np.full(pf.sum(), layers), pl.DataFrame({
+            "batch": n_pf[pf], "q_len": group["prefill_tokens"].to_numpy()[pf] / n_pf[pf],
+            "kv_len": np.zeros(pf.sum()), **{k: np.full(pf.sum(), v) for k, v in heads.items()}})))
+        if tp > 1:
+            out.append(("allreduce", i, np.full(len(i), ALLREDUCES_PER_LAYER * layers), pl.DataFrame(
+                {"message_bytes": tokens * s["hidden"] * BF16_BYTES, "num_gpus": np.full(len(i), tp)})))
+        if lm_head_max_n is not None and (head := _lm_head(group, model, tp, s["hidden"],
+                                                           lm_head_max_n)):
+            out.append(head)
+    return out
+
+
+def _lm_head(group: pl.DataFrame, model: dict, tp: int, hidden: int, max_n: int):
+    """The LM head GEMM of each cell of ``group`` that is not ``gpu_block`` ground truth (None
+    where there is none)."""
+    wanted = (group["gt_kind"] != "gpu_block").fill_null(True).to_numpy() \
+        if "gt_kind" in group.columns else np.ones(len(group), bool)
+    if not wanted.any():
+        return None
+    columns = model["vocab_size"] / tp
+    slices = max(1, int(np.ceil(columns / max_n)))
+    rows = group.filter(pl.Series(wanted))
+    return ("gemm", rows["_cell"].to_numpy(), np.full(len(rows), float(slices)), pl.DataFrame({
+        "m": rows["num_requests"].to_numpy(), "n": np.full(len(rows), columns / slices),
+        "k": np.full(len(rows), hidden), "dtype": TABLE_DTYPES["bf16"]}))  # never quantized

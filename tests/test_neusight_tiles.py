@@ -1,0 +1,69 @@
+"""neusight_tiles: tiles, waves and the tiled roofline by hand; a network that learns a known
+distance from it on one GPU carries it to another through the waves and the datasheet."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard_core.contract import Home
+from leaderboard_core.specs import load_gpu_specs
+from predictors._roofline import peaks, point_seconds
+from predictors.neusight_tiles import NeuSightTiles, features, tiles
+
+
+def test_tiles_waves_and_the_tiled_roofline_by_hand():
+    a100 = load_gpu_specs()["a100_sxm"]  # 108 SMs
+    gemm = pl.DataFrame({"m": [200, 4096], "n": [300, 4096], "k": [4096, 4096]})
+    assert tiles("gemm", gemm).tolist() == [2 * 3, 32 * 32]
+    gpu = {"sms": 108.0, "flops": peaks(a100)["flops"], "mem_bw": peaks(a100)["mem_bw"],
+           "l2": 40.0, "peaks": peaks(a100)}
+    _, tiled, roof = features("gemm", gemm, gpu)
+    np.testing.assert_allclose(roof, point_seconds("gemm", gemm, peaks(a100)))
+    # 6 tiles fill 6 of 108 SMs in one wave; 1024 tiles take 10 waves of 108
+    np.testing.assert_allclose(tiled / roof, [108 / 6, 10 * 108 / 1024])
+    decode = pl.DataFrame({"batch": [8], "kv_len": [1024], "num_kv_heads": [8], "num_heads": [32],
+                           "head_dim": [128], "q_len": [1]})
+    assert tiles("attn_decode", decode).tolist() == [64]
+
+
+def _grid_home(law: float) -> Home:
+    """An A100 home whose every GEMM point takes ``law`` x its tiled roofline."""
+    gpu = load_gpu_specs()["a100_sxm"]
+    sizes = [64, 256, 1024, 4096, 16384]
+    grid = pl.DataFrame([{"m": m, "n": n, "k": k} for m in sizes for n in sizes for k in sizes])
+    row = {"sms": float(gpu["sm_count"]), "flops": peaks(gpu)["flops"],
+           "mem_bw": peaks(gpu)["mem_bw"], "l2": float(gpu["l2_mb"]), "peaks": peaks(gpu)}
+    _, tiled, _ = features("gemm", grid, row)
+    ops = {"gemm_qkv": grid.with_columns(latency_ms=pl.Series(law * tiled * 1e3))}
+    return Home(sku="a100_sxm", gpu=gpu, dataset="grid", cells=pl.DataFrame(), ops=ops)
+
+
+def test_a_learned_distance_carries_to_another_gpu_and_never_undercuts_the_roofline():
+    fitted = NeuSightTiles().fit(_grid_home(law=2.0))
+    h100 = load_gpu_specs()["h100_sxm"]
+    query = pl.DataFrame({"m": [128, 512, 2048, 8192], "n": [512, 2048, 4096, 8192],
+                          "k": [1024, 4096, 2048, 8192], "phase": ["gemm"] * 4})
+    row = {"sms": float(h100["sm_count"]), "flops": peaks(h100)["flops"],
+           "mem_bw": peaks(h100)["mem_bw"], "l2": float(h100["l2_mb"]), "peaks": peaks(h100)}
+    _, tiled, roof = features("gemm", query, row)
+    ms = fitted.predict_ops(query, h100)
+    # the H100's own waves (132 SMs) and peaks, times the distance learned on the A100
+    np.testing.assert_allclose(ms, 2.0 * tiled * 1e3, rtol=0.1)
+    assert (ms >= roof * 1e3 * (1 - 1e-12)).all()
+    under = NeuSightTiles().fit(_grid_home(law=0.01))  # a law below the roofline is capped
+    np.testing.assert_allclose(under.predict_ops(query, h100), roof * 1e3, rtol=1e-9)
+
+
+def test_fit_learns_only_trailing_underscore_state_and_refuses_fp8():
+    from leaderboard_core.contract import NotSupported
+
+    fitted = NeuSightTiles(hidden=8).fit(_grid_home(law=1.5))
+    assert fitted.get_params() == {"hidden": 8, "seed": 0}
+    cells = pl.DataFrame({"model": ["llama-3-8b"], "tp": [1], "total_tokens": [8],
+                          "num_requests": [8], "num_decode": [8], "num_prefill": [0],
+                          "prefill_tokens": [0], "decode_ctx_sum": [8 * 512],
+                          "gemm_dtype": ["fp8"], "gt_kind": ["gpu_block"]})
+    with pytest.raises(NotSupported, match="BF16 GEMMs only"):
+        fitted.predict(cells, load_gpu_specs()["h100_sxm"])
