@@ -32,7 +32,8 @@ class DatasetFamily:
     families may share one builder, which then runs once. None where the store builds the
     family elsewhere (op grids, serving targets). ``home``: the dataset a member fits on when
     its conf file names none; None means the A100 dataset of the family. ``two_homes``: the
-    homes of the two-home protocol, run beside the one-home one (empty: not run). ``ranking``:
+    homes of the two-home protocol, run beside the one-home one (empty: not run).
+    ``leave_one_out``: whether the leave-one-GPU-out protocol runs too. ``ranking``:
     whether its GPUs are ranked against each other per workload. ``card_template``: the card of
     a dataset whose builder wrote none.
     """
@@ -47,6 +48,7 @@ class DatasetFamily:
     home: str | None = None
     leaderboard: bool = True
     two_homes: tuple[str, ...] = ()
+    leave_one_out: bool = False
     ranking: bool = False
     card_template: str = "{name}: {title} dataset on the {sku}."
 
@@ -121,6 +123,7 @@ _PROFILES = "leaderboard.cells.profiles"
 for _fam in (
     DatasetFamily("vidur", "step", "cells", "Vidur-composed steps over aiconfigurator's ops",
                   builder=_VIDUR, builder_takes_gpus=True, two_homes=("a100_vidur", "h100_vidur"),
+                  leave_one_out=True,
                   ranking=True),
     DatasetFamily("vidur19", "step", "cells", "Vidur-composed steps at one vLLM version",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur19"),

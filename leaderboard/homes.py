@@ -3,7 +3,8 @@
 The home of a dataset is its family's default (``families``: ``h100_vidur19`` for every
 ``_vidur19`` GPU, new ones included) unless ``conf/dataset/<name>.yaml`` names another; a family
 without a default fits on its A100 dataset (``h200_vidur`` -> ``a100_vidur``).
-``dataset.home=[a,b]`` names several. The home's op points are, with
+``dataset.home=[a,b]`` names several; ``dataset.home=logo`` every other GPU of the family
+(leave one GPU out). The home's op points are, with
 ``split.home_points=full_grid`` (the default), every measured point of the home GPU its models
 use (``leaderboard.home_grid``), as a profiler collects them; with ``behind_cells``, only the
 points its *training* cells were composed from (their lineage), so a held-out cell is never a
@@ -58,9 +59,26 @@ def home_of(name: str, named_home: str | None, rows: dict[str, dict]) -> str:
     return a100[0]
 
 
+LEAVE_ONE_OUT = "logo"  # dataset.home=logo: every other GPU of the target's family
+
+
+def leave_one_gpu_out(name: str, rows: dict[str, dict]) -> list[str]:
+    """The homes of the leave-one-GPU-out protocol: every dataset of ``name``'s family on
+    another GPU (the protocol learned cross-GPU models are published under)."""
+    require_dataset(rows, name)
+    others = sorted(n for n, r in rows.items() if family(n) == family(name)
+                    and r["kind"] == rows[name]["kind"] and r["sku"] != rows[name]["sku"])
+    if not others:
+        raise ValueError(f"dataset.home=logo needs another GPU of the {family(name)} family; "
+                         f"the store holds only {name}")
+    return others
+
+
 def homes_of(name: str, named: str | list[str] | None, rows: dict[str, dict]) -> list[str]:
-    """The home datasets of a run: ``named`` (one name or a list, from ``dataset.home=``), else
-    the one ``home_of`` picks."""
+    """The home datasets of a run: ``named`` (one name or a list, from ``dataset.home=``;
+    ``logo``: every other GPU of the family), else the one ``home_of`` picks."""
+    if named == LEAVE_ONE_OUT:
+        return leave_one_gpu_out(name, rows)
     if isinstance(named, str) or not named:
         return [home_of(name, named, rows)]
     names = [require_dataset(rows, n)["name"] for n in named]

@@ -212,6 +212,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
              "it tables the current stored runs.", ""]
     body += report_leaderboard.main_leaderboard(runs, outcomes)
     body += report_protocols.two_home_leaderboard(report_protocols.two_home_runs(current, runs))
+    body += report_protocols.leave_one_out_leaderboard(
+        report_protocols.leave_one_out_runs(current, runs))
     body += report_protocols.baseline_strength(runs)
     body += report_sections.predictor_sections(runs) + report_sections.kernel_floors()
     if len(predictions):
@@ -263,9 +265,10 @@ def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list
         homes = [s.home] if isinstance(s.home, str) else s.home
         return (s.predictor, s.dataset, tuple(sorted(homes))) in named
 
-    return [f"{s.predictor} on {s.dataset}" + (f" (home {s.home if isinstance(s.home, str) else '+'.join(s.home)})"
-                                               if s.home else "")
-            for s in rerun.run_specs(Path(runs_dir))
+    def named_homes(s) -> str:
+        return "" if not s.home else f" (home {s.home if isinstance(s.home, str) else '+'.join(s.home)})"
+
+    return [f"{s.predictor} on {s.dataset}{named_homes(s)}" for s in rerun.run_specs(Path(runs_dir))
             if not present(s) and (s.predictor, s.dataset) not in unsupported]
 
 

@@ -1,8 +1,11 @@
-"""Report sections about the protocol: the two-home table and each baseline's strength.
+"""Report sections about the protocol: the two-home table, the leave-one-GPU-out table and each
+baseline's strength.
 
 The one-home leaderboard (``report_leaderboard.main_leaderboard``) fits on the A100 alone. The two-home
 table fits every predictor on the A100 and the H100 (``dataset.home=[a100_vidur,h100_vidur]``);
-both homes are scored on their held-out cells only. The strength section sets each baseline's
+both homes are scored on their held-out cells only. The leave-one-GPU-out table fits every
+predictor on the five other ``_vidur`` GPUs and scores the one left out, the protocol learned
+cross-GPU models publish under. The strength section sets each baseline's
 home error here beside the error its authors published, where they published one.
 """
 
@@ -43,6 +46,46 @@ def two_home_runs(current: pl.DataFrame, one_home: pl.DataFrame) -> pl.DataFrame
                          & (pl.col("test_fraction") == one_home["test_fraction"].first())
                          & (pl.col("home_points") == one_home["home_points"].first()))
     return with_family(two.join(keys, on=["predictor", "params"], how="semi"))
+
+
+def leave_one_out_runs(current: pl.DataFrame, one_home: pl.DataFrame) -> pl.DataFrame:
+    """The current leave-one-GPU-out runs (homes: every other ``_vidur`` GPU of the one-home
+    leaderboard) with the same predictors and parameters as the one-home leaderboard."""
+    if one_home.is_empty():
+        return one_home
+    members = sorted(d for d in set(one_home["dataset"]) if family(d) == "vidur")
+    keys = one_home.select("predictor", "params").unique()
+    keep = [dataset in members and sorted(homes or []) == [m for m in members if m != dataset]
+            and seed == one_home["split_seed"].first()
+            and fraction == one_home["test_fraction"].first()
+            and points == one_home["home_points"].first()
+            for dataset, homes, seed, fraction, points in current.select(
+                "dataset", "home_datasets", "split_seed", "test_fraction", "home_points").iter_rows()]
+    left_out = current.filter(pl.Series(keep, dtype=pl.Boolean))
+    return with_family(left_out.join(keys, on=["predictor", "params"], how="semi"))
+
+
+def leave_one_out_leaderboard(runs: pl.DataFrame) -> list[str]:
+    if runs.is_empty():
+        return []
+    _, unseen = datasets_of(runs, "vidur")
+    mapes = PhaseMapes(runs, unseen)
+    lines = ["## Leave one GPU out: MAPE % per phase (`_vidur`)", "",
+             "Each GPU scored with the other five as homes (`dataset.home=logo`): every "
+             "predictor that fits trains on them, each GPU's rows normalised by its own "
+             "datasheet, and `ours` refits its home constants on them. Every GPU is unseen here. "
+             "Rows sorted by the GPU-mean MAPE over `all`.", ""]
+    predictors = sorted(set(runs["predictor"]), key=lambda p: (
+        mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
+    for phase in ("all", "decode", "prefill"):
+        if all(mapes.mape(p, d, phase) is None for p in predictors for d in unseen):
+            continue
+        rows = [[p, *(mapes.cell(p, d, phase) for d in unseen), fmt(mapes.unseen_mean(p, phase))]
+                for p in predictors]
+        lines += [f"### leave one GPU out: {phase}", "",
+                  *table(["predictor", *(mapes.header(d, phase) for d in unseen),
+                          f"{GPU_MEAN} %"], rows)]
+    return lines
 
 
 def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:

@@ -1,11 +1,12 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
 The leaderboard datasets are the store's datasets of every family registered with
-``leaderboard=True`` (``leaderboard.families``): today the six ``_vidur`` GPUs (A100 home; and
-again with the family's ``two_homes``), the version-matched ``_vidur19`` sets (H100 home), the
+``leaderboard=True`` (``leaderboard.families``): today the six ``_vidur`` GPUs (A100 home; again
+with the family's ``two_homes``; and again leaving each GPU out, the other five its homes), the
+version-matched ``_vidur19`` sets (H100 home), the
 FP8-GEMM ``_vidur_fp8`` sets (H100 home), Vidur's own profiles (``_vidurprof``), the splitwise
 pair, the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the serving sets
-(``<sku>_silicon``, ``rtx4090_serving``).
+(``<sku>_silicon``, ``<sku>_silicon_fp8``, ``rtx4090_serving``), with the serving oracle.
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
 dataset's configured home), run in a pool of worker processes because a run is single-threaded,
@@ -30,6 +31,7 @@ from rich.console import Console
 from leaderboard import families, predictor_index, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
+from leaderboard.homes import leave_one_gpu_out
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
@@ -71,6 +73,10 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
         if fam.two_homes:  # the two-home protocol, beside the one-home one
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
                               home=list(fam.two_homes)) for name in names]
+        if fam.leave_one_out:  # each GPU scored with every other GPU of the family as homes
+            others = leave_one_gpu_out(dataset, rows)
+            specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
+                              home=others) for name in names]
         if fam.level == "serving" and (home := oracle_home(dataset, rows)):
             specs.append(RunSpec(predictor=ORACLE, dataset=dataset, params={}, runs_dir=runs_dir,
                                  home=home, home_points=ORACLE_POINTS))

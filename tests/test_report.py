@@ -391,3 +391,29 @@ def test_ttft_within_the_oracles_error_of_the_best_is_a_tie():
     # best 30; the oracle misses by 10 points, so 39.9 is inside it and 41.0 is 11 points behind
     assert ties == {("a", "h100_silicon"): "tie", ("b", "h100_silicon"): "tie",
                     ("c", "h100_silicon"): "+11.0"}  # no oracle on the RTX4090: no verdict
+
+
+def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):
+    from leaderboard import report_protocols
+    from leaderboard.homes import leave_one_gpu_out
+
+    rows = {n: {"name": n, "kind": "cells", "sku": SKUS[n]} for n in VERSIONS}
+    rows["h100_sxm_ops"] = {"name": "h100_sxm_ops", "kind": "ops", "sku": "h100_sxm"}
+    assert leave_one_gpu_out("a100_vidur", rows) == ["h100_vidur", "h200_vidur"]
+    from leaderboard.homes import homes_of
+
+    assert homes_of("h200_vidur", "logo", rows) == ["a100_vidur", "h100_vidur"]
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    for dataset in VERSIONS:
+        write_run(tmp_path, f"one-{dataset}", dataset=dataset)
+    write_run(tmp_path, "logo-a100", dataset="a100_vidur", home_dataset="h100_vidur",
+              home_sku="h100_sxm", home_dataset_version="vh100", split="unseen",
+              home_datasets=["h200_vidur", "h100_vidur"],
+              phases={"all": {"n": 40, "mape": 12.5}})
+    current = results.current(results.load_runs(tmp_path), VERSIONS).pl()
+    one_home = report_leaderboard.leaderboard_runs(current, sorted(VERSIONS))
+    assert "logo-a100" not in set(one_home["run_id"])  # five (here two) homes: not the one-home table
+    left_out = report_protocols.leave_one_out_runs(current, one_home)
+    assert left_out["run_id"].to_list() == ["logo-a100"]
+    lines = report_protocols.leave_one_out_leaderboard(left_out)
+    assert any(line.startswith("| tiny | 12.5 |") for line in lines), lines

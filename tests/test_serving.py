@@ -117,7 +117,7 @@ def test_vllm_kv_on_demand_preempts_the_last_admitted_and_recomputes_it():
         engine.step(log, 1)
     a = log.arrays()
     steps = [sorted(zip(a["req"][a["step"] == k].tolist(), a["q"][a["step"] == k].tolist(),
-                        a["ctx"][a["step"] == k].tolist())) for k in range(log.steps)]
+                        a["ctx"][a["step"] == k].tolist(), strict=True)) for k in range(log.steps)]
     assert steps == [[(0, 4, 0), (1, 4, 0)], [(0, 1, 4), (1, 1, 4)], [(0, 1, 5), (1, 1, 5)],
                      [(0, 1, 6)], [(0, 1, 7)], [(0, 1, 8)], [(1, 6, 0)], [(1, 1, 6)],
                      [(1, 1, 7)], [(1, 1, 8)]]
@@ -148,7 +148,7 @@ def test_on_demand_kv_recomputes_whole_passes_and_never_overfills(budget, max_se
         q, ctx = a["q"][mine], a["ctx"][mine]
         starts = np.flatnonzero(ctx == 0)
         assert starts[0] == 0
-        for lo, hi in zip(starts, [*starts[1:], len(q)]):  # every pass is contiguous from 0
+        for lo, hi in zip(starts, [*starts[1:], len(q)], strict=True):  # each pass contiguous from 0
             assert (ctx[lo + 1:hi] == ctx[lo:hi - 1] + q[lo:hi - 1]).all()
         assert ctx[-1] + q[-1] == prompt[r] + output[r] - 1  # the last pass reaches the end
     held = np.bincount(a["step"], weights=a["ctx"] + a["q"])  # KV of the requests a step runs

@@ -30,7 +30,8 @@ TARGET_SCHEMA = {
     "tp": pl.Int64, "backend": pl.String, "backend_version": pl.String, "precision": pl.String,
     "gemm_dtype": pl.String, "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
     "concurrency": pl.Int64, "arrival_ms": pl.Float64, "gt_ttft_ms": pl.Float64,
-    "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_kind": pl.String, "source": pl.String, "file": pl.String,
+    "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_kind": pl.String,
+    "source": pl.String, "file": pl.String,
     "file_sha256": pl.String,
 }
 

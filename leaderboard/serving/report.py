@@ -219,9 +219,9 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
     lines += oracle_section(oracle, predictions)
     lines += ["### TTFT and TPOT per predictor", "",
               "Service time (recorded arrivals only): first token minus the first step that "
-              "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a predictor's TTFT MAPE is within the oracle's TTFT "
-              "MAPE of the best one on that dataset (inside the replay's own error), else the "
-              "points behind the best.", ""]
+              "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a "
+              "predictor's TTFT MAPE is within the oracle's TTFT MAPE of the best one on that "
+              "dataset (inside the replay's own error), else the points behind the best.", ""]
     lines += errors_table(runs, datasets, outcomes, ttft_ties(runs, oracle))
     if len(predictions):
         lines += coverage_and_distance(runs, oracle, predictions)

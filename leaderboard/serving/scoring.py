@@ -36,9 +36,10 @@ def phases_of(dataset: str) -> tuple[str, ...]:
 
 def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
            ) -> tuple[np.ndarray, ...]:
-    """Predicted TTFT, TPOT and service time per target (``METRICS``). The replay (scheduling, timing) runs here, in the
-    harness; ``price`` asks the predictor's sandboxed child for the time of each step it
-    schedules, and nothing else. ``facts`` gains ``predict_seconds`` (the child's) and ``steps``."""
+    """Predicted TTFT, TPOT and service time per target (``METRICS``). The replay (scheduling,
+    timing) runs here, in the harness; ``price`` asks the predictor's sandboxed child for the
+    time of each step it schedules, and nothing else. ``facts`` gains ``predict_seconds``
+    (the child's) and ``steps``."""
     facts.update(predict_seconds=0.0, steps=0)
 
     def timer(cells: pl.DataFrame) -> np.ndarray:
