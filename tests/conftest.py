@@ -178,7 +178,8 @@ def real_home(real_store) -> RealHome:
 
 def pytest_collection_modifyitems(items):
     """Every test that builds or reads the full store, or launches a multirun, is ``slow``:
-    ``pytest -m "not slow"`` is the fast path, ``make test`` runs everything."""
+    ``pytest -m "not slow"`` is the fast path. ``make test`` runs every test but those marked
+    ``long`` (over about 15 s each), which ``make test-long`` and CI run."""
     for item in items:
         uses_store = {"real_store", "store_home", "real_home"} & set(
             getattr(item, "fixturenames", ()))

@@ -44,6 +44,7 @@ def test_joblib_multirun_runs_in_parallel_and_loses_nothing(tmp_path):
 
 
 @pytest.mark.usefixtures("store_home")
+@pytest.mark.long
 def test_submitit_launcher_runs_the_sweep(tmp_path):
     _check(_sweep(tmp_path, "hydra/launcher=submitit_local_test")[0])
     assert list((tmp_path / "sweep" / ".submitit").iterdir()), "submitit wrote no job folders"

@@ -46,6 +46,7 @@ def new_gpu(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_new_gpu_of_an_unknown_architecture_runs_on_every_family(new_gpu, tmp_path, capsys):
     root, specs = new_gpu
     assert not list((paths.CONF_DIR / "dataset").glob("newgpu*"))

@@ -212,6 +212,7 @@ def mape(pred: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / truth - 1)) * 100)
 
 
+@pytest.mark.long
 def test_real_home_heldout_fidelity(store_home, tmp_path):
     """On a100_vidur's held-out cells the GEMM forests reproduce the measured GEMM time per op
     within about ten percent (Vidur claims single digits for its token ops). A cell holds one
@@ -241,6 +242,7 @@ def test_real_home_heldout_fidelity(store_home, tmp_path):
         assert mape(per_op[op], truth) < 15, op  # 10-11 % on the nine configurations
 
 
+@pytest.mark.long
 def test_vidurprof_is_the_forests_home_ground(store_home, tmp_path):
     """On Vidur's own A100 profiles the forests are Vidur's token-level ops on [num_tokens];
     the held-out steps come within Vidur's single-digit home accuracy, and the H100 target

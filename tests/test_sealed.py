@@ -87,6 +87,7 @@ def test_leftovers_of_dead_processes_are_removed_and_counted(tmp_path, monkeypat
     assert debris.sweep(runs) == 0
 
 
+@pytest.mark.long
 def test_a_run_writes_nothing_outside_its_home(store_home, tmp_path, monkeypatch):
     user = tmp_path / "user"
     (user / ".cache").mkdir(parents=True)

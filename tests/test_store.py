@@ -173,6 +173,7 @@ def test_versions_are_stored(real_store):
     assert set(versions) == set(TABLES) and all(len(v) == 16 for v in versions.values())
 
 
+@pytest.mark.long
 def test_rebuild_gives_identical_versions(real_store, tmp_path, monkeypatch, capsys):
     """A second full build (via the CLI, in a fresh home) has the same versions and rows."""
     monkeypatch.setenv("LEADERBOARD_HOME", str(tmp_path / "second"))

@@ -11,6 +11,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from leaderboard import results
 from leaderboard_core import paths
 
@@ -89,6 +91,7 @@ NO_STORE = [
 ]
 
 
+@pytest.mark.long
 def test_every_bad_input_is_one_line_and_status_2():
     outcomes = _many([argv for argv, _ in NO_STORE])
     problems = {" ".join(argv): problem for (argv, fragments), done in zip(NO_STORE, outcomes, strict=True)
@@ -100,6 +103,7 @@ COMMANDS = ("leaderboard", "leaderboard.calibrate", "leaderboard.report", "leade
             "leaderboard.hub", "leaderboard.rerun", "leaderboard.data")
 
 
+@pytest.mark.long
 def test_help_of_every_command_exits_0_without_a_traceback():
     argvs = [[command, "--help"] for command in COMMANDS] + [["leaderboard.calibrate", "-h"]]
     for argv, done in zip(argvs, _many(argvs), strict=True):
@@ -162,6 +166,7 @@ def test_every_bad_input_that_needs_the_store_is_one_line(store_home):
     assert not problems, json.dumps(problems, indent=1)
 
 
+@pytest.mark.long
 def test_ctrl_c_is_one_line_and_status_130(store_home, tmp_path):
     # a seed of its own: the forests are not cached, so the fit is still running at the signal
     child = subprocess.Popen(
