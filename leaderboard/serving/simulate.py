@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 import yaml
 
+from leaderboard.cells import memory
 from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard_core import paths
@@ -26,23 +27,13 @@ def load_conf() -> dict:
     return yaml.safe_load(CONF.read_text())
 
 
-def weight_bytes(m: dict, gemm_dtype: str, conf: dict) -> float:
-    """Weight bytes of a dense decoder: the layers' projections at the GEMM precision (one byte
-    per FP8 parameter), embedding and LM head at BF16 (vLLM leaves them unquantized)."""
-    h, d = m["hidden_size"], m["head_dim"]
-    attn = h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
-    mlp = (3 if m["gated_mlp"] else 2) * h * m["intermediate_size"]
-    per_param = conf["simulation"]["weight_bytes_per_param"]
-    layer_bytes = 1 if gemm_dtype == "fp8" else per_param
-    return m["num_layers"] * (attn + mlp) * layer_bytes + 2 * m["vocab_size"] * h * per_param
-
-
 def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
                 gemm_dtype: str = "bf16") -> int:
     """KV tokens an engine of ``tp`` GPUs holds after its weights (memory in GiB, as
     ``nvidia-smi`` and the engines count it)."""
     sim = conf["simulation"]
-    free = fraction * float(gpu["mem_gb"]) * 2**30 * tp - weight_bytes(m, gemm_dtype, conf)
+    free = (fraction * float(gpu["mem_gb"]) * 2**30 * tp
+            - tp * memory.weight_bytes(m, tp, gemm_dtype))  # every GPU's shard
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * sim["kv_bytes_per_element"]
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
