@@ -49,6 +49,14 @@ EXAMPLES = [
      "split.home_points=behind_cells runs_dir={tmp}/runs", 1),
     ("two homes", "python -m leaderboard predictor=genz_calibrated dataset=h200_vidur "
                   "dataset.home=[a100_vidur,h100_vidur] runs_dir={tmp}/runs", 1),
+    ("leave one GPU out (the other five are the homes)",
+     "python -m leaderboard predictor=ours dataset=h100_vidur dataset.home=logo "
+     "runs_dir={tmp}/runs", 1),
+    ("a serving set: the replay's TTFT and TPOT",
+     "python -m leaderboard predictor=ours dataset=h100_silicon runs_dir={tmp}/runs", 1),
+    ("the serving oracle (the target's own kernel tables)",
+     "python -m leaderboard predictor=table_scaled dataset=h100_silicon dataset.home=h100_vidur "
+     "split.home_points=every_shape runs_dir={tmp}/runs", 1),
     ("op-level scoring",
      "python -m leaderboard predictor=llm_viewer dataset=h200_sxm_ops runs_dir={tmp}/runs", 1),
     ("a sweep of 4 runs, 2 processes",
