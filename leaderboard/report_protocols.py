@@ -65,51 +65,46 @@ def leave_one_out_runs(current: pl.DataFrame, one_home: pl.DataFrame) -> pl.Data
     return with_family(left_out.join(keys, on=["predictor", "params"], how="semi"))
 
 
+def _phase_tables(runs: pl.DataFrame, protocol: str, phases) -> list[str]:
+    """Per phase, one row per predictor: the homes' held-out MAPE, each unseen GPU's and their
+    mean, predictors sorted by the mean over ``all``."""
+    homes, unseen = datasets_of(runs, "vidur")
+    mapes = PhaseMapes(runs, unseen)
+    predictors = sorted(set(runs["predictor"]), key=lambda p: (
+        mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
+    lines = []
+    for phase in phases:
+        if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
+            continue  # no run scored this phase
+        rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
+                 fmt(mapes.unseen_mean(p, phase))] for p in predictors]
+        lines += [f"### {protocol}: {phase}", "",
+                  *table(["predictor", *(mapes.header(d, phase, home=True) for d in homes),
+                          *(mapes.header(d, phase) for d in unseen), f"{GPU_MEAN} %"], rows)]
+    return lines
+
+
 def leave_one_out_leaderboard(runs: pl.DataFrame) -> list[str]:
     if runs.is_empty():
         return []
-    _, unseen = datasets_of(runs, "vidur")
-    mapes = PhaseMapes(runs, unseen)
     lines = ["## Leave one GPU out: MAPE % per phase (`_vidur`)", "",
              "Each GPU scored with the other five as homes (`dataset.home=logo`): every "
              "predictor that fits trains on them, each GPU's rows normalised by its own "
              "datasheet, and `ours` refits its home constants on them. Every GPU is unseen here. "
              "Rows sorted by the GPU-mean MAPE over `all`.", ""]
-    predictors = sorted(set(runs["predictor"]), key=lambda p: (
-        mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
-    for phase in ("all", "decode", "prefill"):
-        if all(mapes.mape(p, d, phase) is None for p in predictors for d in unseen):
-            continue
-        rows = [[p, *(mapes.cell(p, d, phase) for d in unseen), fmt(mapes.unseen_mean(p, phase))]
-                for p in predictors]
-        lines += [f"### leave one GPU out: {phase}", "",
-                  *table(["predictor", *(mapes.header(d, phase) for d in unseen),
-                          f"{GPU_MEAN} %"], rows)]
-    return lines
+    return lines + _phase_tables(runs, "leave one GPU out", ("all", "decode", "prefill"))
 
 
 def two_home_leaderboard(runs: pl.DataFrame) -> list[str]:
     if runs.is_empty():
         return []
-    homes, unseen = datasets_of(runs, "vidur")
-    mapes = PhaseMapes(runs, unseen)
     lines = ["## Two homes: MAPE % per phase (`_vidur`)", "",
              f"Every predictor fitted on {' and '.join(TWO_HOMES)} together "
              "(`dataset.home=[a100_vidur,h100_vidur]`); each home GPU's rows normalised by its "
              "own datasheet. Both homes are scored on their held-out cells only, never as "
              "unseen. Rows sorted by the GPU-mean MAPE over `all` (every cell not labelled "
              "`composed`).", ""]
-    predictors = sorted(set(runs["predictor"]), key=lambda p: (
-        mapes.unseen_mean(p, "all") is None, mapes.unseen_mean(p, "all") or 0.0, p))
-    for phase in PHASES:
-        if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
-            continue  # no run scored this phase
-        rows = [[p, *(mapes.cell(p, d, phase) for d in homes + unseen),
-                 fmt(mapes.unseen_mean(p, phase))] for p in predictors]
-        lines += [f"### two homes: {phase}", "",
-                  *table(["predictor", *(mapes.header(d, phase, home=True) for d in homes),
-                          *(mapes.header(d, phase) for d in unseen), f"{GPU_MEAN} %"], rows)]
-    return lines
+    return lines + _phase_tables(runs, "two homes", PHASES)
 
 
 def baseline_strength(runs: pl.DataFrame) -> list[str]:

@@ -76,20 +76,25 @@ def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():
     np.testing.assert_allclose(t.tpot, [(22 - 10) / 2, (22 - 21) / 1])
 
 
+def _schedule_all(policy: Policy, lengths: list[tuple[int, int]]):
+    """(prompts, outputs, the step log's arrays) of requests all arriving at once, run to the end."""
+    prompt = np.array([p for p, _ in lengths])
+    output = np.array([o for _, o in lengths])
+    engine, log = Engine(policy, prompt, output), StepLog()
+    for r in range(len(prompt)):
+        engine.arrive(r)
+    while engine.busy:
+        engine.step(log, 5)
+    return prompt, output, log.arrays()
+
+
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from(["chunked_mixed", "prefill_first", "whole_mixed"]),
        budget=st.integers(16, 96), max_seqs=st.integers(1, 6), kv=st.integers(40, 400),
        lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=9))
 def test_every_prompt_and_decode_token_is_scheduled_exactly_once(kind, budget, max_seqs, kv,
                                                                  lengths):
-    prompt = np.array([p for p, _ in lengths])
-    output = np.array([o for _, o in lengths])
-    engine, log = Engine(Policy(kind, budget, max_seqs, kv), prompt, output), StepLog()
-    for r in range(len(prompt)):
-        engine.arrive(r)
-    while engine.busy:
-        engine.step(log, 5)
-    a = log.arrays()
+    prompt, output, a = _schedule_all(Policy(kind, budget, max_seqs, kv), lengths)
     for r in range(len(prompt)):
         mine = np.flatnonzero(a["req"] == r)
         q, ctx = a["q"][mine], a["ctx"][mine]
@@ -134,15 +139,8 @@ def test_vllm_kv_on_demand_preempts_the_last_admitted_and_recomputes_it():
 @given(budget=st.integers(16, 96), max_seqs=st.integers(1, 6), kv=st.integers(40, 400),
        lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=9))
 def test_on_demand_kv_recomputes_whole_passes_and_never_overfills(budget, max_seqs, kv, lengths):
-    prompt = np.array([p for p, _ in lengths])
-    output = np.array([o for _, o in lengths])
-    engine = Engine(Policy("chunked_mixed", budget, max_seqs, kv, "on_demand"), prompt, output)
-    log = StepLog()
-    for r in range(len(prompt)):
-        engine.arrive(r)
-    while engine.busy:
-        engine.step(log, 5)
-    a = log.arrays()
+    prompt, output, a = _schedule_all(Policy("chunked_mixed", budget, max_seqs, kv, "on_demand"),
+                                      lengths)
     for r in range(len(prompt)):
         mine = np.flatnonzero(a["req"] == r)
         q, ctx = a["q"][mine], a["ctx"][mine]
