@@ -361,6 +361,7 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
     serving = cells().with_columns(phase=pl.lit("ttft"))
     write_run(tmp_path, "ranked", dataset="h100_silicon", predictions=serving)
     write_run(tmp_path, "oracle", dataset="h100_silicon", predictions=serving,
+              predictor="table_scaled", params={"lm_head": True}, home_points="every_shape",
               home_dataset="h100_vidur", home_sku="h100_sxm",
               home_dataset_version="vh100", home_datasets=["h100_vidur"], split="home_gpu")
     current = results.current(results.load_runs(tmp_path), versions).pl()
@@ -369,9 +370,18 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
 
     ranked = board.leaderboard_runs(current, ["h100_silicon"])
     assert ranked["run_id"].to_list() == ["ranked"]
+    # the same predictor fitted on the target's GPU on the default points (as an FP8 serving set
+    # is, on the FP8 family's H100 home) is a ranked run, not the oracle
+    write_run(tmp_path, "same-gpu", dataset="h100_silicon", predictions=serving,
+              predictor="table_scaled", params={"lm_head": True}, home_dataset="h100_vidur",
+              home_sku="h100_sxm", home_dataset_version="vh100", home_datasets=["h100_vidur"],
+              split="home_gpu")
+    current = results.current(results.load_runs(tmp_path), versions).pl()
+    assert set(board.leaderboard_runs(current, ["h100_silicon"])["run_id"]) == {"ranked", "same-gpu"}
     assert board.oracle_runs(current, ["h100_silicon"])["run_id"].to_list() == ["oracle"]
     specs = [RunSpec("tiny", "h100_silicon", {}, runs_dir=tmp_path),
-             RunSpec("tiny", "h100_silicon", {}, runs_dir=tmp_path, home="h100_vidur"),
+             RunSpec("table_scaled", "h100_silicon", {}, runs_dir=tmp_path, home="h100_vidur",
+                     home_points="every_shape"),
              RunSpec("tiny", "h100_silicon", {}, runs_dir=tmp_path, home="h200_vidur")]
     monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: specs)
     assert report.missing_runs(tmp_path, versions) == ["tiny on h100_silicon (home h200_vidur)"]
