@@ -94,7 +94,8 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
     lines += ["By backend, prompt length and concurrency (MAPE %):", ""]
     lines += table(["dataset", "backend", "isl", "concurrency", "n", "TTFT MAPE %", "TPOT MAPE %"], [
         [r["dataset"], r["backend"], str(r["isl"]), str(r["concurrency"]), str(r["n_ttft"]),
-         fmt(r["mape_ttft"]), fmt(r.get("mape_tpot"))] for r in cube.iter_rows(named=True)])
+         fmt(r["mape_ttft"]), fmt(r.get("mape_tpot"))] for r in cube.iter_rows(named=True)],
+        "llrrrrr")
     return lines
 
 
@@ -211,9 +212,10 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "sample, BF16 dense models, aggregated mode); `rtx4090_serving` holds the requests "
              "of one vLLM run with recorded arrivals. The replay schedules each load with the "
              "backend's defaults (`conf/serving/schedulers.yaml`: a closed loop of 4 waves whose "
-             "clients start together, KV capacity in GiB, admission reserving prompt and output) "
-             "and the predictor times every step; TTFT and TPOT follow. Left-out rows: the "
-             "dataset cards.", ""]
+             "clients start together; KV capacity in GiB; vLLM's KV allocated on demand with "
+             "recompute preemption, SGLang's and TRT-LLM's reserved for prompt and output at "
+             "admission) and the predictor times every step; TTFT and TPOT follow. The "
+             "`_silicon_fp8` sets hold vLLM's FP8 runs. Left-out rows: the dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()
     predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
     lines += oracle_section(oracle, predictions)
