@@ -129,6 +129,8 @@ for _fam in (
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur19"),
     DatasetFamily("vidur_fp8", "step", "cells", "Vidur-composed steps with FP8 GEMMs",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_fp8"),
+    DatasetFamily("vidur_moe", "step", "cells", "Vidur-composed steps of mixture-of-experts models",
+                  builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe"),
     DatasetFamily("vidurprof", "step", "cells", "steps over Vidur's own profiles",
                   builder=f"{_PROFILES}:build_vidurprof"),
     DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",

@@ -52,6 +52,12 @@ TABLES = {
         TableSpec("collective", "ops", {
             "collective": S, "topology": S, "num_gpus": INT, "devices_per_node": INT,
             "message_bytes": INT, "dtype": S, "latency_ms": F}, ("latency_ms",)),
+        # One fused-MoE layer (aiconfigurator's moe_perf): the routed experts' two grouped GEMMs
+        # and the activation between them, for ``num_tokens`` tokens routed ``topk`` ways.
+        TableSpec("moe", "ops", {
+            "dtype": S, "kernel": S, "num_tokens": INT, "hidden_size": INT, "inter_size": INT,
+            "topk": INT, "num_experts": INT, "moe_tp": INT, "moe_ep": INT, "distribution": S,
+            "latency_ms": F}, ("latency_ms",), ("power_w", "power_limit_w")),
         TableSpec("model_ops", "ops", {
             "model": S, "tp": INT, "op": S, "op_family": S, "num_tokens": INT, "kv_len": INT,
             "latency_ms": F}, ("latency_ms",),

@@ -52,6 +52,16 @@ GPU_KNOWN = {"vendor": ("nvidia", "amd", "intel"),
                       "cdna2", "cdna3", "cdna4", "gaudi")}
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
 _WARNED: set[tuple[Path, str, str]] = set()
+# A mixture-of-experts model names all of these (its published config's fields, renamed);
+# ``dense_layers`` leading layers keep a dense FFN of ``intermediate_size`` (DeepSeek's
+# first_k_dense_replace), the others route each token to ``experts_per_token`` of
+# ``num_experts`` experts of ``moe_intermediate_size``, plus ``shared_experts`` always-on ones.
+MOE_FIELDS = ("num_experts", "experts_per_token", "shared_experts", "moe_intermediate_size",
+              "dense_layers")
+# Attention kinds: grouped-query (multi-head and multi-query included) or DeepSeek's multi-head
+# latent attention, whose shape needs the MLA fields.
+ATTENTION_KINDS = ("gqa", "mla")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
                                               "num_kv_heads", "head_dim", "intermediate_size",
                                               "vocab_size")}
@@ -167,7 +177,52 @@ def load_models() -> dict[str, dict[str, Any]]:
     for path in sorted((paths.CONF_DIR / "model").glob("*.yaml")):
         models[path.stem] = _load_yaml(path, MODEL_REQUIRED)
         validate(path, models[path.stem], MODEL_RANGES, {})
+        _validate_layers(path, models[path.stem])
     return models
+
+
+def _validate_layers(path: Path, model: dict) -> None:
+    """The MoE fields come all together and fit the model; the attention kind is known and an
+    MLA model gives its dims."""
+    given = [f for f in MOE_FIELDS if f in model]
+    if given and len(given) != len(MOE_FIELDS):
+        raise SpecError(f"{path}: an MoE model needs all of {', '.join(MOE_FIELDS)}; missing "
+                        f"{', '.join(f for f in MOE_FIELDS if f not in model)}")
+    if given:
+        for f in MOE_FIELDS:
+            if isinstance(model[f], bool) or not isinstance(model[f], int) or model[f] < 0:
+                raise SpecError(f"{path}: {f} = {model[f]!r} must be a whole number >= 0")
+        if not 0 < model["experts_per_token"] <= model["num_experts"]:
+            raise SpecError(f"{path}: experts_per_token = {model['experts_per_token']} must be "
+                            f"between 1 and num_experts = {model['num_experts']}")
+        if model["dense_layers"] >= model["num_layers"]:
+            raise SpecError(f"{path}: dense_layers = {model['dense_layers']} leaves no MoE layer "
+                            f"of num_layers = {model['num_layers']}")
+    kind = model.get("attention", "gqa")
+    if kind not in ATTENTION_KINDS:
+        raise SpecError(f"{path}: attention = {kind!r} is not one of {', '.join(ATTENTION_KINDS)}"
+                        f"{closest(str(kind), list(ATTENTION_KINDS))}")
+    if kind == "mla" and (missing := [f for f in MLA_FIELDS if f not in model]):
+        raise SpecError(f"{path}: an MLA model needs {', '.join(missing)}")
+
+
+def is_moe(model: dict) -> bool:
+    return "num_experts" in model
+
+
+def attention_kind(model: dict) -> str:
+    return model.get("attention", "gqa")
+
+
+def moe_shapes(model: dict, tp: int) -> dict[str, int]:
+    """Per GPU, one MoE layer under vLLM's default tensor parallelism of the experts (each
+    expert's intermediate split over the TP group, every GPU holding every expert): the
+    experts, the top-k, the shared experts, the per-GPU expert width, the hidden size, and the
+    counts of MoE and dense layers."""
+    return {"experts": model["num_experts"], "topk": model["experts_per_token"],
+            "shared": model["shared_experts"], "inter": model["moe_intermediate_size"] // tp,
+            "hidden": model["hidden_size"], "moe_layers": model["num_layers"] - model["dense_layers"],
+            "dense_layers": model["dense_layers"]}
 
 
 def model_by_alias(models: dict[str, dict[str, Any]]) -> dict[str, str]:

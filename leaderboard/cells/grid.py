@@ -3,7 +3,9 @@
 Ground truth reads these lookups and nothing else: a shape that is not a key was not measured,
 and the cell that needs it is not built. Only GEMMs of one precision (bf16, or fp8 per-tensor for the
 ``_vidur_fp8`` family), bf16 attention with a bf16 KV cache, head_dim 128, no sliding window, and
-vLLM's graph-mode custom all-reduce of bf16 activations are loaded.
+vLLM's graph-mode custom all-reduce of bf16 activations are loaded; for the MoE family, the bf16
+fused-MoE layers under tensor parallelism of the experts (no expert parallelism) at one token
+distribution.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Grid:
     prefill: dict[tuple[int, int, int, int], Point] = field(default_factory=dict)
     decode: dict[tuple[int, int, int, int], Point] = field(default_factory=dict)
     allreduce: dict[tuple[int, int], Point] = field(default_factory=dict)
+    # (tokens, hidden, per-expert intermediate before TP, top-k, experts, TP) -> one MoE layer
+    moe: dict[tuple[int, int, int, int, int, int], Point] = field(default_factory=dict)
     files: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -60,8 +64,9 @@ def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
 
 
 def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str,
-              gemm_dtype: str = "bf16") -> Grid:
-    """The GPU's points at ``version``, its GEMMs at ``gemm_dtype`` (a key of ``GEMM_DTYPES``)."""
+              gemm_dtype: str = "bf16", moe_distribution: str | None = None) -> Grid:
+    """The GPU's points at ``version``, its GEMMs at ``gemm_dtype`` (a key of ``GEMM_DTYPES``);
+    with ``moe_distribution``, its bf16 MoE layers with tokens spread over the experts so."""
     grid = Grid(sku, version)
     where = "source = 'aiconfigurator' AND sku = ? AND backend_version = ?"
 
@@ -85,6 +90,16 @@ def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str,
     for r in rows("collective", "backend = 'vllm_graph' AND collective = 'all_reduce' "
                                 "AND dtype = 'bfloat16'"):
         grid.allreduce[(r["num_gpus"], r["message_bytes"])] = point("collective", r)
+    if moe_distribution is not None:
+        for r in rows("moe", f"dtype = 'bfloat16' AND moe_ep = 1 AND distribution = "
+                             f"'{moe_distribution}'"):
+            key = (r["num_tokens"], r["hidden_size"], r["inter_size"], r["topk"],
+                   r["num_experts"], r["moe_tp"])
+            if key in grid.moe:
+                raise ValueError(f"{sku} vLLM {version}: two bf16 MoE kernels measured at {key} "
+                                 f"({grid.moe[key].key} and {r['lineage_key']}); name the one "
+                                 "the engine runs")
+            grid.moe[key] = point("moe", r)
     return grid
 
 
@@ -101,4 +116,5 @@ def common_axes(grids: list[Grid]) -> dict[str, list[int]]:
         "kv": shared(lambda g: {kv for _, kv, _, _ in g.decode}),
         "decode_batch": shared(lambda g: {b for b, _, _, _ in g.decode}),
         "allreduce_bytes": shared(lambda g: {s for _, s in g.allreduce}),
+        "moe_tokens": shared(lambda g: {t for t, *_ in g.moe}),
     }

@@ -9,7 +9,7 @@ Memory sizes in the specs are binary gigabytes (an "80 GB" HBM3 stack holds 80 G
 
 from __future__ import annotations
 
-from leaderboard_core.specs import tp_shapes
+from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
 
 UTILIZATION = 0.9
 BF16_BYTES = 2
@@ -17,9 +17,16 @@ GEMM_BYTES = {"bf16": 2, "fp8": 1}  # linear-layer weight bytes per element
 
 
 def layer_weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
-    """One layer's linear weights on one GPU."""
+    """One layer's linear weights on one GPU; of an MoE model, the mean over its layers, every
+    expert (routed and shared) and the router counted: all of them sit in memory."""
     s = tp_shapes(model, tp)
-    return sum(n * k for n, k in (s["qkv"], s["o"], s["gate_up"], s["down"])) * GEMM_BYTES[gemm_dtype]
+    attention = sum(n * k for n, k in (s["qkv"], s["o"]))
+    ffn = sum(n * k for n, k in (s["gate_up"], s["down"]))
+    if is_moe(model):
+        e = moe_shapes(model, tp)
+        moe = (e["experts"] + e["shared"]) * 3 * e["hidden"] * e["inter"] + e["hidden"] * e["experts"]
+        ffn = (e["dense_layers"] * ffn + e["moe_layers"] * moe) / model["num_layers"]
+    return (attention + ffn) * GEMM_BYTES[gemm_dtype]
 
 
 def lm_head_bytes(model: dict, tp: int) -> float:

@@ -28,7 +28,8 @@ from leaderboard.cells.schema import CellSet, is_decode, workload_id
 from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, uniform_steps
 from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard_core import paths
-from leaderboard_core.specs import GpuSpec, load_models, tp_shapes
+from leaderboard_core.specs import (GpuSpec, attention_kind, is_moe, load_models, moe_shapes,
+                                    tp_shapes)
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2
@@ -56,26 +57,36 @@ def uniform(q_lens: list[int], ctx_lens: list[int]) -> Snapped | None:
 def compose_snapped(grid: Grid, model: dict, tp: int, step: Snapped):
     s = tp_shapes(model, tp)
     tokens, layers = step.tokens, model["num_layers"]
-    points = [(f"gemm_{op}", grid.gemm.get((tokens, *s[op])), 1)
-              for op in ("qkv", "o", "gate_up", "down")]
+    ffn_layers, points = layers, [(f"gemm_{op}", grid.gemm.get((tokens, *s[op])), layers)
+                                  for op in ("qkv", "o")]
+    if is_moe(model):  # the routed experts of a layer: one fused-MoE kernel
+        e = moe_shapes(model, tp)
+        points.append(("moe", grid.moe.get((tokens, e["hidden"], model["moe_intermediate_size"],
+                                            e["topk"], e["experts"], tp)), e["moe_layers"]))
+        ffn_layers = e["dense_layers"]
+    if ffn_layers:
+        points += [(f"gemm_{op}", grid.gemm.get((tokens, *s[op])), ffn_layers)
+                   for op in ("gate_up", "down")]
     if step.n_decode:
         points.append(("attn_decode", grid.decode.get((step.n_decode, step.ctx, s["heads"],
-                                                       s["kv_heads"])), 1))
+                                                       s["kv_heads"])), layers))
     if step.n_prefill:
         points.append(("attn_prefill", grid.prefill.get((step.n_prefill, step.length, s["heads"],
-                                                         s["kv_heads"])), 1))
+                                                         s["kv_heads"])), layers))
     if tp > 1:
-        points.append(("allreduce", grid.allreduce.get((tp, tokens * s["hidden"] * BF16)), 2))
+        points.append(("allreduce", grid.allreduce.get((tp, tokens * s["hidden"] * BF16)),
+                       2 * layers))
     if any(p is None for _, p, _ in points):
         return None
-    total = sum(p.latency_ms * n * layers for _, p, n in points)
-    warm = sum(p.latency_ms * n * layers for _, p, n in points if p.warm)
-    return total, warm / total, [(op, p, n * layers) for op, p, n in points]
+    total = sum(p.latency_ms * n for _, p, n in points)
+    warm = sum(p.latency_ms * n for _, p, n in points if p.warm)
+    return total, warm / total, points
 
 
 def _tokens_ok(axes: dict, model: dict, tp: int):
-    m_grid, ar = set(axes["m"]), set(axes["allreduce_bytes"])
-    return lambda t: t in m_grid and (tp == 1 or t * model["hidden_size"] * BF16 in ar)
+    m_grid, ar, moe = set(axes["m"]), set(axes["allreduce_bytes"]), set(axes["moe_tokens"])
+    return lambda t: (t in m_grid and (tp == 1 or t * model["hidden_size"] * BF16 in ar)
+                      and (not is_moe(model) or t in moe))
 
 
 def _versions(con, sku: str, wanted: str | None) -> list[str]:
@@ -92,9 +103,12 @@ def _versions(con, sku: str, wanted: str | None) -> list[str]:
 
 def _grid(con, sku: str, fam: dict, dtype: str) -> Grid | None:
     """The first grid of ``_versions`` holding GEMMs of ``dtype`` (after the build's FP8 check
-    has quarantined the tables that fail it); None if the GPU has none."""
+    has quarantined the tables that fail it) and, for an MoE family, MoE layers at its token
+    distribution; None if the GPU has none."""
+    distribution = fam.get("moe_distribution")
     for version in _versions(con, sku, fam["version"]):
-        if (grid := load_grid(con, sku, version, dtype)).gemm:
+        grid = load_grid(con, sku, version, dtype, distribution)
+        if grid.gemm and (distribution is None or grid.moe):
             return grid
     return None
 
@@ -118,8 +132,9 @@ def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
     if not members:
         return []
     axes, models, tally = common_axes(members), load_models(), Tally()
-    workloads = []
-    for entry in cfg["configs"]:
+    workloads, configs = [], _configs(cfg, fam)
+    for entry in configs:
+        _require_composable(suffix, models[entry["model"]])
         model, tp = models[entry["model"]], entry["tp"]
         ok, snapped_of, found = _tokens_ok(axes, model, tp), {}, {}
         for (trace, sched, shape), count in sorted(shapes.items(), key=str):
@@ -133,6 +148,21 @@ def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
         workloads += _sample(entry, found, cfg["cells_per_phase"], members, model)
     return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally, gpus[sku])
             for sku, grid in sorted(grids.items())]
+
+
+def _configs(cfg: dict, fam: dict) -> list[dict]:
+    """The family's own model x TP configurations, else the file's shared ones."""
+    return fam.get("configs", cfg["configs"])
+
+
+def _require_composable(suffix: str, model: dict) -> None:
+    """Only GQA attention and MoE layers without shared experts are composed: an MLA model's
+    projections and a shared expert's GEMMs are not in this composition yet."""
+    if attention_kind(model) != "gqa" or model.get("shared_experts"):
+        raise ValueError(f"conf/cells/vidur.yaml family {suffix}: {model['name']} has "
+                         f"{attention_kind(model).upper()} attention and "
+                         f"{model.get('shared_experts', 0)} shared experts; the cells compose GQA "
+                         "models without shared experts only. Remove it from the family's configs.")
 
 
 def _sample(entry: dict, found: dict, per_phase: int, members: list[Grid], model: dict) -> list:
@@ -193,7 +223,7 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         fam.get("card", "vidur"), name=name, gemm_dtype=fam.get("gemm_dtype", "bf16"),
         by_config=_by_config(cells), sku=grid.sku, version=grid.version, cells=len(cells),
         **counts,
-        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in cfg["configs"]),
+        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in _configs(cfg, fam)),
         family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
         missing=missing, composed=sum(c["composed"] for c in cells), distortion=tally.table(),
         per_phase=cfg["cells_per_phase"],
@@ -203,15 +233,16 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
         files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con),
         too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
-        lm_head=_lm_head(cfg, models, fam.get("gemm_dtype", "bf16")),
+        lm_head=_lm_head(_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
+        distribution=fam.get("moe_distribution"),
     )
 
 
-def _lm_head(cfg, models: dict, dtype: str) -> str:
+def _lm_head(configs: list[dict], models: dict, dtype: str) -> str:
     """Markdown: per configuration, the LM head's weight bytes against all its layers' linear
     weights (what a memory-bound decode step streams), from the model shapes."""
     rows = ["| model | TP | LM head / layers' linear weights |", "|---|---|---|"]
-    for entry in cfg["configs"]:
+    for entry in configs:
         model, tp = models[entry["model"]], entry["tp"]
         share = memory.lm_head_bytes(model, tp) / (
             model["num_layers"] * memory.layer_weight_bytes(model, tp, dtype))

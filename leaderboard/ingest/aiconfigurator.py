@@ -1,6 +1,6 @@
 """aiconfigurator (ai-dynamo): per-kernel GPU time on every SKU folder found.
 
-Layout: ``systems/data/<sku>/{gemm,attention,comm}/<backend>/<version>/<table>.parquet``. The sku
+Layout: ``systems/data/<sku>/{gemm,attention,comm,moe}/<backend>/<version>/<table>.parquet``. The sku
 folder name is the spec id, so a new folder is ingested with no code change once
 ``conf/gpu/<sku>.yaml`` (or a file under ``$LEADERBOARD_GPU_SPECS``) describes it.
 """
@@ -25,7 +25,8 @@ KV_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0}
 WARM_FLAG = "faster_than_dram"
 # The frameworks whose files this adapter reads, per op family folder; any other framework's
 # folder (trtllm, sglang...) has other columns and is skipped and listed, never half-read.
-READ_BACKENDS = {"gemm": {"vllm"}, "attention": {"vllm"}, "comm": {"vllm", "nccl"}}
+READ_BACKENDS = {"gemm": {"vllm"}, "attention": {"vllm"}, "comm": {"vllm", "nccl"},
+                 "moe": {"vllm"}}
 
 
 def _place(file: SourceFile) -> tuple[str, str, str]:
@@ -110,12 +111,40 @@ def _collective(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame
     return "collective", df
 
 
+def _moe(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
+    """One fused-MoE layer per row. Its cold working set is the weights of the experts the
+    tokens touch (all of them once tokens x topk reaches the expert count) plus the tokens'
+    activations in and out; a point faster than DRAM streams that is flagged warm."""
+    sku, backend, version = _place(file)
+    gpu = ctx.gpu(sku, file)
+    df = read_table(file, ["moe_dtype", "kernel_source", "num_tokens", "hidden_size", "inter_size",
+                           "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
+                           "latency"])
+    w_bytes = pl.col("moe_dtype").replace_strict(GEMM_INPUT_BYTES, default=2.0)
+    local = pl.col("num_experts") / pl.col("moe_ep_size")
+    touched = pl.min_horizontal(local, pl.col("num_tokens") * pl.col("topk"))
+    # 3: the gate, up and down projections (every model these tables cover gates its experts)
+    weights = touched * 3 * pl.col("hidden_size") * pl.col("inter_size") / pl.col("moe_tp_size")
+    moved = w_bytes * weights + 2.0 * 2 * pl.col("num_tokens") * pl.col("hidden_size")
+    optional = {c: pl.col(c) for c in ("power", "power_limit") if c in df.columns}
+    df = df.select(
+        dtype="moe_dtype", kernel="kernel_source", num_tokens="num_tokens",
+        hidden_size="hidden_size", inter_size="inter_size", topk="topk",
+        num_experts="num_experts", moe_tp="moe_tp_size", moe_ep="moe_ep_size",
+        distribution="distribution", latency_ms="latency", flags=_warm(moved, gpu),
+        power_w=optional.get("power", pl.lit(None)),
+        power_limit_w=optional.get("power_limit", pl.lit(None)),
+    )
+    return "moe", provenance(df, file, SOURCE, sku, backend, version, "median")
+
+
 READERS = {
     "gemm_perf.parquet": _gemm,
     "context_attention_perf.parquet": _attention,
     "generation_attention_perf.parquet": _attention,
     "custom_allreduce_perf.parquet": _collective,
     "nccl_perf.parquet": _collective,
+    "moe_perf.parquet": _moe,
 }
 
 
