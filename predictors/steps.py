@@ -28,11 +28,23 @@ MODEL_FIELDS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_h
                 "gated": "gated_mlp", "vocab": "vocab_size"}
 
 
+# A mixture-of-experts model's routed layers (conf/model's MoE fields); a dense model has
+# none: no experts, and every layer is a dense-FFN layer.
+MOE_FIELDS = {"experts": "num_experts", "topk": "experts_per_token",
+              "moe_ffn": "moe_intermediate_size"}
+
+
+def _layer_counts(m: dict) -> dict[str, float]:
+    dense = m.get("dense_layers", m["num_layers"])
+    return {"dense_layers": float(dense), "moe_layers": float(m["num_layers"] - dense),
+            **{k: float(m.get(v, 0)) for k, v in MOE_FIELDS.items()}}
+
+
 @lru_cache(maxsize=1)
 def _model_table() -> pl.DataFrame:
     models = load_models()
-    return pl.DataFrame([{"model": name, **{k: float(m[v]) for k, v in MODEL_FIELDS.items()}}
-                         for name, m in models.items()])
+    return pl.DataFrame([{"model": name, **{k: float(m[v]) for k, v in MODEL_FIELDS.items()},
+                          **_layer_counts(m)} for name, m in models.items()])
 
 
 @dataclass
@@ -47,6 +59,11 @@ class Steps:
     ffn: np.ndarray
     gated: np.ndarray  # 1.0 for a gated (SwiGLU) MLP
     vocab: np.ndarray
+    dense_layers: np.ndarray  # layers with a dense FFN (all of a dense model's)
+    moe_layers: np.ndarray  # layers whose FFN is routed experts (none of a dense model's)
+    experts: np.ndarray  # routed experts per MoE layer (0 for a dense model)
+    topk: np.ndarray  # experts each token is routed to
+    moe_ffn: np.ndarray  # one expert's intermediate width, before TP
     tokens: np.ndarray  # T: new tokens this step
     num_requests: np.ndarray
     num_decode: np.ndarray
@@ -76,7 +93,8 @@ class Steps:
         col = lambda frame, c: frame[c].to_numpy().astype(np.float64)  # noqa: E731
         return cls(
             n=len(cells), tp=col(shaped, "tp"),
-            **{k: col(shaped, k) for k in MODEL_FIELDS},
+            **{k: col(shaped, k) for k in (*MODEL_FIELDS, "dense_layers", "moe_layers",
+                                           *MOE_FIELDS)},
             tokens=col(shaped, "total_tokens"), num_requests=col(shaped, "num_requests"),
             num_decode=col(shaped, "num_decode"), decode_ctx=col(shaped, "decode_ctx_sum"),
             pf_cell=np.searchsorted(ends, prefill, side="right"),

@@ -1,7 +1,8 @@
 """A step's GPU time T_blocks, per op family, for many cells at once.
 
 Per layer (the ``_vidur`` ground truth's composition, leaderboard/cells/vidur_method.py): the
-QKV, O, gate/up and down GEMMs at m = the step's tokens with Megatron-sharded n and k; one
+QKV, O, gate/up and down GEMMs at m = the step's tokens with Megatron-sharded n and k (of an
+MoE layer, one fused-MoE kernel over the routed experts in place of gate/up and down); one
 prefill-attention kernel over the step's prefills and one decode-attention kernel over its
 decode requests, as the engine runs them; two TP all-reduces of the activations; all times
 the layer count. The light kernels and the LM head are computed separately
@@ -24,6 +25,9 @@ from predictors.steps import Steps
 # 5,000 cells of h200_vidur; Steps' fallback scan of every request takes 16 MB arrays.
 # Measured on h200_vidur x 315, one core: 2^19 0.90M, 2^21 1.03-1.07M, 2^23 0.98-1.01M cells/s.
 BLOCK_REQUESTS = 2**21
+
+
+FFN_GEMMS = ("gemm_gate_up", "gemm_down")
 
 
 def gemm_shapes(s: Steps) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -69,7 +73,14 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
     """Seconds per cell of each op family, summed over the layers."""
     out = {}
     for name, (n, k) in gemm_shapes(s).items():
-        out[name] = ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)["seconds"] * s.layers
+        ffn = name in FFN_GEMMS  # a dense-FFN GEMM runs in the dense layers only
+        out[name] = ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)["seconds"] * (
+            s.dense_layers if ffn else s.layers)
+    out["moe"] = np.zeros(s.n)  # every block has the same terms, zero for a dense model
+    if (routed := s.moe_layers > 0).any():
+        out["moe"][routed] = ops.fused_moe(
+            s.tokens[routed], s.topk[routed], s.experts[routed], s.hidden[routed],
+            s.moe_ffn[routed] / s.tp[routed], dev, c, sw)["seconds"] * s.moe_layers[routed]
     out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(allreduce_bytes(s), s.tp, dev, c, sw)["seconds"]
