@@ -35,7 +35,7 @@ from leaderboard.serving import scoring as serving_api
 from leaderboard.split import default_split, split
 from leaderboard_core import paths
 from leaderboard_core.contract import BY_OP_PREFIX, GROUND_TRUTH_COLUMNS, Home, NotSupported
-from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models, require_gpu, spec_hash
+from leaderboard_core.specs import GpuSpec, is_moe, load_gpu_specs, load_models, require_gpu, spec_hash
 from leaderboard_core.versioning import code_hash, code_version
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
@@ -217,16 +217,23 @@ def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gp
     return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)
 
 
-def require_precisions(name: str, precisions: list[str], inputs: RunInputs) -> None:
+def require_card_scope(name: str, card: dict, inputs: RunInputs) -> None:
     """NotSupported, before any predictor code runs, when the target's or a home's cells hold a
-    GEMM precision the predictor's card does not list."""
+    GEMM precision or a layer kind (an MoE model) the predictor's card does not list."""
     frames = {inputs.target_row["name"]: inputs.target,
               "+".join(r["name"] for r in inputs.home_rows): inputs.home.cells}
+    precisions, layers = card["precisions"], card["layers"]
     for dataset, cells in frames.items():
         found = set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else set()
         if found - set(precisions):
             raise NotSupported(f"predictor '{name}' prices {'/'.join(precisions)} GEMMs only; "
                                f"dataset {dataset} holds {'/'.join(sorted(found))} GEMM steps")
+        models = set(cells["model"].drop_nulls()) if "model" in cells.columns else set()
+        routed = sorted(m for m in models if is_moe(inputs.home.models.get(m, {})))
+        if routed and "moe" not in layers:
+            raise NotSupported(f"predictor '{name}' prices {'/'.join(layers)} layers only; "
+                               f"dataset {dataset} holds mixture-of-experts models "
+                               f"({', '.join(routed)}): its card does not list 'moe'")
 
 
 def split_of(dataset: str, sku: str, home_rows: list[dict]) -> str:
@@ -248,7 +255,7 @@ def run(spec: RunSpec) -> RunResult:
     if inputs.op_level:
         op_level_api.require_op_predictor(described)
     card = described["card"]
-    require_precisions(spec.predictor, card["precisions"], inputs)
+    require_card_scope(spec.predictor, card, inputs)
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
@@ -271,7 +278,7 @@ def run(spec: RunSpec) -> RunResult:
         "predictor": spec.predictor, "params": params,
         "card": {"kind": card["kind"], "reference": card["reference"],
                  "trained_on": home_row["sku"], "needs_profiled_rows": card["needs_profiled_rows"],
-                 "precisions": card["precisions"]},
+                 "precisions": card["precisions"], "layers": card["layers"]},
         "dataset": spec.dataset, "dataset_repo": spec.hub_repo,
         "dataset_revision": spec.hub_revision, "sku": target_row["sku"], "home_dataset": home_name,
         "home_sku": home_row["sku"],

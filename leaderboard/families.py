@@ -34,7 +34,9 @@ class DatasetFamily:
     its conf file names none; None means the A100 dataset of the family. ``two_homes``: the
     homes of the two-home protocol, run beside the one-home one (empty: not run).
     ``leave_one_out``: whether the leave-one-GPU-out protocol runs too. ``ranking``:
-    whether its GPUs are ranked against each other per workload. ``card_template``: the card of
+    whether its GPUs are ranked against each other per workload. ``op_grid``: whether the
+    ``<sku>_ops`` grid holds every op family its cells read, so a home of it can give its whole
+    grid (``full_grid``); an MoE family's experts are not in it. ``card_template``: the card of
     a dataset whose builder wrote none.
     """
 
@@ -50,6 +52,7 @@ class DatasetFamily:
     two_homes: tuple[str, ...] = ()
     leave_one_out: bool = False
     ranking: bool = False
+    op_grid: bool = True  # the ``<sku>_ops`` grid holds every op its cells read (full_grid)
     card_template: str = "{name}: {title} dataset on the {sku}."
 
     def __post_init__(self):
@@ -130,7 +133,8 @@ for _fam in (
     DatasetFamily("vidur_fp8", "step", "cells", "Vidur-composed steps with FP8 GEMMs",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_fp8"),
     DatasetFamily("vidur_moe", "step", "cells", "Vidur-composed steps of mixture-of-experts models",
-                  builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe"),
+                  builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe",
+                  op_grid=False),
     DatasetFamily("vidurprof", "step", "cells", "steps over Vidur's own profiles",
                   builder=f"{_PROFILES}:build_vidurprof"),
     DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",

@@ -103,13 +103,16 @@ def op_points(lineage: pl.DataFrame, cell_ids: list[str]) -> dict[str, pl.DataFr
 def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) -> str:
     """The op points the homes give: ``full_grid`` only where every home GPU has a measured op
     grid in the store (``<sku>_ops``) from the backend version its cells were built from; a
-    family without one (vidurprof, splitwise, llmservingsim) has only the points behind its
-    cells, and the run records ``behind_cells``."""
+    family without one (vidurprof, splitwise, llmservingsim), or whose cells read ops the grid
+    lacks (the MoE family's experts), has only the points behind its cells, and the run records
+    ``behind_cells``."""
     home_grid.require_choice(home_points)
 
     def has_grid(row: dict) -> bool:
         grid = rows.get(f"{row['sku']}{home_grid.OPS_SUFFIX}")
-        return grid is not None and grid["backend_versions"] == row["backend_versions"]
+        fam = families.of(row["name"])
+        return (grid is not None and grid["backend_versions"] == row["backend_versions"]
+                and (fam is None or fam.op_grid))
 
     return home_points if all(has_grid(r) for r in home_rows) else "behind_cells"
 

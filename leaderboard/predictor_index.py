@@ -112,7 +112,8 @@ def _described(folders: tuple[str, ...]) -> dict[str, dict[str, Any]]:
 # predictor modules, so its answer is checked before the harness reads any of it
 DESCRIPTION = {"name": str, "module": str, "qualname": str, "defaults": dict, "annotations": dict,
                "choices": dict, "bounds": dict, "card": dict, "predicts_ops": bool}
-CARD = {"kind": str, "reference": str, "needs_profiled_rows": bool, "precisions": list}
+CARD = {"kind": str, "reference": str, "needs_profiled_rows": bool, "precisions": list,
+        "layers": list}
 
 
 def _checked(described) -> dict[str, dict[str, Any]]:

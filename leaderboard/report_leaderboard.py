@@ -14,7 +14,7 @@ import polars as pl
 
 from leaderboard import families, metrics, predictor_index
 from leaderboard.homes import with_family
-from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, is_oracle
+from leaderboard.serving.oracle import is_oracle
 from leaderboard.split import default_split
 from leaderboard_core.report_tables import (
     GPU_MEAN,
@@ -41,13 +41,9 @@ def _default_runs(current: pl.DataFrame, datasets: list[str], any_points: bool =
 
 
 def oracle_flags(current: pl.DataFrame) -> list[bool]:
-    """Per run: is it the serving oracle: the oracle predictor on every measured shape of the
-    target's own GPU (``is_oracle`` alone also matches an H100 FP8 serving run, whose family
-    home is the H100)."""
-    return [predictor == ORACLE and points == ORACLE_POINTS
-            and is_oracle(fam.level if (fam := families.of(d)) else "", sku, home_sku)
-            for predictor, points, d, sku, home_sku in current.select(
-                "predictor", "home_points", "dataset", "sku", "home_sku").iter_rows()]
+    """Per run: is it the serving oracle (``leaderboard.serving.oracle.is_oracle``)."""
+    return [is_oracle(*row) for row in current.select(
+        "predictor", "home_points", "dataset", "sku", "home_sku").iter_rows()]
 
 
 def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:

@@ -17,6 +17,9 @@ from leaderboard_core.specs import GpuSpec
 GROUND_TRUTH_COLUMNS = ("gt_ms", "gt_spread_ms", "composed", "warm_share")
 KINDS = ("analytical", "learned", "profiled")
 PRECISIONS = ("bf16", "fp8")  # GEMM precisions a cell can have (its ``gemm_dtype``)
+# Layer kinds a cell's model can have: every FFN dense, or mixture-of-experts layers
+# (conf/model's MoE fields; ``leaderboard_core.specs.is_moe``).
+LAYER_KINDS = ("dense", "moe")
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,15 @@ class PredictorCard:
     # The GEMM precisions (a cell's ``gemm_dtype``) it prices; the harness answers NotSupported
     # for a home or target holding any other, so no step is silently scored as bf16.
     precisions: tuple[str, ...] = ("bf16",)
+    # The layer kinds it prices; the harness answers NotSupported for a home or target holding
+    # a model of any other (an MoE model is never priced as a dense one by default).
+    layers: tuple[str, ...] = ("dense",)
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"card kind '{self.kind}' is not one of {KINDS}")
+        if unknown_layers := set(self.layers) - set(LAYER_KINDS):
+            raise ValueError(f"card layers {sorted(unknown_layers)} are not among {LAYER_KINDS}")
         unknown = set(self.precisions) - set(PRECISIONS)
         if unknown:
             raise ValueError(f"card precisions {sorted(unknown)} are not among {PRECISIONS}")

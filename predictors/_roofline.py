@@ -67,6 +67,12 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
     if op.startswith("gemm"):  # a step's gemm_qkv ... or an op-level point's gemm
         m, n, k = col("m"), col("n"), col("k")
         flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
+    elif op == "moe":  # the routed experts: 3 projections per routed row, touched experts' weights
+        t, h, topk = col("num_tokens"), col("hidden_size"), col("topk")
+        inter = col("inter_size") / col("moe_tp")
+        touched = np.minimum(col("num_experts"), t * topk)
+        flop = 2 * t * topk * h * 3 * inter
+        byte = e * (touched * 3 * h * inter + 2 * t * h)
     else:
         b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
         kv = col("kv_len")  # cached context, as in the cells' lookups

@@ -1,7 +1,8 @@
 """The op points of a step, composed as the ``_vidur`` cells compose them, for the predictors
 that price each op from measured points (``table_scaled``, ``neusight_tiles``).
 
-Per layer: the four GEMMs at m = the step's tokens, one prefill-attention kernel over its
+Per layer: the four GEMMs at m = the step's tokens (an MoE layer: QKV and O, and one fused-MoE
+kernel over the routed experts in place of gate/up and down), one prefill-attention kernel over its
 prefills (a uniform batch at their mean length) and one decode-attention kernel over its decodes
 (at their mean context), two all-reduces of the activations at TP > 1; times the layers. A step
 whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than ``gpu_block``)
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from leaderboard_core.specs import tp_shapes
+from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
 
 TABLE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # a cell's gemm_dtype -> the tables' dtype
@@ -36,9 +37,21 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
                  "head_dim": model["head_dim"]}
         dtypes = [TABLE_DTYPES[d] for d in (group["gemm_dtype"].fill_null("bf16")
                                             if "gemm_dtype" in group.columns else ["bf16"] * len(i))]
+        ffn_layers = layers
+        if is_moe(model):  # one fused-MoE kernel per MoE layer, dense FFN GEMMs in the others
+            e = moe_shapes(model, tp)
+            ffn_layers = float(e["dense_layers"])
+            out.append(("moe", i, np.full(len(i), float(e["moe_layers"])), pl.DataFrame({
+                "num_tokens": tokens, "hidden_size": np.full(len(i), e["hidden"]),
+                "inter_size": np.full(len(i), model["moe_intermediate_size"]),
+                "topk": np.full(len(i), e["topk"]), "num_experts": np.full(len(i), e["experts"]),
+                "moe_tp": np.full(len(i), tp)})))
         for op in ("qkv", "o", "gate_up", "down"):
             n, k = s[op]
-            out.append(("gemm", i, np.full(len(i), layers),
+            count = layers if op in ("qkv", "o") else ffn_layers
+            if not count:
+                continue
+            out.append(("gemm", i, np.full(len(i), count),
                         pl.DataFrame({"m": tokens, "n": np.full(len(i), n), "k": np.full(len(i), k),
                                       "dtype": dtypes})))
         n_dec, n_pf = group["num_decode"].to_numpy(), group["num_prefill"].to_numpy()

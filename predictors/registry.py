@@ -112,7 +112,8 @@ def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
             "bounds": {k: list(v) for k, v in cls.param_bounds.items()},
             "card": {"kind": cls.card.kind, "reference": cls.card.reference,
                      "needs_profiled_rows": cls.card.needs_profiled_rows,
-                     "precisions": list(cls.card.precisions)},
+                     "precisions": list(cls.card.precisions),
+                     "layers": list(cls.card.layers)},
             "predicts_ops": callable(getattr(cls, "predict_ops", None))}
 
 

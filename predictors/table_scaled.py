@@ -18,7 +18,9 @@ A step is composed as the ``_vidur`` cells are: per layer the four GEMMs at m = 
 tokens, one prefill-attention kernel over its prefills (a uniform batch at their mean length)
 and one decode-attention kernel over its decodes (at their mean context), two all-reduces of
 the activations at TP > 1; times the layers. On the home every ``_vidur`` cell is a measured
-grid point, so the home column is in-sample for this predictor.
+grid point, so the home column is in-sample for this predictor. An MoE layer's routed experts
+are one fused-MoE kernel, read from the home's MoE points of the same expert shape and TP,
+interpolated in the token count.
 
 A step whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than
 ``gpu_block``: measured serving, wall-clock steps) also runs the LM head, as aiconfigurator's own
@@ -43,10 +45,12 @@ from predictors.registry import register
 
 # Per op family: the columns that vary within a table, and those that pick the table.
 AXES = {"gemm": ("m", "n", "k"), "attn_prefill": ("batch", "q_len", "kv_len"),
-        "attn_decode": ("batch", "kv_len"), "allreduce": ("message_bytes",)}
+        "attn_decode": ("batch", "kv_len"), "allreduce": ("message_bytes",),
+        "moe": ("num_tokens",)}
 KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_dim", "dtype",
                                             "kv_dtype", "window_size"),
-        "allreduce": ("num_gpus",)}
+        "allreduce": ("num_gpus",),
+        "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp")}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
 
 
@@ -140,7 +144,7 @@ class TableScaled(Predictor):
         description="each op read from the home GPU's measured table (log-log interpolation off "
                     "the grid, nearest point outside it), scaled by the roofline-time ratio, "
                     "target over home; the LM head on steps that are not GPU-block ground truth",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
 
     def __init__(self, lm_head: bool = True):
         self.lm_head = lm_head

@@ -28,8 +28,7 @@ from leaderboard.cells.schema import CellSet, is_decode, workload_id
 from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, uniform_steps
 from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard_core import paths
-from leaderboard_core.specs import (GpuSpec, attention_kind, is_moe, load_models, moe_shapes,
-                                    tp_shapes)
+from leaderboard_core.specs import GpuSpec, attention_kind, is_moe, load_models, moe_shapes, tp_shapes
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2

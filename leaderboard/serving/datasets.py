@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 
 from leaderboard.cells.common import render_card, source_lines
-from leaderboard_core.specs import GpuSpec
+from leaderboard_core.specs import GpuSpec, is_moe, load_models
 from leaderboard_core.versioning import content_hash
 
 SUPPORTED_PRECISIONS = ("bf16", "fp8")
@@ -36,12 +36,15 @@ TARGET_SCHEMA = {
 }
 
 
-def exclusion(row: dict, gpus: dict[str, GpuSpec]) -> str | None:
+def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict]) -> str | None:
     """Why a silicon row cannot be a serving target here, or None when it can."""
     if row["mode"] != "agg":
         return "disaggregated (separate prefill and decode workers)"
     if row["model"] is None:
-        return "no dense shape in conf/model (MoE model or pre-quantized checkpoint)"
+        return "no shape in conf/model (a model or pre-quantized checkpoint not described there)"
+    if is_moe(models[row["model"]]):
+        return ("mixture-of-experts model: the replay composes dense layers only (the MoE step "
+                "cells are `<sku>_vidur_moe`)")
     if row["precision"] not in SUPPORTED_PRECISIONS:
         return (f"{row['precision'].upper() or 'unstated'} precision: the step predictors score "
                 "BF16 and FP8 only")
@@ -71,8 +74,9 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     runs = con.sql("SELECT * FROM serving_runs ORDER BY row").pl()
     if not len(runs):
         return []
-    runs = runs.with_columns(why=pl.Series([exclusion(r, gpus) for r in runs.iter_rows(named=True)],
-                                           dtype=pl.String))
+    models = load_models()
+    runs = runs.with_columns(why=pl.Series([exclusion(r, gpus, models)
+                                            for r in runs.iter_rows(named=True)], dtype=pl.String))
     coverage = _coverage(runs)
     sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
     out = []

@@ -40,6 +40,10 @@ def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:
     return same_gpu[0] if same_gpu else None
 
 
-def is_oracle(level: str, sku: str, home_sku: str | None) -> bool:
-    """A serving run fitted on its own GPU is the oracle (predictors fit on the A100 home)."""
-    return level == "serving" and home_sku == sku
+def is_oracle(predictor: str, home_points: str, dataset: str, sku: str,
+              home_sku: str | None) -> bool:
+    """The oracle run: the oracle predictor on every measured shape of the serving target's own
+    GPU. All three matter: an H100 FP8 serving run of any predictor has its family's H100 home."""
+    fam = families.of(dataset)
+    return (predictor == ORACLE and home_points == ORACLE_POINTS and fam is not None
+            and fam.level == "serving" and home_sku == sku)

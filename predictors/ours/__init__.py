@@ -53,8 +53,8 @@ class Ours(Predictor):
                     "duty cycle, L2-reuse memory law, floors, attention, collectives); constants "
                     "physical or frozen from the home A100's op points; S(N) from one deploy "
                     "reading on wall-clock targets; FP8 GEMMs at the FP8 dense peak with 1-byte "
-                    "inputs",
-        needs_profiled_rows=False, precisions=("bf16", "fp8"))
+                    "inputs; MoE layers as one fused-MoE op over the routed rows",
+        needs_profiled_rows=False, precisions=("bf16", "fp8"), layers=("dense", "moe"))
 
     def __init__(self, clock: bool = True, waves: bool = True, delivery: bool = True,
                  l2_memory: bool = True, floors: bool = True, attention: bool = True,
