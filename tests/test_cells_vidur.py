@@ -75,7 +75,7 @@ def test_mixed_steps_are_labelled_composed_and_counted_in_the_card(real_store):
 
 @requires_shared
 def test_every_lineage_row_names_exactly_one_measured_row(real_store):
-    for table in ("gemm", "attention", "collective"):
+    for table in ("gemm", "attention", "collective", "moe"):
         cols = TABLES[table].key
         on = " AND ".join(f"(k.key->>'{c}') IS NOT DISTINCT FROM t.\"{c}\"::VARCHAR" for c in cols)
         counts = real_store.sql(

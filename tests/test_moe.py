@@ -1,0 +1,196 @@
+"""Mixture-of-experts: model shapes against the measured tables, the ``_vidur_moe`` cells
+recomputed from the raw upstream parquet rows, memory with every expert, and predictors that do
+not price MoE layers answering NotSupported before they run."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+from conftest import requires_shared
+from test_cells_vidur import AIC, _cells, _heads, _one, _raw
+
+from leaderboard.cells import memory
+from leaderboard.cells.vidur_method import CONFIG
+from leaderboard.evaluate import require_card_scope
+from leaderboard_core import specs
+from leaderboard_core.contract import NotSupported, PredictorCard
+from leaderboard_core.specs import load_models
+
+MOE_SETS = ["h100_vidur_moe", "h200_vidur_moe", "b200_vidur_moe", "gb200_vidur_moe"]
+
+
+def _moe_raw(sku: str, version: str) -> pl.DataFrame:
+    return pl.read_parquet(AIC / sku / f"moe/vllm/{version}/moe_perf.parquet").filter(
+        moe_dtype="bfloat16", moe_ep_size=1, distribution="balanced")
+
+
+def _moe_configs() -> list[dict]:
+    return yaml.safe_load(CONFIG.read_text())["families"]["vidur_moe"]["configs"]
+
+
+def _recompute(cell: dict, raw, moe: pl.DataFrame, model: dict) -> float:
+    """One MoE cell from its workload and the raw rows: QKV and O GEMMs, the attention kernels,
+    one fused-MoE row and two all-reduces per layer (every layer of these models is MoE)."""
+    gemm, attn, ar = raw
+    tp, q, c = cell["tp"], cell["q_lens"], cell["ctx_lens"]
+    h, d = model["hidden_size"], model["head_dim"]
+    heads, kvh = model["num_heads"] // tp, model["num_kv_heads"] // tp
+    t = sum(q)
+    layer = _one(gemm, m=t, n=(heads + 2 * kvh) * d, k=h) + _one(gemm, m=t, n=h, k=heads * d)
+    layer += _one(moe, num_tokens=t, hidden_size=h, inter_size=model["moe_intermediate_size"],
+                  topk=model["experts_per_token"], num_experts=model["num_experts"],
+                  moe_tp_size=tp)
+    dec = [ctx for qq, ctx in zip(q, c, strict=True) if qq == 1 and ctx > 0]
+    pre = [qq for qq, ctx in zip(q, c, strict=True) if not (qq == 1 and ctx > 0)]
+    if dec:
+        layer += _one(_heads(attn["generation"], heads, kvh), batch_size=len(dec), step=dec[0])
+    if pre:
+        layer += _one(_heads(attn["context"], heads, kvh), batch_size=len(pre), isl=pre[0], step=0)
+    if tp > 1:
+        layer += 2 * _one(ar, num_gpus=tp, message_size=t * h)
+    return model["num_layers"] * layer
+
+
+@requires_shared
+def test_hand_computed_mixtral_decode_cell(real_store):
+    """A Mixtral-8x7B TP2 decode cell on H100, every number read from the parquet files."""
+    cell = _cells(real_store, "h100_vidur_moe").filter(
+        model="mixtral-8x7b", tp=2, phase="decode").sort("cell_id").row(0, named=True)
+    gemm, attn, ar = _raw("h100_sxm", "0.14.0")
+    moe = _moe_raw("h100_sxm", "0.14.0")
+    t, ctx = cell["total_tokens"], max(cell["ctx_lens"])
+    # Mixtral-8x7B: hidden 4096, 32 q / 8 kv heads of 128, 8 experts of 14336, top-2, 32 layers.
+    per_layer = (_one(gemm, m=t, n=3072, k=4096) + _one(gemm, m=t, n=4096, k=2048)
+                 + _one(moe, num_tokens=t, hidden_size=4096, inter_size=14336, topk=2,
+                        num_experts=8, moe_tp_size=2)
+                 + _one(attn["generation"], batch_size=t, step=ctx, num_heads=16,
+                        num_key_value_heads=4)
+                 + 2 * _one(ar, num_gpus=2, message_size=t * 4096))
+    assert cell["gt_ms"] == pytest.approx(32 * per_layer, rel=1e-9)
+    ops = {op for (op,) in real_store.sql(
+        f"SELECT DISTINCT op FROM cell_lineage WHERE cell_id = '{cell['cell_id']}' "
+        "AND dataset = 'h100_vidur_moe'")}
+    assert ops == {"gemm_qkv", "gemm_o", "moe", "attn_decode", "allreduce"}
+
+
+@requires_shared
+def test_random_moe_cells_recomputed_from_raw_parquet(real_store):
+    models, rng = load_models(), random.Random(3)
+    for name in MOE_SETS:
+        cells = _cells(real_store, name)
+        sku, version = cells["sku"][0], cells["backend_version"][0]
+        raw, moe = _raw(sku, version), _moe_raw(sku, version)
+        for i in rng.sample(range(len(cells)), 4):
+            cell = cells.row(i, named=True)
+            assert cell["gt_ms"] == pytest.approx(
+                _recompute(cell, raw, moe, models[cell["model"]]), rel=1e-9), (name, cell["cell_id"])
+
+
+@requires_shared
+def test_moe_sets_meet_the_floor_and_the_a100_has_none(real_store):
+    for name in MOE_SETS:
+        cells = _cells(real_store, name)
+        assert len(cells) >= 1000 and (cells["gt_kind"] == "gpu_block").all(), name
+        assert set(cells["model"]) == {c["model"] for c in _moe_configs()}, name
+    names = {n for (n,) in real_store.sql("SELECT name FROM datasets")}
+    assert "a100_vidur_moe" not in names  # no balanced table at 0.14.0, none later
+
+
+@requires_shared
+def test_every_composed_model_shape_is_one_the_tables_time():
+    """aiconfigurator timed each MoE model's own expert shape; a wrong field in conf/model
+    (expert count, top-k, expert width) would find no table."""
+    moe = pl.read_parquet(AIC / "h100_sxm/moe/vllm/0.14.0/moe_perf.parquet")
+    measured = set(moe.select("hidden_size", "inter_size", "topk", "num_experts").unique()
+                   .iter_rows())
+    models = load_models()
+    for name in {c["model"] for c in _moe_configs()} | {"qwen3-235b-a22b", "minimax-m2.5",
+                                                         "deepseek-v3", "kimi-k2.5"}:
+        m = models[name]
+        assert (m["hidden_size"], m["moe_intermediate_size"], m["experts_per_token"],
+                m["num_experts"]) in measured, name
+
+
+def test_published_expert_counts():
+    """The experts and top-k of each model, as its published config.json states them."""
+    published = {"mixtral-8x7b": (8, 2, 0), "mixtral-8x22b": (8, 2, 0),
+                 "qwen3-30b-a3b": (128, 8, 0), "qwen3-235b-a22b": (128, 8, 0),
+                 "minimax-m2.5": (256, 8, 0), "deepseek-v3": (256, 8, 1), "kimi-k2.5": (384, 8, 1)}
+    models = load_models()
+    for name, want in published.items():
+        m = models[name]
+        assert (m["num_experts"], m["experts_per_token"], m["shared_experts"]) == want, name
+    assert {n for n, m in models.items() if specs.is_moe(m)} == set(published)
+
+
+def test_weights_count_every_expert():
+    """Total parameters as published: Mixtral-8x7B 46.7 B, Qwen3-30B-A3B 30.5 B (bf16 bytes)."""
+    models = load_models()
+    assert memory.weight_bytes(models["mixtral-8x7b"], 1) / 2 == pytest.approx(46.7e9, rel=0.01)
+    assert memory.weight_bytes(models["qwen3-30b-a3b"], 1) / 2 == pytest.approx(30.5e9, rel=0.01)
+    # TP shards every expert: two GPUs hold half of the layers' weights each.
+    m = models["mixtral-8x7b"]
+    assert memory.layer_weight_bytes(m, 2) == pytest.approx(memory.layer_weight_bytes(m, 1) / 2,
+                                                            rel=1e-3)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_experts": None}, "needs all of"),
+    ({"experts_per_token": 9}, "experts_per_token = 9"),
+    ({"dense_layers": 32}, "leaves no MoE layer"),
+    ({"attention": "sparse"}, "attention = 'sparse'"),
+    ({"attention": "mla"}, "an MLA model needs"),
+])
+def test_bad_moe_fields_name_the_field(change, message):
+    model = dict(load_models()["mixtral-8x7b"])
+    for key, value in change.items():
+        if value is None:
+            model.pop(key)
+        else:
+            model[key] = value
+    with pytest.raises(specs.SpecError, match=message):
+        specs._validate_layers(Path("conf/model/x.yaml"), model)
+
+
+def _inputs(model: str) -> SimpleNamespace:
+    cells = pl.DataFrame({"model": [model], "gemm_dtype": ["bf16"]})
+    return SimpleNamespace(target_row={"name": "t"}, target=cells, home_rows=[{"name": "h"}],
+                           home=SimpleNamespace(cells=cells, models=load_models()))
+
+
+def test_a_dense_card_is_not_supported_on_moe_models():
+    dense = PredictorCard(kind="analytical", reference="r", description="d",
+                          needs_profiled_rows=False)
+    card = {"precisions": list(dense.precisions), "layers": list(dense.layers)}
+    with pytest.raises(NotSupported, match="mixture-of-experts models \\(mixtral-8x7b\\)"):
+        require_card_scope("p", card, _inputs("mixtral-8x7b"))
+    require_card_scope("p", card, _inputs("qwen3-8b"))  # dense: fine
+    require_card_scope("p", {**card, "layers": ["dense", "moe"]}, _inputs("mixtral-8x7b"))
+    with pytest.raises(ValueError, match="not among"):
+        PredictorCard(kind="analytical", reference="r", description="d",
+                      needs_profiled_rows=False, layers=("ssm",))
+
+
+@requires_shared
+def test_ours_moe_op_within_its_band_on_the_home(real_store):
+    """ours prices the fused-MoE kernel from physics only: on the H100 cells its median
+    predicted/measured MoE time per cell lies within x0.8-x1.25 (measured: 1.04)."""
+    from leaderboard_core.specs import load_gpu_specs
+    from predictors.ours import Ours
+    from predictors.ours.config import load_constants
+
+    cells = _cells(real_store, "h100_vidur_moe")
+    lineage = pl.DataFrame(real_store.sql(
+        "SELECT cell_id, latency_ms * count FROM cell_lineage WHERE dataset = 'h100_vidur_moe' "
+        "AND op = 'moe'"), schema=["cell_id", "ms"], orient="row")
+    model = Ours()
+    model.constants_ = load_constants()
+    predicted = model.predict_by_op(cells.drop("gt_ms"), load_gpu_specs()["h100_sxm"])["moe"]
+    ratio = pl.DataFrame({"cell_id": cells["cell_id"], "p": predicted}).join(lineage, on="cell_id")
+    assert 0.8 < float(np.median(ratio["p"] / ratio["ms"])) < 1.25
