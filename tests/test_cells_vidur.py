@@ -118,21 +118,29 @@ def _heads(df, heads, kv_heads):
 def _recompute(cell: dict, raw, model: dict) -> float:
     """A cell's ground truth from its workload and the raw parquet rows alone."""
     gemm, attn, ar = raw
-    tp, q, c = cell["tp"], cell["q_lens"], cell["ctx_lens"]
+    tp, q = cell["tp"], cell["q_lens"]
     h, d, f = model["hidden_size"], model["head_dim"], model["intermediate_size"]
     heads, kvh = model["num_heads"] // tp, model["num_kv_heads"] // tp
     t = sum(q)
     nk = [((heads + 2 * kvh) * d, h), (h, heads * d), (2 * f // tp, h), (h, f // tp)]
     layer = sum(_one(gemm, m=t, n=n, k=k) for n, k in nk)
+    return model["num_layers"] * (layer + attention_and_allreduce(cell, attn, ar, model))
+
+
+def attention_and_allreduce(cell: dict, attn, ar, model: dict) -> float:
+    """One layer's attention kernels and TP all-reduces of a cell, from the raw rows."""
+    tp, q, c = cell["tp"], cell["q_lens"], cell["ctx_lens"]
+    heads, kvh = model["num_heads"] // tp, model["num_kv_heads"] // tp
     dec = [ctx for qq, ctx in zip(q, c, strict=True) if qq == 1 and ctx > 0]
     pre = [qq for qq, ctx in zip(q, c, strict=True) if not (qq == 1 and ctx > 0)]
+    layer = 0.0
     if dec:
         layer += _one(_heads(attn["generation"], heads, kvh), batch_size=len(dec), step=dec[0])
     if pre:
         layer += _one(_heads(attn["context"], heads, kvh), batch_size=len(pre), isl=pre[0], step=0)
     if tp > 1:
-        layer += 2 * _one(ar, num_gpus=tp, message_size=t * h)
-    return model["num_layers"] * layer
+        layer += 2 * _one(ar, num_gpus=tp, message_size=sum(q) * model["hidden_size"])
+    return layer
 
 
 @requires_shared

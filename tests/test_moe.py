@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 import yaml
 from conftest import requires_shared
-from test_cells_vidur import AIC, _cells, _heads, _one, _raw
+from test_cells_vidur import AIC, _cells, _one, _raw, attention_and_allreduce
 
 from leaderboard.cells import memory
 from leaderboard.cells.vidur_method import CONFIG
@@ -38,23 +38,13 @@ def _recompute(cell: dict, raw, moe: pl.DataFrame, model: dict) -> float:
     """One MoE cell from its workload and the raw rows: QKV and O GEMMs, the attention kernels,
     one fused-MoE row and two all-reduces per layer (every layer of these models is MoE)."""
     gemm, attn, ar = raw
-    tp, q, c = cell["tp"], cell["q_lens"], cell["ctx_lens"]
-    h, d = model["hidden_size"], model["head_dim"]
+    tp, t, h, d = cell["tp"], sum(cell["q_lens"]), model["hidden_size"], model["head_dim"]
     heads, kvh = model["num_heads"] // tp, model["num_kv_heads"] // tp
-    t = sum(q)
     layer = _one(gemm, m=t, n=(heads + 2 * kvh) * d, k=h) + _one(gemm, m=t, n=h, k=heads * d)
     layer += _one(moe, num_tokens=t, hidden_size=h, inter_size=model["moe_intermediate_size"],
                   topk=model["experts_per_token"], num_experts=model["num_experts"],
                   moe_tp_size=tp)
-    dec = [ctx for qq, ctx in zip(q, c, strict=True) if qq == 1 and ctx > 0]
-    pre = [qq for qq, ctx in zip(q, c, strict=True) if not (qq == 1 and ctx > 0)]
-    if dec:
-        layer += _one(_heads(attn["generation"], heads, kvh), batch_size=len(dec), step=dec[0])
-    if pre:
-        layer += _one(_heads(attn["context"], heads, kvh), batch_size=len(pre), isl=pre[0], step=0)
-    if tp > 1:
-        layer += 2 * _one(ar, num_gpus=tp, message_size=t * h)
-    return model["num_layers"] * layer
+    return model["num_layers"] * (layer + attention_and_allreduce(cell, attn, ar, model))
 
 
 @requires_shared
