@@ -2,6 +2,7 @@
 profiled ones that scale home measurements by roofline ratios (rf_scaled, table_scaled).
 
 Only what two or more of them use lives here: the bf16 element size, the TP all-reduce count,
+the routed experts' active work of an MoE layer,
 the per-direction link bandwidth read from a GPU's datasheet, GenZ's ring all-reduce formula
 (baselines.md §3.3), which LLM-Viewer's optional collectives and LIMINAL's sync term reuse, and
 the roofline time of one measured op point with the home-pooling it allows.
@@ -54,6 +55,17 @@ def ring_allreduce_s(message_bytes: np.ndarray, group: np.ndarray, link_bytes_pe
     seconds = (fixed_s + hops * link_latency_s
                + hops / np.maximum(group, 1.0) * message_bytes / link_bytes_per_s)
     return np.where((group > 1) & (message_bytes > 0), seconds, 0.0)
+
+
+def expert_work(steps) -> dict[str, np.ndarray]:
+    """Per cell and MoE layer, the routed experts at their active parameters, per GPU under TP:
+    ``rows`` (tokens x top-k routed token copies), ``touched`` (experts some token routes to,
+    at most all of them: an expert no token picks is not read), ``width`` (one expert's
+    intermediate on this GPU). Each expert is gated: gate and up (h -> width), down (width -> h).
+    Zero rows for a dense model. The extension every roofline here uses for MoE layers."""
+    rows = steps.tokens * steps.topk
+    return {"rows": rows, "touched": np.minimum(steps.experts, rows),
+            "width": steps.moe_ffn / steps.tp}
 
 
 def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.ndarray:

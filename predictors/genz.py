@@ -18,6 +18,12 @@ nothing), the layer sum is multiplied by L, and GenZ's embedding and classifier 
 out (§0.2). GenZ has no norm, activation, rope or softmax operators. Decode runs with beam width
 1: GenZ's ``decode_moddeling`` default of 4 would multiply the batch (§3.2 pitfall).
 
+An MoE layer (the ``_vidur_moe`` cells) runs its routed experts in place of the up/gate and
+down GEMMs: ``tokens x top-k`` routed rows through each expert's gate/up and down, all off-chip,
+with the weights of every expert some token touches (``_roofline.expert_work``); the dense FFN
+runs in the dense layers only. GenZ models MoE FFNs too, but its own expert accounting was not
+checked against this: the touched-expert rule is the suite's, shared by every roofline here.
+
 GenZ's quirk kept behind ``binary_bw=True``: it reads every "GB/s" (memory and link) as
 2^30 B/s, so its memory-bound times are 1e9/2^30 = 0.931 of a decimal reading.
 """
@@ -36,6 +42,7 @@ from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
     BF16_BYTES,
     GENZ_COLLECTIVE_FIXED_S,
+    expert_work,
     link_gbs_per_direction,
     peak_flops,
     ring_allreduce_s,
@@ -80,21 +87,27 @@ def operator_table(steps: Steps, gpu: GpuSpec, binary_bw: bool = True,
     # (MACs, off-chip elements) per cell and layer. A decode request's Logit and Attend have
     # equal MACs and bytes, both proportional to its context, so summing max(compute, memory)
     # over the decode requests equals one operator over their summed context (exact).
+    # (MACs, off-chip elements, layers it runs in) per cell.
+    experts = expert_work(steps)  # an MoE layer: the routed experts in place of the dense FFN
+    rows, touched, width = experts["rows"], experts["touched"], experts["width"]
     per_cell = [
-        (tokens * qkv_width * h, qkv_width * h),
-        (tokens * h * heads * d, h * heads * d),
-        (tokens * up_width * h, tokens * h + up_width * h + tokens * up_width),
-        (tokens * h * ffn, tokens * ffn + h * ffn + tokens * h),
-        (2 * heads * d * steps.decode_ctx, 2 * kv_heads * d * steps.decode_ctx),
+        (tokens * qkv_width * h, qkv_width * h, steps.layers),
+        (tokens * h * heads * d, h * heads * d, steps.layers),
+        (tokens * up_width * h, tokens * h + up_width * h + tokens * up_width, steps.dense_layers),
+        (tokens * h * ffn, tokens * ffn + h * ffn + tokens * h, steps.dense_layers),
+        (rows * 2 * width * h, rows * h + touched * 2 * width * h + rows * 2 * width,
+         steps.moe_layers),
+        (rows * width * h, rows * width + touched * width * h + rows * h, steps.moe_layers),
+        (2 * heads * d * steps.decode_ctx, 2 * kv_heads * d * steps.decode_ctx, steps.layers),
     ]
     # A prefill request's Logit (Q+K off-chip) and Attend (V+out off-chip) are equal too.
     pf, q, keys = steps.pf_cell, steps.pf_q, steps.pf_ctx + steps.pf_q
     per_prefill_request = (2 * heads[pf] * d[pf] * q * keys,
                            2 * d[pf] * (heads[pf] * q + kv_heads[pf] * keys))
     cell = np.concatenate([np.tile(np.arange(steps.n), len(per_cell)), pf])
-    macs = np.concatenate([m for m, _ in per_cell] + [per_prefill_request[0]])
-    elements = np.concatenate([e for _, e in per_cell] + [per_prefill_request[1]])
-    layers = steps.layers[cell]
+    macs = np.concatenate([m for m, _, _ in per_cell] + [per_prefill_request[0]])
+    elements = np.concatenate([e for _, e, _ in per_cell] + [per_prefill_request[1]])
+    layers = np.concatenate([n for _, _, n in per_cell] + [steps.layers[pf]])
     allreduce_s = ring_allreduce_s(BF16_BYTES * tokens * h, steps.tp, link_bytes_per_s,
                                    link_latency_us * 1e-6, GENZ_COLLECTIVE_FIXED_S)
     return OperatorTable(cell=cell, compute_s=2 * macs / peak_flops(gpu) * layers,
@@ -107,7 +120,8 @@ class GenZ(Predictor):
     card = PredictorCard(
         kind="analytical", reference=GENZ_REFERENCE, needs_profiled_rows=False,
         description="GenZ's chunked roofline for every step: per-operator max(compute, memory) "
-                    "at datasheet peaks, ring all-reduces over the GPU's link, binary GB/s")
+                    "at datasheet peaks, ring all-reduces over the GPU's link, binary GB/s; MoE "
+                    "layers at their active experts", layers=("dense", "moe"))
     # an efficiency is a share of the peak; a latency is not negative
     param_bounds = {"compute_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0),
                     "link_latency_us": (0.0, None)}
@@ -139,7 +153,8 @@ class GenZCalibrated(GenZ):
     card = PredictorCard(
         kind="analytical", reference=GENZ_REFERENCE, needs_profiled_rows=True,
         description="GenZ's chunked roofline with compute/memory efficiencies grid-searched for "
-                    "MAPE on the home GPU's training cells, applied to the target's peaks")
+                    "MAPE on the home GPU's training cells, applied to the target's peaks; MoE "
+                    "layers at their active experts", layers=("dense", "moe"))
     param_bounds = {"efficiency_min": (1e-3, 1.0), "efficiency_max": (1e-3, 1.0),
                     "efficiency_step": (1e-4, 1.0), "link_latency_us": (0.0, None)}
 

@@ -18,6 +18,11 @@ of ``q`` tokens on ``c`` cached ones reads ``c + q`` keys and costs ``4·q·(c +
 causal FLOPs. These predictions are an extension, not LIMINAL. With ``False``, any non-decode
 cell raises ``NotSupported``.
 
+An MoE layer (the ``_vidur_moe`` cells) reads the weights of the experts its tokens touch and
+computes each token's top-k experts (``_roofline.expert_work``); the dense FFN terms stay on
+the dense layers. LIMINAL's paper discusses MoE decode by active parameters; the exact form here
+is the suite's, shared by every roofline.
+
 τ_sync is fitted on the home's measured all-reduce points when there are any: the intercept of
 a straight line of latency against the ring transfer term at the home's datasheet link (its
 slope, the home's achieved link bandwidth, is not carried to the target, which keeps its
@@ -36,6 +41,7 @@ from leaderboard_core.specs import GpuSpec
 from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
     BF16_BYTES,
+    expert_work,
     link_gbs_per_direction,
     peak_flops,
     ring_allreduce_s,
@@ -54,7 +60,9 @@ class Liminal(Predictor):
                   "template)",
         description="LIMINAL-style decode roofline per layer, max(memory, compute) plus exposed "
                     "all-reduce sync (tau fitted on the home's all-reduce points); prefill and "
-                    "mixed steps are a flagged extension, not LIMINAL")
+                    "mixed steps are a flagged extension, not LIMINAL; MoE layers at their "
+                    "active parameters",
+        layers=("dense", "moe"))
     param_bounds = {"compute_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0),
                     "default_tau_sync_us": (0.0, None)}
 
@@ -93,15 +101,24 @@ class Liminal(Predictor):
         widths = steps.sharded()
         heads, kv_heads, ffn = widths["heads"], widths["kv_heads"], widths["ffn"]
         d, h = steps.head_dim, steps.hidden
-        weights = (h * (heads + 2 * kv_heads) * d + heads * d * h
-                   + h * (1 + steps.gated) * ffn + ffn * h)
+        attention_w = h * (heads + 2 * kv_heads) * d + heads * d * h
+        dense_w = h * (1 + steps.gated) * ffn + ffn * h
+        experts = expert_work(steps)  # an MoE layer: the touched experts read, top-k computed
         keys_read = steps.decode_ctx + steps.sum(steps.pf_ctx + steps.pf_q)
         scored_pairs = steps.decode_ctx + steps.sum(steps.pf_q * (steps.pf_ctx + steps.pf_q / 2))
-        memory_s = (BF16_BYTES * (weights + 2 * keys_read * kv_heads * d)
-                    / (gpu.mem_bw_bytes_per_s * self.memory_efficiency))
-        compute_s = ((2 * steps.tokens * weights + 4 * scored_pairs * heads * d)
-                     / (peak_flops(gpu) * self.compute_efficiency))
+        bandwidth = gpu.mem_bw_bytes_per_s * self.memory_efficiency
+        flops = peak_flops(gpu) * self.compute_efficiency
         sync_s = ALLREDUCES_PER_LAYER * ring_allreduce_s(
             BF16_BYTES * steps.tokens * h, steps.tp, link_gbs_per_direction(gpu) * 1e9, 0.0,
             self.tau_sync_s_)
-        return steps.layers * (np.maximum(memory_s, compute_s) + sync_s) * 1e3
+
+        def layer_s(read_w, computed_w):
+            memory_s = BF16_BYTES * (read_w + 2 * keys_read * kv_heads * d) / bandwidth
+            compute_s = (2 * computed_w + 4 * scored_pairs * heads * d) / flops
+            return np.maximum(memory_s, compute_s) + sync_s
+
+        dense = layer_s(attention_w + dense_w, steps.tokens * (attention_w + dense_w))
+        per_expert = 3 * h * experts["width"]
+        routed = layer_s(attention_w + experts["touched"] * per_expert,
+                         steps.tokens * attention_w + experts["rows"] * per_expert)
+        return (steps.dense_layers * dense + steps.moe_layers * routed) * 1e3
