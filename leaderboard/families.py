@@ -135,6 +135,9 @@ for _fam in (
     DatasetFamily("vidur_moe", "step", "cells", "Vidur-composed steps of mixture-of-experts models",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe",
                   op_grid=False),
+    DatasetFamily("vidur_moe_powerlaw", "step", "cells",
+                  "Vidur-composed MoE steps, experts timed under power-law routing",
+                  builder=_VIDUR, builder_takes_gpus=True, op_grid=False),  # home: A100
     DatasetFamily("vidurprof", "step", "cells", "steps over Vidur's own profiles",
                   builder=f"{_PROFILES}:build_vidurprof"),
     DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",

@@ -184,3 +184,48 @@ def test_ours_moe_op_within_its_band_on_the_home(real_store):
     predicted = model.predict_by_op(cells.drop("gt_ms"), load_gpu_specs()["h100_sxm"])["moe"]
     ratio = pl.DataFrame({"cell_id": cells["cell_id"], "p": predicted}).join(lineage, on="cell_id")
     assert 0.8 < float(np.median(ratio["p"] / ratio["ms"])) < 1.25
+
+
+def _moe_cells(*steps):
+    from leaderboard.cells.schema import derive
+    rows = [{"cell_id": f"c{i}", "workload_id": f"w{i}", "sku": "toy", "model": model, "tp": tp,
+             "q_lens": q, "ctx_lens": ctx} for i, (model, tp, q, ctx) in enumerate(steps)]
+    return derive(pl.DataFrame(rows))
+
+
+def test_liminal_prices_a_mixtral_decode_at_its_active_experts_by_hand():
+    """Mixtral-8x7B TP2, 4 decodes at 1,000 tokens of context, on the H100: memory-bound. Per
+    layer the attention weights, the touched experts' weights (4 tokens x top-2 = 8 rows touch
+    all 8 experts) and the KV cache are read; the sync is two ring all-reduces with tau 0."""
+    from leaderboard_core.specs import load_gpu_specs
+    from predictors.liminal import Liminal
+
+    h100 = load_gpu_specs()["h100_sxm"]
+    model = Liminal()
+    model.tau_sync_s_ = 0.0
+    pred = model.predict(_moe_cells(("mixtral-8x7b", 2, [1] * 4, [1000] * 4)), h100)[0]
+    attention_w = 4096 * (16 + 2 * 4) * 128 + 16 * 128 * 4096
+    experts_w = 8 * 3 * 4096 * (14336 // 2)
+    kv = 2 * 4 * 1000 * 4 * 128
+    memory_s = 2 * (attention_w + experts_w + kv) / 3350e9
+    link = 900e9 / 2  # one direction of the H100's 900 GB/s NVLink
+    sync_s = 2 * (2 * (2 - 1) / 2 * 2 * 4 * 4096 / link)
+    assert pred == pytest.approx(32 * (memory_s + sync_s) * 1e3, rel=1e-9)
+
+
+def test_genz_routes_every_token_through_top_k_experts():
+    """A prefill of 4,096 tokens on Qwen3-30B-A3B (TP1) is compute-bound: GenZ's expert MACs are
+    tokens x top-k x 3 x hidden x width, its attention projections tokens x (qkv + o) x hidden,
+    and no dense FFN runs (every layer is MoE)."""
+    from leaderboard_core.specs import load_gpu_specs
+    from predictors.genz import operator_table
+    from predictors.steps import Steps
+
+    h100 = load_gpu_specs()["h100_sxm"]
+    table = operator_table(Steps.from_cells(_moe_cells(("qwen3-30b-a3b", 1, [4096], [0]))), h100)
+    h, t = 2048, 4096
+    expert_macs = t * 8 * 3 * h * 768
+    projection_macs = t * (32 + 2 * 4) * 128 * h + t * h * 32 * 128
+    attention_macs = 2 * 32 * 128 * t * t  # Logit + Attend, no causal halving (GenZ)
+    flops = 2 * (expert_macs + projection_macs + attention_macs) * 48
+    assert float(table.compute_s.sum()) == pytest.approx(flops / 989.4e12, rel=1e-9)

@@ -25,6 +25,9 @@ CELL_SCHEMA = {
     "source": pl.String, "backend": pl.String, "backend_version": pl.String,
     "composed": pl.Boolean, "warm_share": pl.Float64, "weight": pl.Int64, "trace": pl.String,
     "scheduler": pl.String, "gemm_dtype": pl.String,
+    # how an MoE cell's tokens were spread over the experts when its MoE kernels were timed
+    # (``balanced``, ``power_law_1.01``); null for a dense model
+    "moe_routing": pl.String,
 }
 # A column a builder leaves out is null, except the GEMM precision: every family but the FP8 one
 # runs bf16 GEMMs, and predictors read the column to refuse a precision they cannot price.

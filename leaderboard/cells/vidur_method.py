@@ -20,6 +20,7 @@ from collections import Counter
 import duckdb
 import yaml
 
+from leaderboard import families
 from leaderboard.cells import fp8_check, memory
 from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
@@ -203,7 +204,8 @@ def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, gpu: 
                       "gt_kind": GT_KIND, "source": "aiconfigurator", "backend": "vllm",
                       "backend_version": grid.version, "composed": w["phase"] == "mixed",
                       "warm_share": warm,
-                      "gemm_dtype": fam.get("gemm_dtype", "bf16")})
+                      "gemm_dtype": fam.get("gemm_dtype", "bf16"),
+                      "moe_routing": fam.get("moe_distribution")})
         lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": p.table, "key": p.key,
                      "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
     name = f"{gpu['short_name']}_{suffix}"
@@ -233,7 +235,7 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con),
         too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
         lm_head=_lm_head(_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
-        distribution=fam.get("moe_distribution"),
+        distribution=fam.get("moe_distribution"), home=families.of(name).home,
     )
 
 
