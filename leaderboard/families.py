@@ -151,6 +151,9 @@ for _fam in (
                   phases=("ttft", "tpot"), home="a100_vidur"),
     DatasetFamily("silicon_fp8", "serving", "serving", "aiconfigurator's measured FP8 serving runs",
                   phases=("ttft", "tpot"), home="h100_vidur_fp8"),  # the FP8 family's home
+    DatasetFamily("silicon_moe", "serving", "serving",
+                  "aiconfigurator's measured serving runs of MoE models",
+                  phases=("ttft", "tpot"), home="h100_vidur_moe"),  # the MoE family's home
     DatasetFamily("serving", "serving", "serving", "recorded serving runs",
                   phases=("ttft", "tpot", "service"), home="a100_vidur"),
 ):

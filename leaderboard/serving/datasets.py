@@ -3,7 +3,9 @@
 - ``<sku>_silicon``: one target per aiconfigurator silicon run the suite can express (see
   ``exclusion``) with BF16 weights; ground truth is the run's mean TTFT and TPOT under its
   closed-loop load. ``<sku>_silicon_fp8``: the same for vLLM's FP8 runs (FP8 GEMMs, BF16
-  attention and KV cache, as vLLM's ``quantization=fp8`` runs them).
+  attention and KV cache, as vLLM's ``quantization=fp8`` runs them). ``<sku>_silicon_moe``:
+  vLLM's runs of the mixture-of-experts models the suite composes (GQA attention, no shared
+  expert, no expert parallelism), at BF16 or FP8.
 - ``rtx4090_serving``: one target per request of LLMServingSim's RTX4090 vLLM run, its TTFT and
   TPOT from the recorded timestamps.
 
@@ -17,13 +19,16 @@ import json
 import duckdb
 import polars as pl
 
+from leaderboard.cells import memory
 from leaderboard.cells.common import render_card, source_lines
-from leaderboard_core.specs import GpuSpec, is_moe, load_models
+from leaderboard_core.specs import GpuSpec, attention_kind, is_moe, load_models
 from leaderboard_core.versioning import content_hash
 
 SUPPORTED_PRECISIONS = ("bf16", "fp8")
 FP8_BACKENDS = ("vllm",)  # FP8 rows replayed so far; another backend's FP8 kernels are unchecked
 FAMILY_OF_PRECISION = {"bf16": "silicon", "fp8": "silicon_fp8"}
+MOE_FAMILY = "silicon_moe"  # an MoE model's runs, whatever their precision
+MOE_BACKENDS = ("vllm",)  # the MoE tables are vLLM's fused-MoE kernels
 SERVING_RUN = "RTX4090/Llama-3.1-8B"  # the LLMServingSim run with recorded arrivals
 TARGET_SCHEMA = {
     "dataset": pl.String, "target_id": pl.String, "sku": pl.String, "model": pl.String,
@@ -42,9 +47,9 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict]) -> s
         return "disaggregated (separate prefill and decode workers)"
     if row["model"] is None:
         return "no shape in conf/model (a model or pre-quantized checkpoint not described there)"
-    if is_moe(models[row["model"]]):
-        return ("mixture-of-experts model: the replay composes dense layers only (the MoE step "
-                "cells are `<sku>_vidur_moe`)")
+    model = models[row["model"]]
+    if is_moe(model) and (why := _moe_exclusion(row, model)):
+        return why
     if row["precision"] not in SUPPORTED_PRECISIONS:
         return (f"{row['precision'].upper() or 'unstated'} precision: the step predictors score "
                 "BF16 and FP8 only")
@@ -53,10 +58,27 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict]) -> s
                 "backends' FP8 kernels are not checked against a measured table yet)")
     if row["sku"] not in gpus:
         return "no conf/gpu spec for the GPU"
+    if memory.weight_bytes(model, row["tp"], row["precision"]) > (
+            memory.UTILIZATION * gpus[row["sku"]]["mem_gb"] * 2**30):
+        return (f"weights alone above {memory.UTILIZATION:.0%} of TP{row['tp']} x "
+                f"{gpus[row['sku']]['mem_gb']} GiB (the run's parallelism is not what it states)")
     if (row["pp"] or 1) > 1 or (row["attention_dp"] or 1) > 1:
         return "pipeline or attention-data parallel"
     if row["concurrency"] is not None and row["concurrency"] != row["batch_size"]:
         return "load ambiguous: batch_size differs from the stated concurrency (replicas unstated)"
+    return None
+
+
+def _moe_exclusion(row: dict, model: dict) -> str | None:
+    """Why an MoE run cannot be replayed, or None: the replay prices what the MoE step cells
+    compose (``leaderboard.cells.vidur_method``), one vLLM fused-MoE kernel per layer."""
+    if row["backend"] not in MOE_BACKENDS:
+        return f"MoE on {row['backend']}: the MoE kernel tables are vLLM's"
+    if attention_kind(model) != "gqa" or model["shared_experts"]:
+        return (f"{attention_kind(model).upper()} attention, {model['shared_experts']} shared "
+                "experts: the replay composes GQA MoE models without shared experts only")
+    if (row["moe_ep"] or 1) > 1:
+        return "expert parallelism: its all-to-all is in no measured table"
     return None
 
 
@@ -81,8 +103,12 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
     out = []
     usable = runs.filter(pl.col("why").is_null())
-    for (sku, precision), group in usable.group_by("sku", "precision", maintain_order=True):
-        name = f"{gpus[sku]['short_name']}_{FAMILY_OF_PRECISION[precision]}"
+    usable = usable.with_columns(family=pl.Series(
+        [MOE_FAMILY if is_moe(models[m]) else FAMILY_OF_PRECISION[p]
+         for m, p in usable.select("model", "precision").iter_rows()], dtype=pl.String))
+    for (sku, fam), group in usable.group_by("sku", "family", maintain_order=True):
+        name = f"{gpus[sku]['short_name']}_{fam}"
+        precision = "/".join(sorted(set(group["precision"])))
         targets = group.select(
             target_id="run_id", sku="sku", model="model", tp="tp", backend="backend",
             backend_version="backend_version", precision="precision",

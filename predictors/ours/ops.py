@@ -120,7 +120,7 @@ def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,
 
 
 def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
-              sw: Switches) -> dict[str, np.ndarray]:
+              sw: Switches, fp8=False) -> dict[str, np.ndarray]:
     """One MoE layer's routed experts as vLLM's fused-MoE path runs them: the ``tokens x topk``
     routed rows, spread evenly over the experts (the balanced routing the cells measure), go
     through two grouped GEMMs (gate/up to ``2 inter``, then down to ``hidden``; ``inter`` is one
@@ -128,7 +128,8 @@ def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
     to the kernel's row block, so the padded rows are the work the tensor cores do; the weights
     of every expert touched are read once; the activations of every routed row are read and
     written by each kernel. The layer launches ``kernels`` kernels (alignment, two GEMMs,
-    activation, the top-k sum), each with the GEMM's floor."""
+    activation, the top-k sum), each with the GEMM's floor. Where ``fp8``: 1-byte expert weights
+    and the FP8 dense peak, activations in bf16 (as ``gemm`` prices an FP8 GEMM)."""
     m = c["moe"]
     rows = tokens * topk
     touched = np.minimum(experts, np.maximum(rows, 1.0))
@@ -136,15 +137,16 @@ def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
     block = np.where(tokens <= experts, m["block_m_small"], m["block_m"])
     padded = touched * np.ceil(per_expert / block) * block
     flops = 2.0 * padded * hidden * 3.0 * inter
-    weights = BF16_BYTES * touched * 3.0 * hidden * inter
+    weights = np.where(fp8, FP8_BYTES, BF16_BYTES) * touched * 3.0 * hidden * inter
     activations = BF16_BYTES * rows * (2.0 * hidden + 6.0 * inter)
+    peak = np.where(fp8, dev.fp8_peak_flops or np.nan, dev.peak_flops)
     moved = weights + activations
     one = np.ones_like(flops)
     f_clk = dev.f_clk * one if sw.clock else one
     eta_act = dev.eta_act * one if sw.delivery else one
     eta_mem = (factors.l2_memory_efficiency(moved, dev.l2_bytes, c["memory_law"])
                if sw.l2_memory else one)
-    compute_s = flops / (dev.peak_flops * f_clk * eta_act)
+    compute_s = flops / (peak * f_clk * eta_act)
     memory_s = moved / (dev.mem_bw * eta_mem)
     floor_s = (m["kernels"] * c["gemm"]["floor_s"] * dev.floor_scale * one if sw.floors
                else 0.0 * one)

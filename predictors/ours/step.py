@@ -80,7 +80,7 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
     if (routed := s.moe_layers > 0).any():
         out["moe"][routed] = ops.fused_moe(
             s.tokens[routed], s.topk[routed], s.experts[routed], s.hidden[routed],
-            s.moe_ffn[routed] / s.tp[routed], dev, c, sw)["seconds"] * s.moe_layers[routed]
+            s.moe_ffn[routed] / s.tp[routed], dev, c, sw, s.fp8[routed])["seconds"] * s.moe_layers[routed]
     out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(allreduce_bytes(s), s.tp, dev, c, sw)["seconds"]
