@@ -41,7 +41,7 @@ def read_file(path: Path, limit: int = MAX_OUTPUT_FILE) -> bytes | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             return None
-        return b"".join(_chunks(fd))
+        return b"".join(_Budget().chunks(fd))
     finally:
         os.close(fd)
 
@@ -55,9 +55,18 @@ def load_array(path: Path) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def _chunks(fd: int) -> Iterator[bytes]:
-    while chunk := os.read(fd, CHUNK):
-        yield chunk
+class _Budget:
+    """The bytes read so far over a whole walk; past ``MAX_BYTES`` a read raises ``TooLarge``."""
+
+    def __init__(self):
+        self.total = 0
+
+    def chunks(self, fd: int) -> Iterator[bytes]:
+        while chunk := os.read(fd, CHUNK):
+            self.total += len(chunk)
+            if self.total > MAX_BYTES:
+                raise TooLarge(f"more than {MAX_BYTES >> 30} GiB")
+            yield chunk
 
 
 def walk(root: Path) -> Iterator[tuple[Path, os.stat_result, int | None]]:
@@ -114,7 +123,7 @@ def state(folder: Path) -> str:
     """A digest of everything under ``folder`` that could carry data to a later run: each
     entry's name, kind, mode and modification time, its extended attributes, a file's bytes, a
     link's target. Raises ``TooLarge`` past the bounds."""
-    digest, total = hashlib.sha256(), 0
+    digest, budget = hashlib.sha256(), _Budget()
     for rel, info, fd in walk(folder):
         digest.update(f"{rel}\0{info.st_mode}\0{info.st_mtime_ns}\0".encode())
         where = fd if fd is not None else os.path.join(folder, rel)
@@ -122,10 +131,7 @@ def state(folder: Path) -> str:
         for name in sorted(_safe(os.listxattr, where, **follow) or []):
             digest.update(name.encode() + b"=" + (_safe(os.getxattr, where, name, **follow) or b""))
         if fd is not None:
-            for chunk in _chunks(fd):
-                total += len(chunk)
-                if total > MAX_BYTES:
-                    raise TooLarge(f"more than {MAX_BYTES >> 30} GiB")
+            for chunk in budget.chunks(fd):
                 digest.update(chunk)
         elif stat.S_ISLNK(info.st_mode):
             digest.update((_safe(os.readlink, os.path.join(folder, rel)) or "").encode())
@@ -136,7 +142,7 @@ def copy(source: Path, target: Path) -> list[str]:
     """Copy ``source``'s folders, regular files and links into ``target`` (a new folder), never
     following a link; anything else (a FIFO, a socket, a device) is left out, with a reason.
     Raises ``TooLarge`` past the bounds."""
-    reasons, total = [], 0
+    reasons, budget = [], _Budget()
     target.mkdir(parents=True)
     for rel, info, fd in walk(source):
         dest = target / rel
@@ -144,10 +150,7 @@ def copy(source: Path, target: Path) -> list[str]:
             dest.mkdir(exist_ok=True)
         elif stat.S_ISREG(info.st_mode) and fd is not None:
             with open(dest, "wb") as out:
-                for chunk in _chunks(fd):
-                    total += len(chunk)
-                    if total > MAX_BYTES:
-                        raise TooLarge(f"more than {MAX_BYTES >> 30} GiB")
+                for chunk in budget.chunks(fd):
                     out.write(chunk)
         elif stat.S_ISLNK(info.st_mode):
             link = _safe(os.readlink, source / rel)

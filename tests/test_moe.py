@@ -229,3 +229,38 @@ def test_genz_routes_every_token_through_top_k_experts():
     attention_macs = 2 * 32 * 128 * t * t  # Logit + Attend, no causal halving (GenZ)
     flops = 2 * (expert_macs + projection_macs + attention_macs) * 48
     assert float(table.compute_s.sum()) == pytest.approx(flops / 989.4e12, rel=1e-9)
+
+
+def _silicon_row(**change) -> dict:
+    row = {"mode": "agg", "model": "minimax-m2.5", "precision": "fp8", "backend": "vllm",
+           "sku": "h200_sxm", "tp": 4, "pp": 1, "attention_dp": 1, "moe_ep": 1,
+           "concurrency": 8, "batch_size": 8}
+    return {**row, **change}
+
+
+@pytest.mark.parametrize("change, says", [
+    ({}, None),
+    ({"moe_ep": 4}, "expert parallelism"),
+    ({"backend": "sglang"}, "MoE on sglang"),
+    ({"model": "kimi-k2.5", "precision": "int4"}, "MLA attention, 1 shared experts"),
+    ({"model": "qwen3-235b-a22b", "tp": 1}, "weights alone above 90% of TP1 x 141 GiB"),
+    ({"model": "qwen3-235b-a22b", "tp": 2}, None),  # 235 GB of FP8 on two 141 GiB GPUs
+])
+def test_which_moe_serving_runs_are_replayed(change, says):
+    from leaderboard.serving.datasets import exclusion
+    from leaderboard_core.specs import load_gpu_specs
+
+    why = exclusion(_silicon_row(**change), load_gpu_specs(), load_models())
+    assert why == says if says is None else says in why
+
+
+@requires_shared
+def test_moe_serving_sets_hold_replayable_moe_runs_only(real_store):
+    models = load_models()
+    rows = real_store.sql("SELECT dataset, model, precision, backend, count(*) FROM "
+                          "serving_targets WHERE dataset LIKE '%_silicon_moe' GROUP BY ALL")
+    assert {r[0] for r in rows} == {"h200_silicon_moe", "b200_silicon_moe"}
+    assert all(specs.is_moe(models[m]) and p == "fp8" and b == "vllm" for _, m, p, b, _ in rows)
+    dense = real_store.sql("SELECT DISTINCT model FROM serving_targets WHERE dataset NOT LIKE "
+                           "'%_silicon_moe'")
+    assert not any(specs.is_moe(models[m]) for (m,) in dense if m)

@@ -146,7 +146,7 @@ def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
         for step in uniform_steps(axes, ok):  # measured uniform batches fill thin phases
             found.setdefault(step, [None, "uniform", 0])
         workloads += _sample(entry, found, cfg["cells_per_phase"], members, model)
-    return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally, gpus[sku])
+    return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally, gpus)
             for sku, grid in sorted(grids.items())]
 
 
@@ -187,8 +187,9 @@ def _sample(entry: dict, found: dict, per_phase: int, members: list[Grid], model
     return out
 
 
-def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, gpu: GpuSpec):
-    cells, lineage, too_big = [], [], 0
+def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally,
+              gpus: dict[str, GpuSpec]):
+    cells, lineage, too_big, gpu = [], [], 0, gpus[grid.sku]
     dtype = fam.get("gemm_dtype", "bf16")
     for w in map(dict, workloads):
         step = w.pop("step")
@@ -210,12 +211,13 @@ def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally, gpu: 
                      "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
     name = f"{gpu['short_name']}_{suffix}"
     card = _card(con, name, grid, cells, cfg, fam, tally, len(workloads) - len(cells) - too_big,
-                 too_big, models, gpu)
+                 too_big, models, gpus)
     return cell_set(name, grid.sku, cells, lineage, card)
 
 
 def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int,
-          too_big: int, models: dict, gpu: GpuSpec) -> str:
+          too_big: int, models: dict, gpus: dict[str, GpuSpec]) -> str:
+    gpu = gpus[grid.sku]
     counts = phase_counts(cells)
     replayed = sum(c["weight"] for c in cells)
     warm = [c for c in cells if c["warm_share"] > 0]
@@ -232,7 +234,7 @@ def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, miss
         replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
         warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
         warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
-        files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con),
+        files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con, gpus),
         too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
         lm_head=_lm_head(_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
         distribution=fam.get("moe_distribution"), home=families.of(name).home,
@@ -251,17 +253,14 @@ def _lm_head(configs: list[dict], models: dict, dtype: str) -> str:
     return "\n".join(rows)
 
 
-def _fp8_checks(con) -> str:
-    """Markdown: every FP8 table the build checked (``fp8_check``), kept or quarantined."""
-    large = f"m >= {fp8_check.LARGE} AND n >= {fp8_check.LARGE} AND k >= {fp8_check.LARGE}"
-    kept = con.execute(f"""
-        WITH large AS (SELECT sku, backend_version v, dtype, m, n, k, latency_ms FROM gemm
-                       WHERE source = '{fp8_check.SOURCE}' AND {large})
-        SELECT f.sku, f.v, 'kept', format('median FP8/bf16 GEMM time {{:.2f}} over {{}} shapes',
-               median(f.latency_ms / b.latency_ms), count(*))
-        FROM large f JOIN large b ON b.dtype = '{fp8_check.BF16}' AND b.sku = f.sku
-             AND b.v = f.v AND b.m = f.m AND b.n = f.n AND b.k = f.k
-        WHERE f.dtype = '{fp8_check.FP8}' GROUP BY f.sku, f.v""").fetchall()
+def _fp8_checks(con, gpus: dict[str, GpuSpec]) -> str:
+    """Markdown: every FP8 table the build checked (``fp8_check``), kept or quarantined. The
+    store holds the kept tables' FP8 rows only, so the check rerun on it gives those."""
+    gemm = con.sql(f"""SELECT source, sku, backend_version, dtype, m, n, k, latency_ms FROM gemm
+                           WHERE source = '{fp8_check.SOURCE}' AND m >= {fp8_check.LARGE}
+                           AND n >= {fp8_check.LARGE} AND k >= {fp8_check.LARGE}""").pl()
+    kept = [(r["sku"], r["backend_version"], "kept", fp8_check.detail(r))
+            for r in fp8_check.table_checks(gemm, gpus).iter_rows(named=True)]
     dropped = con.execute("SELECT DISTINCT sku, json_extract_string(row, '$.backend_version'), "
                           "'quarantined', detail FROM quarantine WHERE reason = ?",
                           [fp8_check.REASON]).fetchall()
