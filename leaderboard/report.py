@@ -35,6 +35,7 @@ from leaderboard import (
     ranking,
     report_headline,
     report_leaderboard,
+    report_moe,
     report_protocols,
     report_sections,
     rerun,
@@ -224,6 +225,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += report_sections.explain_examples(runs)
     oracle = report_leaderboard.oracle_runs(current, datasets)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir, oracle)
+    body += report_moe.section(runs, serving_runs)
     body += report_sections.throughput() + report_sections.seal_overhead() + performance(runs)
     body += unsealed_runs(unsealed)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)

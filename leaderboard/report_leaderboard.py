@@ -13,7 +13,7 @@ import json
 import polars as pl
 
 from leaderboard import families, metrics, predictor_index
-from leaderboard.homes import with_family
+from leaderboard.homes import home_of, with_family
 from leaderboard.serving.oracle import is_oracle
 from leaderboard.split import default_split
 from leaderboard_core.report_tables import (
@@ -26,18 +26,35 @@ from leaderboard_core.report_tables import (
 )
 
 
-def _default_runs(current: pl.DataFrame, datasets: list[str], any_points: bool = False
+def _default_runs(current: pl.DataFrame, datasets: list[str], oracle: bool = False
                   ) -> list[bool]:
-    """Per run: a registered predictor, default parameters, default split and home points
-    (any home points with ``any_points``), one home, one of ``datasets``."""
+    """Per run: a registered predictor, default parameters, default split and home points, one
+    home and the dataset's default one (a run with ``dataset.home=`` another set is not a second
+    leaderboard row), one of ``datasets``. ``oracle``: any home points and any one home (the
+    oracle's are the target GPU's own set, on every shape)."""
     split = default_split()
     defaults = {name: d["defaults"] for name, d in predictor_index.index().items()}
+    default_home = _default_homes(datasets)
     return [name in defaults and json.loads(params) == defaults[name] and seed == split["seed"]
             and fraction == split["test_fraction"] and dataset in datasets
-            and (any_points or points == split["home_points"]) and len(homes or []) == 1
-            for name, params, seed, fraction, dataset, points, homes in current.select(
+            and (oracle or points == split["home_points"]) and len(homes or []) == 1
+            and (oracle or default_home.get(dataset, home) == home)
+            for name, params, seed, fraction, dataset, points, homes, home in current.select(
                 "predictor", "params", "split_seed", "test_fraction", "dataset", "home_points",
-                "home_datasets").iter_rows()]
+                "home_datasets", "home_dataset").iter_rows()]
+
+
+def _default_homes(datasets: list[str]) -> dict[str, str]:
+    """Each dataset's default home (``homes.home_of`` with no override); a dataset whose home
+    cannot be named from ``datasets`` alone is left out (its runs are not filtered by home)."""
+    rows = {n: {"name": n} for n in datasets}
+    out = {}
+    for name in datasets:
+        try:
+            out[name] = home_of(name, None, rows)
+        except ValueError:
+            continue
+    return out
 
 
 def oracle_flags(current: pl.DataFrame) -> list[bool]:
@@ -58,7 +75,7 @@ def leaderboard_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame
 def oracle_runs(current: pl.DataFrame, datasets: list[str]) -> pl.DataFrame:
     """The serving oracle's current runs (default parameters, one of ``datasets``)."""
     keep = [default and oracle for default, oracle in
-            zip(_default_runs(current, datasets, any_points=True), oracle_flags(current),
+            zip(_default_runs(current, datasets, oracle=True), oracle_flags(current),
                 strict=True)]
     return with_family(current.filter(pl.Series(keep, dtype=pl.Boolean)))
 

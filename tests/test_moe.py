@@ -264,3 +264,29 @@ def test_moe_serving_sets_hold_replayable_moe_runs_only(real_store):
     dense = real_store.sql("SELECT DISTINCT model FROM serving_targets WHERE dataset NOT LIKE "
                            "'%_silicon_moe'")
     assert not any(specs.is_moe(models[m]) for (m,) in dense if m)
+
+
+def _run(predictor, dataset, family, split, mape=None, why=None):
+    import json
+    phases = {} if mape is None else {p: {"mape": mape, "n": 10}
+                                      for p in ("all", "prefill", "decode", "ttft", "tpot")}
+    return {"predictor": predictor, "dataset": dataset, "family": family, "split": split,
+            "valid": why is None, "invalid_reasons": [f"NotSupported: {why}"] if why else [],
+            "phases": json.dumps(phases)}
+
+
+def test_the_moe_section_tables_each_family_and_names_who_declines():
+    from leaderboard import report_moe
+
+    runs = pl.DataFrame([
+        _run("ours", "h100_vidur_moe", "vidur_moe", "home_heldout", 12.0),
+        _run("ours", "h200_vidur_moe", "vidur_moe", "unseen", 10.0),
+        _run("ours", "b200_vidur_moe", "vidur_moe", "unseen", 20.0),
+        _run("rf_scaled", "h200_vidur_moe", "vidur_moe", "unseen", why="prices dense layers only"),
+    ])
+    serving = pl.DataFrame([_run("ours", "h200_silicon_moe", "silicon_moe", "unseen", 27.5)])
+    text = "\n".join(report_moe.section(runs, serving))
+    assert "| ours | 12.0 | 20.0 | 10.0 | 15.0 |" in text  # home, b200, h200, their mean
+    assert "- rf_scaled: prices dense layers only" in text
+    assert "| ours | 27.5 / 27.5 |" in text
+    assert report_moe.section(runs.head(0), serving.head(0)) == []

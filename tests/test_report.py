@@ -427,3 +427,20 @@ def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):
     assert left_out["run_id"].to_list() == ["logo-a100"]
     lines = report_protocols.leave_one_out_leaderboard(left_out)
     assert any(line.startswith("| tiny | 12.5 |") for line in lines), lines
+
+
+def test_a_run_on_another_home_is_not_a_second_leaderboard_row():
+    from leaderboard import predictor_index
+    from leaderboard.split import default_split
+
+    split, defaults = default_split(), predictor_index.index()["ours"]["defaults"]
+
+    def run(home):
+        return {"predictor": "ours", "params": json.dumps(defaults), "split_seed": split["seed"],
+                "test_fraction": split["test_fraction"], "dataset": "h200_vidur",
+                "home_points": split["home_points"], "home_datasets": [home],
+                "home_dataset": home, "sku": "h200_sxm", "home_sku": home.split("_")[0]}
+
+    current = pl.DataFrame([run("a100_vidur"), run("h100_vidur")])
+    kept = report_leaderboard.leaderboard_runs(current, ["a100_vidur", "h100_vidur", "h200_vidur"])
+    assert kept["home_dataset"].to_list() == ["a100_vidur"]

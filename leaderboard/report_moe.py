@@ -1,0 +1,85 @@
+"""RESULTS.md's mixture-of-experts section: the MoE step families (balanced and power-law routing)
+and the MoE serving sets side by side, with the predictors that decline MoE layers and why.
+
+The full per-phase tables of the step families are in the main leaderboard; this section puts
+the MoE answers in one place, as a reader sizing an MoE deployment would look for them.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from leaderboard_core.report_tables import GPU_MEAN, PhaseMapes, datasets_of, fmt, table
+
+STEP_FAMILIES = {"vidur_moe": "balanced routing (the headline)",
+                 "vidur_moe_powerlaw": "power-law routing (`power_law_1.01`, the variant)"}
+SERVING_FAMILY = "silicon_moe"
+
+
+def _declined(runs: pl.DataFrame) -> dict[str, str]:
+    """Predictor -> the NotSupported reason of its first declined run among ``runs``."""
+    out = {}
+    for p, reasons in runs.filter(~pl.col("valid")).select("predictor", "invalid_reasons").iter_rows():
+        if reasons and all(r.startswith("NotSupported") for r in reasons):
+            out.setdefault(p, reasons[0].removeprefix("NotSupported: "))
+    return out
+
+
+def _step_table(runs: pl.DataFrame, fam: str) -> list[str]:
+    homes, unseen = datasets_of(runs, fam)
+    mine = runs.filter(pl.col("dataset").is_in(homes + unseen))
+    if mine.is_empty():
+        return []
+    mapes = PhaseMapes(mine, unseen)
+    valid = sorted(set(mine.filter("valid")["predictor"]),
+                   key=lambda p: (mapes.unseen_mean(p, "all") is None,
+                                  mapes.unseen_mean(p, "all") or 0.0))
+    rows = [[p, *(fmt(mapes.mape(p, d, "all")) for d in homes + unseen),
+             *(fmt(mapes.unseen_mean(p, phase)) for phase in ("all", "prefill", "decode"))]
+            for p in valid]
+    header = ["predictor", *(f"{d} (home)" for d in homes), *unseen,
+              f"{GPU_MEAN} all %", "prefill %", "decode %"]
+    return [f"**`_{fam}`**, {STEP_FAMILIES[fam]}: `all` MAPE % per GPU, and the {GPU_MEAN} over "
+            "the unseen GPUs per phase.", "", *table(header, rows)]
+
+
+def _serving_table(serving_runs: pl.DataFrame) -> list[str]:
+    mine = serving_runs.filter(pl.col("family") == SERVING_FAMILY)
+    if mine.is_empty():
+        return ["No MoE serving run is on record.", ""]
+    datasets = sorted(set(mine["dataset"]))
+    mapes = PhaseMapes(mine, datasets)
+    valid = sorted(set(mine.filter("valid")["predictor"]))
+    rows = [[p, *(f"{fmt(mapes.mape(p, d, 'ttft'))} / {fmt(mapes.mape(p, d, 'tpot'))}"
+                  for d in datasets)] for p in valid]
+    return ["**`_silicon_moe`**, measured vLLM serving of MoE models (MiniMax-M2.5 and "
+            "Qwen3-235B-A22B, FP8, no expert parallelism): TTFT / TPOT MAPE %, replayed as the "
+            "dense sets are (the dataset cards list every MoE row left out, with its reason).", "",
+            *table(["predictor", *(mapes.header(d, "tpot") for d in datasets)], rows)]
+
+
+def section(runs: pl.DataFrame, serving_runs: pl.DataFrame) -> list[str]:
+    """The MoE section, from the leaderboard runs (step and serving, each with ``family``)."""
+    moe = runs.filter(pl.col("family").is_in(list(STEP_FAMILIES)))
+    serving = serving_runs.filter(pl.col("family") == SERVING_FAMILY)
+    if moe.is_empty() and serving.is_empty():
+        return []
+    lines = ["## Mixture-of-experts models", "",
+             "Step cells of Mixtral-8x7B (TP2, 4, 8) and Qwen3-30B-A3B (TP1, 2), one measured "
+             "fused-MoE kernel per layer (`<sku>_vidur_moe`, home H100; the power-law variant's "
+             "home is the A100, the only GPU whose vLLM 0.14.0 tables timed that routing and not "
+             "the balanced one), and the measured MoE serving runs the replay can express. A "
+             "predictor whose card does not list `moe` layers answers NotSupported before it "
+             "runs (docs/baselines.md says why each does or does not).", ""]
+    for fam in STEP_FAMILIES:
+        lines += _step_table(moe, fam)
+    lines += _serving_table(serving)
+    declined = _declined(pl.concat([moe, serving], how="diagonal_relaxed"))
+    if declined:
+        lines += ["Declined MoE layers:", ""]
+        lines += [f"- {p}: {why}" for p, why in sorted(declined.items())] + [""]
+    return lines
+
+
+# Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True
