@@ -25,6 +25,8 @@ from leaderboard_core.report_tables import (
     table,
 )
 
+IN_SAMPLE = " †"  # a home MAPE of a predictor that fitted the home's measured kernels
+
 
 def _default_runs(current: pl.DataFrame, datasets: list[str], oracle: bool = False
                   ) -> list[bool]:
@@ -85,6 +87,8 @@ def main_leaderboard(runs: pl.DataFrame, outcomes: dict[tuple[str, str], str] | 
     """The per-phase tables of every leaderboard step and op family. ``outcomes``: the last
     rerun's status per (predictor, dataset), so a NotSupported answer shows as ``n/s``."""
     outcomes = outcomes or {}
+    profiled = {name for name, d in predictor_index.index().items()
+                if d["card"]["needs_profiled_rows"]}
     lines = ["## Leaderboard: MAPE % per phase", "",
              "Home: the family's default home (the A100 dataset, or the one its registry entry "
              "names: `python -m leaderboard.data list` shows each dataset's), scored on its seeded "
@@ -109,7 +113,11 @@ def main_leaderboard(runs: pl.DataFrame, outcomes: dict[tuple[str, str], str] | 
              "measured target rows the predictor read on any GPU of the family (its deploy "
              "reading, never scored; 0 for a zero-reading predictor). `sandbox`: how its fit "
              "and predict were confined (`namespaces+landlock`: sealed; a run without both walls is "
-             "UNSEALED and appears only in the 'Unsealed runs' table).", ""]
+             "UNSEALED and appears only in the 'Unsealed runs' table). "
+             f"`{IN_SAMPLE}` on a home column: the predictor fits measured rows of the home GPU, "
+             "and its held-out home cells are made of kernels it read (every one under "
+             "`full_grid`; the ones the training cells share under `behind_cells`), so that "
+             "number is in-sample, not a test.", ""]
     for fam in families.where(leaderboard=True):
         if fam.level == "serving":
             continue  # tabled by leaderboard.serving.report
@@ -125,6 +133,7 @@ def main_leaderboard(runs: pl.DataFrame, outcomes: dict[tuple[str, str], str] | 
             if all(mapes.mape(p, d, phase) is None for p in predictors for d in homes + unseen):
                 continue  # the family has no cells of this phase (splitwise: no mixed steps)
             rows = [[p, *("n/s" if (p, d) in unsupported else mapes.cell(p, d, phase)
+                          + (IN_SAMPLE if d in homes and p in profiled else "")
                           for d in homes + unseen),
                      fmt(mapes.unseen_mean(p, phase)), *seal_columns(mine, p)] for p in predictors]
             header = ["predictor", *(mapes.header(d, phase, home=True) for d in homes),

@@ -290,3 +290,30 @@ def test_the_moe_section_tables_each_family_and_names_who_declines():
     assert "- rf_scaled: prices dense layers only" in text
     assert "| ours | 27.5 / 27.5 |" in text
     assert report_moe.section(runs.head(0), serving.head(0)) == []
+
+
+@requires_shared
+def test_no_kept_cell_needs_more_memory_than_a_server_may_use(real_store):
+    """Every cell of the step sets fits: weights (every expert) plus the bf16 KV cache of its
+    requests within 90 % of the GPU's memory, recomputed from the model fields by hand; and the
+    MoE card counts the workloads dropped for memory."""
+    from leaderboard_core.specs import load_gpu_specs
+
+    models, gpus = load_models(), load_gpu_specs()
+    for name in ["l40s_vidur", "h100_vidur", *MOE_SETS, "a100_vidur_moe_powerlaw",
+                 "l40s_vidur_moe_powerlaw"]:
+        cells = _cells(real_store, name)
+        limit = 0.9 * gpus[cells["sku"][0]]["mem_gb"] * 2**30
+        for cell in cells.iter_rows(named=True):
+            m, tp = models[cell["model"]], cell["tp"]
+            h, d = m["hidden_size"], m["head_dim"]
+            attention = h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
+            ffn = (m.get("num_experts", 0) + m.get("shared_experts", 0)) * 3 * h * m.get(
+                "moe_intermediate_size", 0) + h * m.get("num_experts", 0) if "num_experts" in m \
+                else 3 * h * m["intermediate_size"]
+            weights = 2 * (m["num_layers"] * (attention + ffn) + 2 * m["vocab_size"] * h) / tp
+            tokens = sum(cell["q_lens"]) + sum(cell["ctx_lens"])
+            kv = tokens * m["num_layers"] * 2 * max(m["num_kv_heads"] // tp, 1) * d * 2
+            assert weights + kv <= limit * 1.0001, (name, cell["cell_id"])
+    (card,) = real_store.sql("SELECT card FROM datasets WHERE name = 'h100_vidur_moe'")[0]
+    assert "Dropped as impossible:" in card
