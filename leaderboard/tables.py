@@ -80,7 +80,7 @@ TABLES = {
         TableSpec("serving_runs", "ops", {
             "run_id": S, "row": INT, "model": S, "model_path": S, "precision": S, "mode": S,
             "isl": INT, "osl": INT, "concurrency": INT, "batch_size": INT, "tp": INT, "pp": INT,
-            "attention_dp": INT, "moe_ep": INT, "measured_on": S, "ttft_ms": F, "tpot_ms": F},
+            "attention_dp": INT, "moe_ep": INT, "moe_tp": INT, "measured_on": S, "ttft_ms": F, "tpot_ms": F},
             ("ttft_ms", "tpot_ms")),
         TableSpec("request_traces", "traces", {
             "trace": S, "request_idx": INT, "arrived_at_s": F, "prefill_tokens": INT,

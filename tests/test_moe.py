@@ -23,11 +23,12 @@ from leaderboard_core.contract import NotSupported, PredictorCard
 from leaderboard_core.specs import load_models
 
 MOE_SETS = ["h100_vidur_moe", "h200_vidur_moe", "b200_vidur_moe", "gb200_vidur_moe"]
+POWER_LAW_SETS = ["a100_vidur_moe_powerlaw", "h100_vidur_moe_powerlaw", "l40s_vidur_moe_powerlaw"]
 
 
-def _moe_raw(sku: str, version: str) -> pl.DataFrame:
+def _moe_raw(sku: str, version: str, routing: str = "balanced") -> pl.DataFrame:
     return pl.read_parquet(AIC / sku / f"moe/vllm/{version}/moe_perf.parquet").filter(
-        moe_dtype="bfloat16", moe_ep_size=1, distribution="balanced")
+        moe_dtype="bfloat16", moe_ep_size=1, distribution=routing)
 
 
 def _moe_configs() -> list[dict]:
@@ -72,10 +73,10 @@ def test_hand_computed_mixtral_decode_cell(real_store):
 @requires_shared
 def test_random_moe_cells_recomputed_from_raw_parquet(real_store):
     models, rng = load_models(), random.Random(3)
-    for name in MOE_SETS:
+    for name in [*MOE_SETS, *POWER_LAW_SETS]:
         cells = _cells(real_store, name)
         sku, version = cells["sku"][0], cells["backend_version"][0]
-        raw, moe = _raw(sku, version), _moe_raw(sku, version)
+        raw, moe = _raw(sku, version), _moe_raw(sku, version, cells["moe_routing"][0])
         for i in rng.sample(range(len(cells)), 4):
             cell = cells.row(i, named=True)
             assert cell["gt_ms"] == pytest.approx(
@@ -245,6 +246,7 @@ def _silicon_row(**change) -> dict:
     ({"model": "kimi-k2.5", "precision": "int4"}, "MLA attention, 1 shared experts"),
     ({"model": "qwen3-235b-a22b", "tp": 1}, "weights alone above 90% of TP1 x 141 GiB"),
     ({"model": "qwen3-235b-a22b", "tp": 2}, None),  # 235 GB of FP8 on two 141 GiB GPUs
+    ({"model": "qwen3-235b-a22b", "tp": 2, "moe_tp": 4}, "experts over TP4 beside attention"),
 ])
 def test_which_moe_serving_runs_are_replayed(change, says):
     from leaderboard.serving.datasets import exclusion

@@ -158,7 +158,8 @@ GOOD = {"id": "run-a", "silicon_data_source": "x; silicon_concurrency=8", "backe
         "backend_version": "0.12.0", "model_path": "Qwen/Qwen3-32B", "system": "h100_sxm",
         "precision": "", "mode": "agg", "gemm_quant_mode": "", "isl": "1024", "osl": "128",
         "batch_size": "8", "tp_size": "2", "pp_size": "1", "attention_dp_size": "",
-        "moe_ep_size": "1", "silicon_ttft_ms": "300.5", "silicon_tpot_ms": "12.5"}
+        "moe_ep_size": "1", "moe_tp_size": "2", "silicon_ttft_ms": "300.5",
+        "silicon_tpot_ms": "12.5"}
 
 
 def test_a_good_silicon_row_is_read_as_bf16_with_its_load():

@@ -17,7 +17,8 @@ SOURCE = "aiconfigurator"
 
 # Bytes per element read by a GEMM's inputs; outputs are written in bf16.
 GEMM_INPUT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8": 1.0,
-                    "int4_wo": 0.5, "nvfp4": 0.5, "w4a8_awq": 0.5}
+                    "int4_wo": 0.5, "nvfp4": 0.5, "w4a8_awq": 0.5,
+                    "w4a16_mxfp4": 0.5}
 COMM_DTYPE_BYTES = {"bfloat16": 2, "half": 2, "float16": 2, "int8": 1, "fp8": 1, "float": 4}
 KV_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0}
 # A point faster than DRAM can stream its working set once: its operands stayed in L2 between
@@ -113,8 +114,8 @@ def _collective(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame
 
 def _moe(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
     """One fused-MoE layer per row. Its cold working set is the weights of the experts the
-    tokens touch (all of them once tokens x topk reaches the expert count) plus the tokens'
-    activations in and out; a point faster than DRAM streams that is flagged warm."""
+    tokens surely touch plus the tokens' activations in and out; a point faster than DRAM
+    streams that is flagged warm."""
     sku, backend, version = _place(file)
     gpu = ctx.gpu(sku, file)
     df = read_table(file, ["moe_dtype", "kernel_source", "num_tokens", "hidden_size", "inter_size",
@@ -122,7 +123,11 @@ def _moe(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
                            "latency"])
     w_bytes = pl.col("moe_dtype").replace_strict(GEMM_INPUT_BYTES, default=2.0)
     local = pl.col("num_experts") / pl.col("moe_ep_size")
-    touched = pl.min_horizontal(local, pl.col("num_tokens") * pl.col("topk"))
+    # Balanced routing touches every expert it can; skewed routing may pile the tokens onto a
+    # few, so only one token's top-k is sure to be read: a lower bound keeps the flag honest.
+    spread = pl.when(pl.col("distribution") == "balanced").then(
+        pl.col("num_tokens") * pl.col("topk")).otherwise(pl.col("topk"))
+    touched = pl.min_horizontal(local, spread)
     # 3: the gate, up and down projections (every model these tables cover gates its experts)
     weights = touched * 3 * pl.col("hidden_size") * pl.col("inter_size") / pl.col("moe_tp_size")
     moved = w_bytes * weights + 2.0 * 2 * pl.col("num_tokens") * pl.col("hidden_size")

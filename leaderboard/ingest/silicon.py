@@ -27,7 +27,7 @@ TEXT = ("id", "silicon_data_source", "backend", "backend_version", "model_path",
 POSITIVE_INT = ("isl", "osl")
 POSITIVE_FLOAT = ("silicon_ttft_ms", "silicon_tpot_ms")
 AGG_INT = ("batch_size", "tp_size")  # an aggregated run needs its load and TP
-OPTIONAL_INT = ("pp_size", "attention_dp_size", "moe_ep_size")
+OPTIONAL_INT = ("pp_size", "attention_dp_size", "moe_ep_size", "moe_tp_size")
 CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
 MEASURED_ON = re.compile(r"measured=([0-9T:.\-Z]+)")
 
@@ -75,7 +75,8 @@ def parse_row(row: dict, line: int, file: str, aliases: dict[str, str]) -> dict:
         "isl": out["isl"], "osl": out["osl"],
         "concurrency": int(stated.group(1)) if stated else None, "batch_size": out["batch_size"],
         "tp": out["tp_size"], "pp": out["pp_size"], "attention_dp": out["attention_dp_size"],
-        "moe_ep": out["moe_ep_size"], "measured_on": measured.group(1) if measured else None,
+        "moe_ep": out["moe_ep_size"], "moe_tp": out["moe_tp_size"],
+        "measured_on": measured.group(1) if measured else None,
         "ttft_ms": out["silicon_ttft_ms"], "tpot_ms": out["silicon_tpot_ms"],
         "sku": row["system"], "backend": row["backend"],
         "backend_version": row.get("backend_version") or "unknown",

@@ -79,6 +79,9 @@ def _moe_exclusion(row: dict, model: dict) -> str | None:
                 "experts: the replay composes GQA MoE models without shared experts only")
     if (row["moe_ep"] or 1) > 1:
         return "expert parallelism: its all-to-all is in no measured table"
+    if (row.get("moe_tp") or row["tp"]) != row["tp"]:
+        return (f"experts over TP{row['moe_tp']} beside attention over TP{row['tp']} (attention "
+                "data parallelism left unstated): the replay splits both over one TP group")
     return None
 
 
@@ -116,7 +119,8 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
             run="run_id", isl="isl", osl="osl", concurrency="batch_size",
             gt_ttft_ms="ttft_ms", gt_tpot_ms="tpot_ms", source="source", file="file",
             file_sha256="file_sha256")
-        card = render_card("silicon", name=name, sku=sku, precision=precision.upper(),
+        card = render_card("silicon_moe" if fam == MOE_FAMILY else "silicon", name=name, sku=sku,
+                           precision=precision.upper(),
                            rows=len(group),
                            runs_total=len(runs), usable_total=int(runs["why"].is_null().sum()),
                            coverage=coverage, sources=sources)

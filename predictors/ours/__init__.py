@@ -75,6 +75,10 @@ class Ours(Predictor):
         calibrates its own from its deploy reading)."""
         self.constants_ = config.load_constants()
         if len(home.gpus) > 1:  # several homes: the home-fitted constants are refitted on all
+            if not set(calibrate.GEMM_OPS) <= set(home.ops):
+                raise NotSupported(f"refitting ours's home constants on several homes needs their "
+                                   f"dense GEMM points ({', '.join(calibrate.GEMM_OPS)}); homes "
+                                   f"{home.dataset} hold {', '.join(sorted(home.ops)) or 'none'}")
             self.constants_ = calibrate.fit_constants(home, self.constants_)
         self.trained_on_ = "+".join(home.gpus) if len(home.gpus) > 1 else self.constants_["home"]["sku"]
         self.profiled_rows_ = int(self.constants_["home"]["op_rows"])
