@@ -37,9 +37,9 @@ KEYS = ("predictor", "dataset", "sku", "split")
 # light kernel (norms, activations, rotary embedding).
 OP_FAMILIES = {"gemm": "gemm", "proj": "gemm", "attn_prefill": "attn_prefill",
                "attn_decode": "attn_decode", "attention": "attention", "attn": "attention",
-               "allreduce": "collective", "step": "whole step"}
-FAMILY_ORDER = ("gemm", "attn_prefill", "attn_decode", "attention", "collective", "light kernels",
-                "whole step", "unknown")
+               "allreduce": "collective", "moe": "moe", "step": "whole step"}
+FAMILY_ORDER = ("gemm", "moe", "attn_prefill", "attn_decode", "attention", "collective",
+                "light kernels", "whole step", "unknown")
 
 
 def op_family(op: str) -> str:

@@ -21,10 +21,10 @@ from rich.table import Table
 
 from leaderboard import metrics
 from leaderboard.config import command_config
-from leaderboard.evaluate import RunSpec, load_inputs
+from leaderboard.evaluate import RunSpec, load_inputs, require_card_scope
 from leaderboard.inputs import InputError, guarded
 from leaderboard.readings import take_in_process
-from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, NotSupported
 from predictors import registry
 from predictors.base import Predictor
 
@@ -39,6 +39,11 @@ def load(predictor: str, dataset: str):
         raise InputError(f"explain takes a step dataset (cells with their measured ops); "
                          f"{dataset} holds {inputs.target_row['kind']}, not cells: pick a _vidur, "
                          "_vidur19 or _vidurprof one (python -m leaderboard.data list)")
+    card = registry.describe(predictor, registry.get(predictor))["card"]
+    try:  # what a run would decline, explain declines too (an MoE cell for a dense card)
+        require_card_scope(predictor, card, inputs)
+    except NotSupported as exc:
+        raise InputError(str(exc)) from exc
     model = registry.build(predictor).fit(inputs.home)
     # as a run: the cells a deploy reading touched are not scored
     cells, _ = take_in_process(model, inputs.target, inputs.target_lineage, inputs.gpu)

@@ -1,8 +1,9 @@
 """``Ours.explain``: one cell's prediction term by term, as ``python -m leaderboard.explain``
 prints it.
 
-Each op of one layer of the step (as ``ours`` times it) with its FLOPs, bytes, bound (compute,
-memory or link), every factor's value and its time; then the step's terms summed over the layers.
+Each op of one layer of the step (as ``ours`` times it; an MoE layer's experts as one fused op)
+with its FLOPs, bytes, bound (compute, memory or link), every factor's value and its time; then
+the step's terms summed over the layers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import polars as pl
 from leaderboard_core.specs import GpuSpec
 from predictors.ours import ops
 from predictors.ours.config import Device
-from predictors.ours.step import allreduce_bytes, decode_kernel, gemm_shapes, prefill_kernel
+from predictors.ours.step import FFN_GEMMS, allreduce_bytes, decode_kernel, gemm_shapes, prefill_kernel
 from predictors.steps import Steps
 
 FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_mem")
@@ -24,8 +25,16 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
     c, sw = model.constants_, model.switches
     rows = []
     for name, (n, k) in gemm_shapes(s).items():
+        if name in FFN_GEMMS and not s.dense_layers[0]:
+            continue  # every layer of this model routes its FFN to experts
         rows.append((f"{name} m={s.tokens[0]:.0f} n={n[0]:.0f} k={k[0]:.0f}", 1,
                      ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)))
+    if s.moe_layers[0]:
+        width = s.moe_ffn / s.tp
+        rows.append((f"moe tokens={s.tokens[0]:.0f} top-{s.topk[0]:.0f} of {s.experts[0]:.0f} "
+                     f"experts, width {width[0]:.0f} (one fused-MoE layer)", 1,
+                     ops.fused_moe(s.tokens, s.topk, s.experts, s.hidden, width, dev, c, sw,
+                                   s.fp8)))
     sharded = s.sharded()
     cells, n, q, ctx = prefill_kernel(s)
     if len(cells):
