@@ -16,12 +16,20 @@ STEP_FAMILIES = {"vidur_moe": "balanced routing (the headline)",
 SERVING_FAMILY = "silicon_moe"
 
 
-def _declined(runs: pl.DataFrame) -> dict[str, str]:
-    """Predictor -> the NotSupported reason of its first declined run among ``runs``."""
-    out = {}
-    for p, reasons in runs.filter(~pl.col("valid")).select("predictor", "invalid_reasons").iter_rows():
+def _declined(runs: pl.DataFrame, outcomes: dict[tuple[str, str], str], datasets: set[str]
+              ) -> dict[tuple[str, str], list[str]]:
+    """(predictor, NotSupported reason) -> the MoE ``datasets`` it declined with that reason (a
+    dense-only card, or a precision it does not price: the MoE serving sets are FP8), from the
+    last rerun's outcomes (a run declined before it starts writes no run) and the runs."""
+    found = {(p, d): why.removeprefix("not supported: ") for (p, d), why in outcomes.items()
+             if d in datasets and why.startswith("not supported")}
+    for p, d, reasons in runs.filter(~pl.col("valid")).select(
+            "predictor", "dataset", "invalid_reasons").iter_rows():
         if reasons and all(r.startswith("NotSupported") for r in reasons):
-            out.setdefault(p, reasons[0].removeprefix("NotSupported: "))
+            found.setdefault((p, d), reasons[0].removeprefix("NotSupported: "))
+    out: dict[tuple[str, str], list[str]] = {}
+    for (p, d), why in sorted(found.items()):
+        out.setdefault((p, why.split("; dataset ")[0]), []).append(d)
     return out
 
 
@@ -58,8 +66,10 @@ def _serving_table(serving_runs: pl.DataFrame) -> list[str]:
             *table(["predictor", *(mapes.header(d, "tpot") for d in datasets)], rows)]
 
 
-def section(runs: pl.DataFrame, serving_runs: pl.DataFrame) -> list[str]:
-    """The MoE section, from the leaderboard runs (step and serving, each with ``family``)."""
+def section(runs: pl.DataFrame, serving_runs: pl.DataFrame,
+            outcomes: dict[tuple[str, str], str] | None = None) -> list[str]:
+    """The MoE section, from the leaderboard runs (step and serving, each with ``family``) and
+    the last rerun's status per (predictor, dataset)."""
     moe = runs.filter(pl.col("family").is_in(list(STEP_FAMILIES)))
     serving = serving_runs.filter(pl.col("family") == SERVING_FAMILY)
     if moe.is_empty() and serving.is_empty():
@@ -74,10 +84,13 @@ def section(runs: pl.DataFrame, serving_runs: pl.DataFrame) -> list[str]:
     for fam in STEP_FAMILIES:
         lines += _step_table(moe, fam)
     lines += _serving_table(serving)
-    declined = _declined(pl.concat([moe, serving], how="diagonal_relaxed"))
+    both = pl.concat([moe, serving], how="diagonal_relaxed")
+    declined = _declined(both, outcomes or {}, set(both["dataset"]))
     if declined:
-        lines += ["Declined MoE layers:", ""]
-        lines += [f"- {p}: {why}" for p, why in sorted(declined.items())] + [""]
+        lines += ["NotSupported on the MoE sets, with the reason each predictor gave (a card "
+                  "without `moe` layers, or a precision it does not price):", ""]
+        lines += [f"- {p}: {why} ({len(sets)} sets)" for (p, why), sets in sorted(declined.items())]
+        lines.append("")
     return lines
 
 

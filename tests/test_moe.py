@@ -287,9 +287,12 @@ def test_the_moe_section_tables_each_family_and_names_who_declines():
         _run("rf_scaled", "h200_vidur_moe", "vidur_moe", "unseen", why="prices dense layers only"),
     ])
     serving = pl.DataFrame([_run("ours", "h200_silicon_moe", "silicon_moe", "unseen", 27.5)])
-    text = "\n".join(report_moe.section(runs, serving))
+    outcomes = {("genz", "h200_silicon_moe"): "not supported: predictor 'genz' prices bf16 GEMMs "
+                "only; dataset h200_silicon_moe holds fp8 GEMM steps"}
+    text = "\n".join(report_moe.section(runs, serving, outcomes))
     assert "| ours | 12.0 | 20.0 | 10.0 | 15.0 |" in text  # home, b200, h200, their mean
-    assert "- rf_scaled: prices dense layers only" in text
+    assert "- rf_scaled: prices dense layers only (1 sets)" in text
+    assert "- genz: predictor 'genz' prices bf16 GEMMs only (1 sets)" in text
     assert "| ours | 27.5 / 27.5 |" in text
     assert report_moe.section(runs.head(0), serving.head(0)) == []
 
