@@ -57,6 +57,10 @@ EXAMPLES = [
     ("the serving oracle (the target's own kernel tables)",
      "python -m leaderboard predictor=table_scaled dataset=h100_silicon dataset.home=h100_vidur "
      "split.home_points=every_shape runs_dir={tmp}/runs", 1),
+    ("mixture-of-experts steps (Mixtral-8x7B, Qwen3-30B-A3B)",
+     "python -m leaderboard predictor=ours dataset=h200_vidur_moe runs_dir={tmp}/runs", 1),
+    ("MoE serving (MiniMax-M2.5, Qwen3-235B-A22B, FP8)",
+     "python -m leaderboard predictor=ours dataset=h200_silicon_moe runs_dir={tmp}/runs", 1),
     ("op-level scoring",
      "python -m leaderboard predictor=llm_viewer dataset=h200_sxm_ops runs_dir={tmp}/runs", 1),
     ("a sweep of 4 runs, 2 processes",
