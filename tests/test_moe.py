@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import requires_shared
 from test_cells_vidur import AIC, _cells, _one, _raw, attention_and_allreduce
+from test_rooflines import cells as _moe_cells
 
 from leaderboard.cells import memory
 from leaderboard.cells.vidur_method import CONFIG
@@ -185,13 +186,6 @@ def test_ours_moe_op_within_its_band_on_the_home(real_store):
     predicted = model.predict_by_op(cells.drop("gt_ms"), load_gpu_specs()["h100_sxm"])["moe"]
     ratio = pl.DataFrame({"cell_id": cells["cell_id"], "p": predicted}).join(lineage, on="cell_id")
     assert 0.8 < float(np.median(ratio["p"] / ratio["ms"])) < 1.25
-
-
-def _moe_cells(*steps):
-    from leaderboard.cells.schema import derive
-    rows = [{"cell_id": f"c{i}", "workload_id": f"w{i}", "sku": "toy", "model": model, "tp": tp,
-             "q_lens": q, "ctx_lens": ctx} for i, (model, tp, q, ctx) in enumerate(steps)]
-    return derive(pl.DataFrame(rows))
 
 
 def test_liminal_prices_a_mixtral_decode_at_its_active_experts_by_hand():
