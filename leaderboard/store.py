@@ -154,8 +154,8 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started,
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     rows, summaries, table_versions = {}, [], []
+    con = duckdb.connect(str(tmp), config={"memory_limit": "512MB", "threads": 2})
     try:
-        con = duckdb.connect(str(tmp), config={"memory_limit": "512MB", "threads": 2})
         for name in list(chunks):
             bar.note(f"checking and writing {name}")
             frames = chunks.pop(name)
@@ -206,6 +206,9 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started,
         con.close()
         os.replace(tmp, target)
     finally:
+        # Closed on failure too: DuckDB keeps an open database per path in this process, and a
+        # retried build would otherwise write into the failed one's half-built tables.
+        con.close()
         tmp.unlink(missing_ok=True)
     quarantined = Counter()
     for kind, reason, source, n in quarantine.group_by("kind", "reason", "source").len().iter_rows():

@@ -214,6 +214,17 @@ def attention_kind(model: dict) -> str:
     return model.get("attention", "gqa")
 
 
+def uncomposable_reason(model: dict) -> str | None:
+    """Why the step composition (the MoE cells and the serving replay alike) cannot price this
+    model's layers yet, or None: it composes GQA attention, and MoE layers without shared
+    experts; an MLA model's projections and a shared expert's GEMMs are not in it."""
+    if attention_kind(model) != "gqa" or model.get("shared_experts"):
+        return (f"{attention_kind(model).upper()} attention and {model.get('shared_experts', 0)} "
+                "shared experts: the step composition prices GQA models without shared experts "
+                "only")
+    return None
+
+
 def moe_shapes(model: dict, tp: int) -> dict[str, int]:
     """Per GPU, one MoE layer under vLLM's default tensor parallelism of the experts (each
     expert's intermediate split over the TP group, every GPU holding every expert): the

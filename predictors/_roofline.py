@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard_core.contract import Home
+from leaderboard_core.layer_work import routed_experts
 from leaderboard_core.specs import GpuSpec
 
 BF16_BYTES = 2.0
@@ -63,9 +64,8 @@ def expert_work(steps) -> dict[str, np.ndarray]:
     at most all of them: an expert no token picks is not read), ``width`` (one expert's
     intermediate on this GPU). Each expert is gated: gate and up (h -> width), down (width -> h).
     Zero rows for a dense model. The extension every roofline here uses for MoE layers."""
-    rows = steps.tokens * steps.topk
-    return {"rows": rows, "touched": np.minimum(steps.experts, rows),
-            "width": steps.moe_ffn / steps.tp}
+    rows, touched = routed_experts(steps.tokens, steps.topk, steps.experts)
+    return {"rows": rows, "touched": touched, "width": steps.moe_ffn / steps.tp}
 
 
 def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.ndarray:
@@ -82,8 +82,8 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
     elif op == "moe":  # the routed experts: 3 projections per routed row, touched experts' weights
         t, h, topk = col("num_tokens"), col("hidden_size"), col("topk")
         inter = col("inter_size") / col("moe_tp")
-        touched = np.minimum(col("num_experts"), t * topk)
-        flop = 2 * t * topk * h * 3 * inter
+        rows, touched = routed_experts(t, topk, col("num_experts"))
+        flop = 2 * rows * h * 3 * inter
         byte = e * (touched * 3 * h * inter + 2 * t * h)
     else:
         b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")

@@ -87,3 +87,56 @@ def test_no_cell_needs_more_memory_than_a_server_may_use(real_store):
         worst = max(worst, share)
         assert share <= 0.9, (dataset, model_name, tp, share)
     assert worst > 0.5  # the check saw cells near the limit, not only small ones
+
+
+def _light_share_by_hand(m: dict, tp: int, q_lens: list[int], ctx_lens: list[int],
+                         weight_bytes: int) -> float:
+    """One step's light-kernel bytes per layer against those plus the heavy kernels' (weights
+    read, GEMM inputs and outputs, attention's Q and O, the KV cache), each kernel counted on
+    its own (bf16 activations)."""
+    h, d, layers, t = m["hidden_size"], m["head_dim"], m["num_layers"], sum(q_lens)
+    q_width, kv_width = m["num_heads"] * d / tp, max(m["num_kv_heads"] // tp, 1) * d
+    attention = (h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h) / tp
+    qkv_out = (m["num_heads"] + 2 * m["num_kv_heads"]) * d / tp
+    gemm_io = t * ((h + qkv_out) + (q_width + h))  # each attention GEMM's input and output
+    f = m["intermediate_size"] / tp
+    dense_w, dense_io = 3 * h * f, t * ((h + 2 * f) + (f + h))
+    if "num_experts" in m:  # only the routed-to experts are read; their activation is theirs
+        rows = t * m["experts_per_token"]
+        touched, e = min(m["num_experts"], rows), m["moe_intermediate_size"] / tp
+        moe, dense = layers - m["dense_layers"], m["dense_layers"]
+        ffn = (dense * dense_w + moe * touched * 3 * h * e) / layers
+        gemm_io += (dense * dense_io + moe * rows * ((h + 2 * e) + (e + h))) / layers
+        act = dense * f / layers
+    else:
+        ffn, act = dense_w, f
+        gemm_io += dense_io
+    norms = 2 * (t * h + t * h)  # two RMSNorms, each reads and writes the hidden state
+    silu_mul = t * 2 * act + t * act
+    rotary = 2 * t * (q_width + kv_width)
+    residual = 2 * (2 * t * h + t * h)
+    kv_write = t * 2 * kv_width
+    light = 2 * (norms + silu_mul + rotary + residual + kv_write)
+    kv = (sum(q_lens) + sum(ctx_lens)) * 2 * kv_width * 2
+    q_and_o = 2 * t * q_width * 2  # attention reads Q and writes O
+    return light / (light + (attention + ffn) * weight_bytes + 2 * gemm_io + q_and_o + kv)
+
+
+@pytest.mark.parametrize("name", ["h200_vidur", "h100_vidur_fp8", "h200_vidur_moe"])
+def test_the_light_kernel_table_from_the_cells_by_hand(real_store, name):
+    card = _card(real_store, name)
+    block = card[card.index("| model | TP | prefill cells | decode cells |"):].split("\n\n")[0]
+    rows = re.findall(r"\| ([\w.-]+) \| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|", block)
+    cells = real_store.sql(f"SELECT model, tp, phase, q_lens, ctx_lens FROM cells "
+                           f"WHERE dataset = '{name}'")
+    assert len(rows) == len({(m, tp) for m, tp, *_ in cells}) >= 5
+    for model_name, tp, *stated in rows:
+        m = yaml.safe_load((paths.CONF_DIR / "model" / f"{model_name}.yaml").read_text())
+        for phase, share in zip(("prefill", "decode"), stated, strict=True):
+            by_hand = sorted(_light_share_by_hand(
+                m, int(tp), *(json.loads(v) if isinstance(v, str) else v for v in (q, c)),
+                1 if name.endswith("_fp8") else 2)
+                for mm, t, p, q, c in cells if (mm, t, p) == (model_name, int(tp), phase))
+            mid = len(by_hand) // 2
+            median = by_hand[mid] if len(by_hand) % 2 else (by_hand[mid - 1] + by_hand[mid]) / 2
+            assert float(share) == pytest.approx(100 * median, abs=0.05), (model_name, tp, phase)

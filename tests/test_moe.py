@@ -237,7 +237,7 @@ def _silicon_row(**change) -> dict:
     ({}, None),
     ({"moe_ep": 4}, "expert parallelism"),
     ({"backend": "sglang"}, "MoE on sglang"),
-    ({"model": "kimi-k2.5", "precision": "int4"}, "MLA attention, 1 shared experts"),
+    ({"model": "kimi-k2.5", "precision": "int4"}, "MLA attention and 1 shared experts"),
     ({"model": "qwen3-235b-a22b", "tp": 1}, "weights alone above 90% of TP1 x 141 GiB"),
     ({"model": "qwen3-235b-a22b", "tp": 2}, None),  # 235 GB of FP8 on two 141 GiB GPUs
     ({"model": "qwen3-235b-a22b", "tp": 2, "moe_tp": 4}, "experts over TP4 beside attention"),

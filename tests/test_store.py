@@ -11,6 +11,7 @@ import pytest
 from leaderboard import data, sources, store
 from leaderboard.ingest import ADAPTERS
 from leaderboard.tables import TABLES
+from leaderboard_core import paths
 from leaderboard_core.specs import load_gpu_specs
 
 EXPECTED = {
@@ -214,3 +215,25 @@ def test_sliding_window_decode_points_are_flagged_on_the_window_they_read(real_s
         width = 1.0 if "8" in kv_dtype else 2.0
         floor_ms = batch * min(kv, window) * d * 2 * width * kv_heads / gpus[sku].mem_bw_bytes_per_s * 1e3
         assert (flags == "faster_than_dram") == (ms < floor_ms), (sku, batch, kv, window)
+
+
+def test_a_failed_build_leaves_nothing_and_a_retry_in_the_same_process_builds(tiny, monkeypatch):
+    """A build that fails late (in the cells) leaves no store and no temp file, and the next
+    build in the same process starts from an empty database, not the failed one's tables."""
+    from leaderboard import cells
+
+    tiny.gemm([{"m": 8, "n": 4096, "k": 4096, "gemm_dtype": "bfloat16", "latency": 0.01}])
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("cells failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cells, "build_all", fails)
+        # Kept, as a caller that reports the error keeps its traceback (and the frames in it).
+        with pytest.raises(RuntimeError, match="cells failed") as failed:
+            tiny.build(["aiconfigurator"])
+    target = paths.store_path()
+    assert not target.exists() and not list(target.parent.glob(f".{target.name}.*"))
+    report = tiny.build(["aiconfigurator"])
+    assert report.rows["gemm"] == 1 and tiny.sql("SELECT count(*) FROM gemm") == [(1,)]
+    assert failed.value.args == ("cells failed",)

@@ -10,7 +10,7 @@ distribution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
@@ -64,42 +64,58 @@ def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
 
 
 def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str,
-              gemm_dtype: str = "bf16", moe_distribution: str | None = None) -> Grid:
+              gemm_dtype: str = "bf16", moe_distribution: str | None = None,
+              dense_memo: dict | None = None) -> Grid:
     """The GPU's points at ``version``, its GEMMs at ``gemm_dtype`` (a key of ``GEMM_DTYPES``);
-    with ``moe_distribution``, its bf16 MoE layers with tokens spread over the experts so."""
-    grid = Grid(sku, version)
+    with ``moe_distribution``, its bf16 MoE layers with tokens spread over the experts so.
+    ``dense_memo`` keeps the dense points per (GPU, version, dtype) across calls, so families
+    that share them (all but the MoE layers) read them once."""
+    key = (sku, version, gemm_dtype)
+    memo = {} if dense_memo is None else dense_memo
+    if key not in memo:
+        memo[key] = _dense(con, sku, version, gemm_dtype)
+    dense = memo[key]
+    if moe_distribution is None:
+        return dense
+    moe = Grid(sku, version)
+    for r in _rows(con, "moe", sku, version, f"dtype = 'bfloat16' AND moe_ep = 1 AND distribution "
+                                             f"= '{moe_distribution}'"):
+        at = (r["num_tokens"], r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"],
+              r["moe_tp"])
+        if at in moe.moe:
+            raise ValueError(f"{sku} vLLM {version}: two bf16 MoE kernels measured at {at} "
+                             f"({moe.moe[at].key} and {r['lineage_key']}); name the one "
+                             "the engine runs")
+        moe.moe[at] = _point(moe, "moe", r)
+    return replace(dense, moe=moe.moe, files=dense.files | moe.files)
+
+
+def _rows(con, table: str, sku: str, version: str, extra: str):
     where = "source = 'aiconfigurator' AND sku = ? AND backend_version = ?"
+    return fetch(con, table, f"{where} AND {extra}", [sku, version], "file")
 
-    def rows(table: str, extra: str):
-        return fetch(con, table, f"{where} AND {extra}", [sku, version], "file")
 
-    def point(table: str, row: dict) -> Point:
-        grid.files.add((row["file"], row["file_sha256"]))
-        return Point(table, row["lineage_key"], row["latency_ms"], row["flags"] == WARM_FLAG)
+def _point(grid: Grid, table: str, row: dict) -> Point:
+    grid.files.add((row["file"], row["file_sha256"]))
+    return Point(table, row["lineage_key"], row["latency_ms"], row["flags"] == WARM_FLAG)
 
-    for r in rows("gemm", f"dtype = '{GEMM_DTYPES[gemm_dtype]}'"):
-        grid.gemm[(r["m"], r["n"], r["k"])] = point("gemm", r)
-    for r in rows("attention", "dtype = 'bfloat16' AND kv_dtype = 'bfloat16' AND head_dim = 128 "
-                               "AND coalesce(window_size, 0) = 0"):
+
+def _dense(con, sku: str, version: str, gemm_dtype: str) -> Grid:
+    grid = Grid(sku, version)
+    for r in _rows(con, "gemm", sku, version, f"dtype = '{GEMM_DTYPES[gemm_dtype]}'"):
+        grid.gemm[(r["m"], r["n"], r["k"])] = _point(grid, "gemm", r)
+    for r in _rows(con, "attention", sku, version,
+                   "dtype = 'bfloat16' AND kv_dtype = 'bfloat16' AND head_dim = 128 "
+                   "AND coalesce(window_size, 0) = 0"):
         if r["phase"] == "prefill" and r["kv_len"] == 0:
-            grid.prefill[(r["batch"], r["q_len"], r["num_heads"], r["num_kv_heads"])] = point(
-                "attention", r)
+            grid.prefill[(r["batch"], r["q_len"], r["num_heads"], r["num_kv_heads"])] = _point(
+                grid, "attention", r)
         elif r["phase"] == "decode":
-            grid.decode[(r["batch"], r["kv_len"], r["num_heads"], r["num_kv_heads"])] = point(
-                "attention", r)
-    for r in rows("collective", "backend = 'vllm_graph' AND collective = 'all_reduce' "
-                                "AND dtype = 'bfloat16'"):
-        grid.allreduce[(r["num_gpus"], r["message_bytes"])] = point("collective", r)
-    if moe_distribution is not None:
-        for r in rows("moe", f"dtype = 'bfloat16' AND moe_ep = 1 AND distribution = "
-                             f"'{moe_distribution}'"):
-            key = (r["num_tokens"], r["hidden_size"], r["inter_size"], r["topk"],
-                   r["num_experts"], r["moe_tp"])
-            if key in grid.moe:
-                raise ValueError(f"{sku} vLLM {version}: two bf16 MoE kernels measured at {key} "
-                                 f"({grid.moe[key].key} and {r['lineage_key']}); name the one "
-                                 "the engine runs")
-            grid.moe[key] = point("moe", r)
+            grid.decode[(r["batch"], r["kv_len"], r["num_heads"], r["num_kv_heads"])] = _point(
+                grid, "attention", r)
+    for r in _rows(con, "collective", sku, version, "backend = 'vllm_graph' AND collective = "
+                                                   "'all_reduce' AND dtype = 'bfloat16'"):
+        grid.allreduce[(r["num_gpus"], r["message_bytes"])] = _point(grid, "collective", r)
     return grid
 
 

@@ -43,7 +43,9 @@ def weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
 
 def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> float:
     """The bf16 KV cache of the step's requests (cached context plus new tokens) on one GPU."""
-    tokens = sum(q + c for q, c in zip(q_lens, ctx_lens, strict=True))
+    if len(q_lens) != len(ctx_lens):
+        raise ValueError(f"{len(q_lens)} q_lens against {len(ctx_lens)} ctx_lens")
+    tokens = sum(q_lens) + sum(ctx_lens)
     heads = max(model["num_kv_heads"] // tp, 1)
     return tokens * model["num_layers"] * 2 * heads * model["head_dim"] * BF16_BYTES
 

@@ -114,7 +114,7 @@ def snap(shape: StepShape, axes: dict[str, list[int]],
     """The snapped step, or None when it cannot be one measured point per attention kind."""
     if shape.prefix:
         return None
-    isl = [q for q in axes["isl"] if q >= MIN_PREFILL]
+    isl = axes["isl"][bisect_left(axes["isl"], MIN_PREFILL):]  # the axes are sorted
     decodes = neighbours(shape.n_decode, axes["decode_batch"]) if shape.n_decode else [0]
     ctx = nearest_log(shape.mean_ctx, axes["kv"]) if shape.n_decode else 0
     prefills = neighbours(shape.n_prefill, axes["prefill_batch"]) if shape.n_prefill else [0]

@@ -49,22 +49,34 @@ def check_rows(name: str, prompts, outputs, arrivals) -> None:
             raise TraceError(f"trace '{name}' row {i}: arrival = {a!r}; expected seconds >= 0")
 
 
-def trace_requests(con, name: str, cfg: dict, max_prompt: int | None) -> list[Request]:
+def trace_requests(con, name: str, cfg: dict, max_prompt: int | None,
+                   load_scale: float = 1.0) -> list[Request]:
+    """The trace's requests; ``load_scale`` > 1 compresses its arrival times by that factor
+    (the same requests, offered that many times faster), which crowds the batches."""
+    if not load_scale > 0:
+        raise TraceError(f"conf/cells/vidur.yaml load_scales: {load_scale!r}; expected a factor > 0")
     prompts, outputs, arrivals = load_trace(con, name, cfg["requests_per_trace"])
     if all(a is None for a in arrivals):
         rng = np.random.default_rng(cfg["seed"])
         gaps = rng.exponential(1.0 / cfg["arrival_rate_per_s"], len(prompts))
         arrivals = list(np.cumsum(gaps) - gaps[0])
     check_rows(name, prompts, outputs, arrivals)
-    return requests_from_trace(prompts, outputs, arrivals, max_prompt)
+    return requests_from_trace(prompts, outputs, [a / load_scale for a in arrivals], max_prompt)
+
+
+def trace_label(trace: str, load_scale: float) -> str:
+    return trace if load_scale == 1 else f"{trace}@{load_scale:g}x"
 
 
 def replayed_steps(con, cfg: dict) -> Iterator[tuple[str, str, list[Slot]]]:
+    """Every step of every (trace, load scale, scheduler) replay, with its trace label
+    (``<trace>@<scale>x`` under a compressed load) and scheduler label."""
     for trace in cfg["traces"]:
-        for sched in cfg["schedulers"]:
-            budget = sched["token_budget"]
-            label = f"{sched['policy']}-{budget}"
-            replay = Replay(sched["policy"], budget, max_steps=cfg["max_steps"])
-            whole = budget if sched["policy"] == "vllm" else None
-            for slots in replay.steps(trace_requests(con, trace, cfg, whole)):
-                yield trace, label, slots
+        for scale in cfg.get("load_scales", [1]):
+            for sched in cfg["schedulers"]:
+                budget = sched["token_budget"]
+                label = f"{sched['policy']}-{budget}"
+                replay = Replay(sched["policy"], budget, max_steps=cfg["max_steps"])
+                whole = budget if sched["policy"] == "vllm" else None
+                for slots in replay.steps(trace_requests(con, trace, cfg, whole, scale)):
+                    yield trace_label(trace, scale), label, slots

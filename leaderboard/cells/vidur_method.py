@@ -20,16 +20,15 @@ from collections import Counter
 import duckdb
 import yaml
 
-from leaderboard import families
-from leaderboard.cells import fp8_check, memory
-from leaderboard.cells.common import PHASES, cell_set, phase_counts, render_card, source_lines
+from leaderboard.cells import memory, vidur_card
+from leaderboard.cells.common import cell_set
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
 from leaderboard.cells.schema import CellSet, is_decode, workload_id
 from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, uniform_steps
 from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard_core import paths
-from leaderboard_core.specs import GpuSpec, attention_kind, is_moe, load_models, moe_shapes, tp_shapes
+from leaderboard_core.specs import GpuSpec, is_moe, load_models, moe_shapes, tp_shapes, uncomposable_reason
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2
@@ -83,10 +82,17 @@ def compose_snapped(grid: Grid, model: dict, tp: int, step: Snapped):
     return total, warm / total, points
 
 
-def _tokens_ok(axes: dict, model: dict, tp: int):
-    m_grid, ar, moe = set(axes["m"]), set(axes["allreduce_bytes"]), set(axes["moe_tokens"])
-    return lambda t: (t in m_grid and (tp == 1 or t * model["hidden_size"] * BF16 in ar)
-                      and (not is_moe(model) or t in moe))
+def _token_rule(model: dict, tp: int) -> tuple[int, bool]:
+    """What decides which token counts a configuration can take: the all-reduce message's
+    hidden size under TP (0 without one) and whether an MoE kernel must be measured there."""
+    return (model["hidden_size"] if tp > 1 else 0, is_moe(model))
+
+
+def _tokens_ok(axes: dict, rule: tuple[int, bool]):
+    (hidden, moe), m_grid = rule, set(axes["m"])
+    ar, moe_tokens = set(axes["allreduce_bytes"]), set(axes["moe_tokens"])
+    return lambda t: (t in m_grid and (not hidden or t * hidden * BF16 in ar)
+                      and (not moe or t in moe_tokens))
 
 
 def _versions(con, sku: str, wanted: str | None) -> list[str]:
@@ -101,13 +107,13 @@ def _versions(con, sku: str, wanted: str | None) -> list[str]:
     return [wanted] if wanted in measured_versions(con, sku) else []
 
 
-def _grid(con, sku: str, fam: dict, dtype: str) -> Grid | None:
+def _grid(con, sku: str, fam: dict, dtype: str, dense_memo: dict) -> Grid | None:
     """The first grid of ``_versions`` holding GEMMs of ``dtype`` (after the build's FP8 check
     has quarantined the tables that fail it) and, for an MoE family, MoE layers at its token
     distribution; None if the GPU has none."""
     distribution = fam.get("moe_distribution")
     for version in _versions(con, sku, fam["version"]):
-        grid = load_grid(con, sku, version, dtype, distribution)
+        grid = load_grid(con, sku, version, dtype, distribution, dense_memo)
         if grid.gemm and (distribution is None or grid.moe):
             return grid
     return None
@@ -117,52 +123,52 @@ def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> lis
     cfg = yaml.safe_load(CONFIG.read_text())
     if not has_traces(con):
         return []  # a partial store (sources.only) without the traces
-    shapes = Counter((trace, sched, shape_of(slots))
-                     for trace, sched, slots in replayed_steps(con, cfg))
+    # Each distinct replayed shape once, with its count and the first (trace, scheduler) that
+    # replayed it (in a fixed order), so every configuration snaps each shape once.
+    shapes: dict = {}
+    for (trace, sched, shape), count in sorted(Counter(
+            (trace, sched, shape_of(slots)) for trace, sched, slots in replayed_steps(con, cfg)
+    ).items(), key=str):
+        shapes.setdefault(shape, [trace, sched, 0])[2] += count
     skus = [r[0] for r in con.execute(
         "SELECT DISTINCT sku FROM gemm WHERE source = 'aiconfigurator' ORDER BY sku").fetchall()]
+    dense_memo: dict = {}
     return [s for suffix, fam in cfg["families"].items()
-            for s in _family(con, gpus, cfg, skus, shapes, suffix, fam)]
+            for s in _family(con, gpus, cfg, skus, shapes, suffix, fam, dense_memo)]
 
 
-def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict) -> list:
+def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict, dense_memo: dict) -> list:
     dtype = fam.get("gemm_dtype", "bf16")
-    grids = {sku: grid for sku in skus if (grid := _grid(con, sku, fam, dtype))}
+    grids = {sku: grid for sku in skus if (grid := _grid(con, sku, fam, dtype, dense_memo))}
     members = [grids[s] for s in fam["gpus"] if s in grids]
     if not members:
         return []
     axes, models, tally = common_axes(members), load_models(), Tally()
-    workloads, configs = [], _configs(cfg, fam)
-    for entry in configs:
+    by_rule: dict[tuple, list[dict]] = {}  # configurations of one token rule snap alike
+    for entry in vidur_card.configs(cfg, fam):
         _require_composable(suffix, models[entry["model"]])
-        model, tp = models[entry["model"]], entry["tp"]
-        ok, snapped_of, found = _tokens_ok(axes, model, tp), {}, {}
-        for (trace, sched, shape), count in sorted(shapes.items(), key=str):
-            if shape not in snapped_of:
-                snapped_of[shape] = snap(shape, axes, ok)
-            tally.add(shape, snapped_of[shape], count)
-            if snapped_of[shape]:
-                found.setdefault(snapped_of[shape], [trace, sched, 0])[2] += count
+        by_rule.setdefault(_token_rule(models[entry["model"]], entry["tp"]), []).append(entry)
+    workloads = []
+    for rule, entries in by_rule.items():
+        ok, found = _tokens_ok(axes, rule), {}
+        for shape, (trace, sched, count) in shapes.items():
+            snapped = snap(shape, axes, ok)
+            tally.add(shape, snapped, count * len(entries))  # once per configuration
+            if snapped:
+                found.setdefault(snapped, [trace, sched, 0])[2] += count
         for step in uniform_steps(axes, ok):  # measured uniform batches fill thin phases
             found.setdefault(step, [None, "uniform", 0])
-        workloads += _sample(entry, found, cfg["cells_per_phase"], members, model)
+        for entry in entries:
+            workloads += _sample(entry, found, cfg["cells_per_phase"], members,
+                                 models[entry["model"]])
     return [_cell_set(con, grid, workloads, models, cfg, suffix, fam, tally, gpus)
             for sku, grid in sorted(grids.items())]
 
 
-def _configs(cfg: dict, fam: dict) -> list[dict]:
-    """The family's own model x TP configurations, else the file's shared ones."""
-    return fam.get("configs", cfg["configs"])
-
-
 def _require_composable(suffix: str, model: dict) -> None:
-    """Only GQA attention and MoE layers without shared experts are composed: an MLA model's
-    projections and a shared expert's GEMMs are not in this composition yet."""
-    if attention_kind(model) != "gqa" or model.get("shared_experts"):
-        raise ValueError(f"conf/cells/vidur.yaml family {suffix}: {model['name']} has "
-                         f"{attention_kind(model).upper()} attention and "
-                         f"{model.get('shared_experts', 0)} shared experts; the cells compose GQA "
-                         "models without shared experts only. Remove it from the family's configs.")
+    if why := uncomposable_reason(model):
+        raise ValueError(f"conf/cells/vidur.yaml family {suffix}: {model['name']} has {why}. "
+                         "Remove it from the family's configs.")
 
 
 def _sample(entry: dict, found: dict, per_phase: int, members: list[Grid], model: dict) -> list:
@@ -210,82 +216,6 @@ def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally,
         lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": p.table, "key": p.key,
                      "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
     name = f"{gpu['short_name']}_{suffix}"
-    card = _card(con, name, grid, cells, cfg, fam, tally, len(workloads) - len(cells) - too_big,
-                 too_big, models, gpus)
+    card = vidur_card.render(con, name, grid, cells, cfg, fam, tally,
+                             len(workloads) - len(cells) - too_big, too_big, models, gpus)
     return cell_set(name, grid.sku, cells, lineage, card)
-
-
-def _card(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int,
-          too_big: int, models: dict, gpus: dict[str, GpuSpec]) -> str:
-    gpu = gpus[grid.sku]
-    counts = phase_counts(cells)
-    replayed = sum(c["weight"] for c in cells)
-    warm = [c for c in cells if c["warm_share"] > 0]
-    gt = sum(c["gt_ms"] for c in cells) or 1.0
-    return render_card(
-        fam.get("card", "vidur"), name=name, gemm_dtype=fam.get("gemm_dtype", "bf16"),
-        by_config=_by_config(cells), sku=grid.sku, version=grid.version, cells=len(cells),
-        **counts,
-        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in _configs(cfg, fam)),
-        family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
-        missing=missing, composed=sum(c["composed"] for c in cells), distortion=tally.table(),
-        per_phase=cfg["cells_per_phase"],
-        origin=_origin(cells),
-        replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
-        warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
-        warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
-        files=source_lines(con, grid.files), fp8_checks=_fp8_checks(con, gpus),
-        too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
-        lm_head=_lm_head(_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
-        distribution=fam.get("moe_distribution"), home=families.of(name).home,
-    )
-
-
-def _lm_head(configs: list[dict], models: dict, dtype: str) -> str:
-    """Markdown: per configuration, the LM head's weight bytes against all its layers' linear
-    weights (what a memory-bound decode step streams), from the model shapes."""
-    rows = ["| model | TP | LM head / layers' linear weights |", "|---|---|---|"]
-    for entry in configs:
-        model, tp = models[entry["model"]], entry["tp"]
-        share = memory.lm_head_bytes(model, tp) / (
-            model["num_layers"] * memory.layer_weight_bytes(model, tp, dtype))
-        rows.append(f"| {entry['model']} | {tp} | {share:.1%} |")
-    return "\n".join(rows)
-
-
-def _fp8_checks(con, gpus: dict[str, GpuSpec]) -> str:
-    """Markdown: every FP8 table the build checked (``fp8_check``), kept or quarantined. The
-    store holds the kept tables' FP8 rows only, so the check rerun on it gives those."""
-    gemm = con.sql(f"""SELECT source, sku, backend_version, dtype, m, n, k, latency_ms FROM gemm
-                           WHERE source = '{fp8_check.SOURCE}' AND m >= {fp8_check.LARGE}
-                           AND n >= {fp8_check.LARGE} AND k >= {fp8_check.LARGE}""").pl()
-    kept = [(r["sku"], r["backend_version"], "kept", fp8_check.detail(r))
-            for r in fp8_check.table_checks(gemm, gpus).iter_rows(named=True)]
-    dropped = con.execute("SELECT DISTINCT sku, json_extract_string(row, '$.backend_version'), "
-                          "'quarantined', detail FROM quarantine WHERE reason = ?",
-                          [fp8_check.REASON]).fetchall()
-    rows = sorted(kept + dropped, key=lambda r: (r[0], tuple(map(int, r[1].split(".")))))
-    return "\n".join(["| GPU | vLLM | verdict | measured |", "|---|---|---|---|",
-                      *(f"| {sku} | {v} | {verdict} | {what} |" for sku, v, verdict, what in rows)])
-
-
-def _origin(cells: list[dict]) -> str:
-    """Markdown: per phase, cells from replayed steps, uniform cells, and the replayed weight."""
-    total = sum(c["weight"] for c in cells) or 1
-    rows = ["| phase | cells from replayed steps | uniform cells | share of replayed weight |",
-            "|---|---|---|---|"]
-    for phase in PHASES:
-        mine = [c for c in cells if c["phase"] == phase]
-        replayed = [c for c in mine if c["weight"]]
-        rows.append(f"| {phase} | {len(replayed)} | {len(mine) - len(replayed)} | "
-                    f"{sum(c['weight'] for c in replayed) / total:.1%} |")
-    return "\n".join(rows)
-
-
-def _by_config(cells: list[dict]) -> str:
-    """Markdown: cells per phase and model x TP."""
-    rows = ["| model | TP | prefill | decode | mixed |", "|---|---|---|---|---|"]
-    for model, tp in sorted({(c["model"], c["tp"]) for c in cells}):
-        mine = Counter(c["phase"] for c in cells if (c["model"], c["tp"]) == (model, tp))
-        rows.append(f"| {model} | {tp} | " + " | ".join(str(mine[p]) for p in PHASES) + " |")
-    return "\n".join(rows)

@@ -21,7 +21,7 @@ import polars as pl
 
 from leaderboard.cells import memory
 from leaderboard.cells.common import render_card, source_lines
-from leaderboard_core.specs import GpuSpec, attention_kind, is_moe, load_models
+from leaderboard_core.specs import GpuSpec, is_moe, load_models, uncomposable_reason
 from leaderboard_core.versioning import content_hash
 
 SUPPORTED_PRECISIONS = ("bf16", "fp8")
@@ -74,9 +74,8 @@ def _moe_exclusion(row: dict, model: dict) -> str | None:
     compose (``leaderboard.cells.vidur_method``), one vLLM fused-MoE kernel per layer."""
     if row["backend"] not in MOE_BACKENDS:
         return f"MoE on {row['backend']}: the MoE kernel tables are vLLM's"
-    if attention_kind(model) != "gqa" or model["shared_experts"]:
-        return (f"{attention_kind(model).upper()} attention, {model['shared_experts']} shared "
-                "experts: the replay composes GQA MoE models without shared experts only")
+    if why := uncomposable_reason(model):
+        return why
     if (row["moe_ep"] or 1) > 1:
         return "expert parallelism: its all-to-all is in no measured table"
     if (row.get("moe_tp") or row["tp"]) != row["tp"]:

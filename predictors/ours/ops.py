@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from leaderboard_core.layer_work import routed_experts
 from predictors._roofline import BF16_BYTES, FP8_BYTES, ring_allreduce_s
 from predictors.ours import factors
 from predictors.ours.config import Device
@@ -131,8 +132,7 @@ def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
     activation, the top-k sum), each with the GEMM's floor. Where ``fp8``: 1-byte expert weights
     and the FP8 dense peak, activations in bf16 (as ``gemm`` prices an FP8 GEMM)."""
     m = c["moe"]
-    rows = tokens * topk
-    touched = np.minimum(experts, np.maximum(rows, 1.0))
+    rows, touched = routed_experts(tokens, topk, experts)
     per_expert = rows / touched
     block = np.where(tokens <= experts, m["block_m_small"], m["block_m"])
     padded = touched * np.ceil(per_expert / block) * block

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from leaderboard_core.layer_work import light_kernel_elements
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
 from predictors.ours import factors, ops
 from predictors.ours.config import Device
@@ -119,8 +120,7 @@ def wall_clock_extras(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str,
     LM head over each request's last token (T_samp without the sampler, which S(N) absorbs)."""
     lk = c["light_kernels"]
     t, h, kv = s.tokens, s.hidden, s.kv_heads * s.head_dim / s.tp
-    elements = t * (2 * 2 * h + 3 * s.ffn / s.tp + 2 * (h / s.tp + kv) + 2 * 3 * h + 2 * kv)
-    moved = BF16_BYTES * elements
+    moved = BF16_BYTES * light_kernel_elements(t, h, s.ffn / s.tp, h / s.tp, kv)
     eta_mem = (factors.l2_memory_efficiency(moved / lk["kernels_per_layer"], dev.l2_bytes,
                                                 c["memory_law"]) if sw.l2_memory else 1.0)
     floor = lk["kernels_per_layer"] * c["gemm"]["floor_s"] * dev.floor_scale if sw.floors else 0.0

@@ -1,0 +1,143 @@
+"""The card of a ``<sku>_vidur*`` dataset: what its cells hold and leave out, with every figure
+computed from the cells, the model shapes and the store (``datasets/cards/<template>.md``)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+from leaderboard import families
+from leaderboard.cells import fp8_check, memory
+from leaderboard.cells.common import PHASES, phase_counts, render_card, source_lines
+from leaderboard.cells.distortion import Tally
+from leaderboard.cells.grid import Grid
+from leaderboard_core.layer_work import light_kernel_elements, routed_experts
+from leaderboard_core.specs import GpuSpec, is_moe, moe_shapes, tp_shapes
+
+
+def configs(cfg: dict, fam: dict) -> list[dict]:
+    """The family's own model x TP configurations, else the file's shared ones."""
+    return fam.get("configs", cfg["configs"])
+
+
+def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int,
+          too_big: int, models: dict, gpus: dict[str, GpuSpec]) -> str:
+    gpu = gpus[grid.sku]
+    counts = phase_counts(cells)
+    replayed = sum(c["weight"] for c in cells)
+    warm = [c for c in cells if c["warm_share"] > 0]
+    gt = sum(c["gt_ms"] for c in cells) or 1.0
+    return render_card(
+        fam.get("card", "vidur"), name=name, gemm_dtype=fam.get("gemm_dtype", "bf16"),
+        by_config=_by_config(cells), sku=grid.sku, version=grid.version, cells=len(cells),
+        **counts,
+        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in configs(cfg, fam)),
+        family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
+        missing=missing, composed=sum(c["composed"] for c in cells), distortion=tally.table(),
+        per_phase=cfg["cells_per_phase"],
+        load_scales=" and ".join(f"{x:g}x" for x in cfg.get("load_scales", [1]) if x != 1) or "not",
+        origin=_origin(cells),
+        replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
+        warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
+        warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
+        files=source_lines(con, grid.files),
+        fp8_checks=_fp8_checks(con, gpus) if fam.get("gemm_dtype") == "fp8" else None,
+        too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
+        lm_head=_lm_head(configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
+        light_kernels=light_kernel_table(cells, models, fam.get("gemm_dtype", "bf16")),
+        distribution=fam.get("moe_distribution"), home=families.of(name).home,
+    )
+
+
+def _lm_head(configs: list[dict], models: dict, dtype: str) -> str:
+    """Markdown: per configuration, the LM head's weight bytes against all its layers' linear
+    weights (what a memory-bound decode step streams), from the model shapes."""
+    rows = ["| model | TP | LM head / layers' linear weights |", "|---|---|---|"]
+    for entry in configs:
+        model, tp = models[entry["model"]], entry["tp"]
+        share = memory.lm_head_bytes(model, tp) / (
+            model["num_layers"] * memory.layer_weight_bytes(model, tp, dtype))
+        rows.append(f"| {entry['model']} | {tp} | {share:.1%} |")
+    return "\n".join(rows)
+
+
+def light_kernel_share(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int],
+                       dtype: str) -> float:
+    """The light kernels' share of one step's DRAM traffic per layer, from the shapes: their
+    bytes (``light_kernel_elements``, bf16) against those plus the heavy kernels' (the linear
+    weights the step reads, of an MoE layer only the experts some token routes to; each GEMM's
+    bf16 input and output; attention's Q and O; the KV cache)."""
+    s, tokens, layers = tp_shapes(model, tp), sum(q_lens), model["num_layers"]
+    kv_width = max(model["num_kv_heads"] // tp, 1) * model["head_dim"]
+    q_width = model["num_heads"] * model["head_dim"] / tp
+    attention = [s["qkv"], s["o"]]
+    dense = [s["gate_up"], s["down"]]
+    ffn_weights, ffn_acts = sum(n * k for n, k in dense), tokens * sum(n + k for n, k in dense)
+    act_width = s["down"][1]
+    if is_moe(model):  # the experts' activation runs inside the measured fused-MoE kernel
+        e = moe_shapes(model, tp)
+        rows, touched = routed_experts(tokens, e["topk"], e["experts"])
+        ffn_weights = (e["dense_layers"] * ffn_weights
+                       + e["moe_layers"] * touched * 3 * e["hidden"] * e["inter"]) / layers
+        ffn_acts = (e["dense_layers"] * ffn_acts
+                    + e["moe_layers"] * rows * (2 * e["hidden"] + 3 * e["inter"])) / layers
+        act_width = e["dense_layers"] * act_width / layers
+    weights = (sum(n * k for n, k in attention) + ffn_weights) * memory.GEMM_BYTES[dtype]
+    activations = memory.BF16_BYTES * (tokens * sum(n + k for n, k in attention) + ffn_acts
+                                       + 2 * tokens * q_width)
+    kv = memory.kv_bytes(model, tp, q_lens, ctx_lens) / layers
+    light = memory.BF16_BYTES * light_kernel_elements(
+        tokens, model["hidden_size"], act_width, q_width, kv_width)
+    return light / (light + weights + activations + kv)
+
+
+def light_kernel_table(cells: list[dict], models: dict, dtype: str) -> str:
+    """Markdown: per configuration and phase, the median light-kernel share of the cells'
+    DRAM traffic (``light_kernel_share``)."""
+    rows = ["| model | TP | prefill cells | decode cells |", "|---|---|---|---|"]
+    for name, tp in sorted({(c["model"], c["tp"]) for c in cells}):
+        shares = [
+            (f"{statistics.median(v):.1%}" if (v := [
+                light_kernel_share(models[name], tp, c["q_lens"], c["ctx_lens"], dtype)
+                for c in cells if (c["model"], c["tp"], c["phase"]) == (name, tp, phase)]) else "—")
+            for phase in ("prefill", "decode")]
+        rows.append(f"| {name} | {tp} | {shares[0]} | {shares[1]} |")
+    return "\n".join(rows)
+
+
+def _fp8_checks(con, gpus: dict[str, GpuSpec]) -> str:
+    """Markdown: every FP8 table the build checked (``fp8_check``), kept or quarantined. The
+    store holds the kept tables' FP8 rows only, so the check rerun on it gives those."""
+    gemm = con.sql(f"""SELECT source, sku, backend_version, dtype, m, n, k, latency_ms FROM gemm
+                           WHERE source = '{fp8_check.SOURCE}' AND m >= {fp8_check.LARGE}
+                           AND n >= {fp8_check.LARGE} AND k >= {fp8_check.LARGE}""").pl()
+    kept = [(r["sku"], r["backend_version"], "kept", fp8_check.detail(r))
+            for r in fp8_check.table_checks(gemm, gpus).iter_rows(named=True)]
+    dropped = con.execute("SELECT DISTINCT sku, json_extract_string(row, '$.backend_version'), "
+                          "'quarantined', detail FROM quarantine WHERE reason = ?",
+                          [fp8_check.REASON]).fetchall()
+    rows = sorted(kept + dropped, key=lambda r: (r[0], tuple(map(int, r[1].split(".")))))
+    return "\n".join(["| GPU | vLLM | verdict | measured |", "|---|---|---|---|",
+                      *(f"| {sku} | {v} | {verdict} | {what} |" for sku, v, verdict, what in rows)])
+
+
+def _origin(cells: list[dict]) -> str:
+    """Markdown: per phase, cells from replayed steps, uniform cells, and the replayed weight."""
+    total = sum(c["weight"] for c in cells) or 1
+    rows = ["| phase | cells from replayed steps | uniform cells | share of replayed weight |",
+            "|---|---|---|---|"]
+    for phase in PHASES:
+        mine = [c for c in cells if c["phase"] == phase]
+        replayed = [c for c in mine if c["weight"]]
+        rows.append(f"| {phase} | {len(replayed)} | {len(mine) - len(replayed)} | "
+                    f"{sum(c['weight'] for c in replayed) / total:.1%} |")
+    return "\n".join(rows)
+
+
+def _by_config(cells: list[dict]) -> str:
+    """Markdown: cells per phase and model x TP."""
+    rows = ["| model | TP | prefill | decode | mixed |", "|---|---|---|---|---|"]
+    for model, tp in sorted({(c["model"], c["tp"]) for c in cells}):
+        mine = Counter(c["phase"] for c in cells if (c["model"], c["tp"]) == (model, tp))
+        rows.append(f"| {model} | {tp} | " + " | ".join(str(mine[p]) for p in PHASES) + " |")
+    return "\n".join(rows)
