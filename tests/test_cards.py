@@ -140,3 +140,28 @@ def test_the_light_kernel_table_from_the_cells_by_hand(real_store, name):
             mid = len(by_hand) // 2
             median = by_hand[mid] if len(by_hand) % 2 else (by_hand[mid - 1] + by_hand[mid]) / 2
             assert float(share) == pytest.approx(100 * median, abs=0.05), (model_name, tp, phase)
+
+
+@pytest.mark.parametrize("name", ["a100_vidur", "l40s_vidur", "h200_vidur_moe"])
+def test_the_warm_origin_and_per_configuration_figures_are_the_stores(real_store, name):
+    card = _card(real_store, name)
+    where = f"WHERE dataset = '{name}'"
+    mean, summed = real_store.sql(f"SELECT avg(warm_share), sum(gt_ms * warm_share) / sum(gt_ms) "
+                                  f"FROM cells {where}")[0]
+    found = re.search(r"([\d.]+)% of a cell's ground truth on average, ([\d.]+)% of all", card)
+    assert found and float(found.group(1)) == pytest.approx(100 * mean, abs=0.05)
+    assert float(found.group(2)) == pytest.approx(100 * summed, abs=0.05)
+    total = real_store.sql(f"SELECT sum(weight) FROM cells {where}")[0][0]
+    for phase, replayed, uniform, share in re.findall(
+            r"\| (prefill|decode|mixed) \| (\d+) \| (\d+) \| ([\d.]+)% \|", card):
+        (n_replayed, n_uniform, weight), = real_store.sql(
+            f"SELECT count(*) FILTER (weight > 0), count(*) FILTER (weight = 0), "
+            f"coalesce(sum(weight), 0) FROM cells {where} AND phase = '{phase}'")
+        assert (int(replayed), int(uniform)) == (n_replayed, n_uniform), phase
+        assert float(share) == pytest.approx(100 * weight / total, abs=0.05), phase
+    per_config = re.findall(r"\| ([\w.-]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|", card)
+    assert per_config
+    for model, tp, *counts in per_config:
+        by_phase = dict(real_store.sql(f"SELECT phase, count(*) FROM cells {where} AND model = "
+                                       f"'{model}' AND tp = {tp} GROUP BY phase"))
+        assert [int(c) for c in counts] == [by_phase.get(p, 0) for p in ("prefill", "decode", "mixed")]

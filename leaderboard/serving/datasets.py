@@ -21,6 +21,7 @@ import polars as pl
 
 from leaderboard.cells import memory
 from leaderboard.cells.common import render_card, source_lines
+from leaderboard.serving import artefacts
 from leaderboard_core.specs import GpuSpec, is_moe, load_models, uncomposable_reason
 from leaderboard_core.versioning import content_hash
 
@@ -101,6 +102,9 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     models = load_models()
     runs = runs.with_columns(why=pl.Series([exclusion(r, gpus, models)
                                             for r in runs.iter_rows(named=True)], dtype=pl.String))
+    slope = artefacts.slope_artefacts(runs)
+    runs = runs.with_columns(why=pl.when(pl.col("row").is_in(list(slope)))
+                             .then(pl.lit(artefacts.REASON)).otherwise("why"))
     coverage = _coverage(runs)
     sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
     out = []
@@ -122,7 +126,8 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
                            precision=precision.upper(),
                            rows=len(group),
                            runs_total=len(runs), usable_total=int(runs["why"].is_null().sum()),
-                           coverage=coverage, sources=sources)
+                           coverage=coverage, sources=sources,
+                           slope_rows=len(slope), slope_fits=artefacts.fit_table(runs, slope))
         out.append((name, sku, targets, card))
     return out
 
