@@ -160,7 +160,7 @@ def test_the_warm_origin_and_per_configuration_figures_are_the_stores(real_store
         assert (int(replayed), int(uniform)) == (n_replayed, n_uniform), phase
         assert float(share) == pytest.approx(100 * weight / total, abs=0.05), phase
     per_config = re.findall(r"\| ([\w.-]+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|", card)
-    assert per_config
+    assert per_config or not name.endswith("_moe")  # only the MoE card has the table
     for model, tp, *counts in per_config:
         by_phase = dict(real_store.sql(f"SELECT phase, count(*) FROM cells {where} AND model = "
                                        f"'{model}' AND tp = {tp} GROUP BY phase"))
