@@ -1,8 +1,8 @@
 """The datasets as a Hugging Face dataset: export the store to a folder, read one back.
 
 ``python -m leaderboard.hub hub.export=PATH [hub.only=[NAME,...]] [hub.overwrite=true]`` writes
-every cell and op dataset of the store (``hub.only``: those named, plus each one's home) as a
-dataset folder:
+every cell, op and serving dataset of the store (``hub.only``: those named, plus each one's
+home) as a dataset folder:
 
     PATH/README.md                         the card; its YAML ``configs:`` lists every config
     PATH/catalog/catalog.parquet           config ``catalog``: name, kind, sku, version per dataset
@@ -10,6 +10,7 @@ dataset folder:
     PATH/<name>/lineage.parquet            config ``<name>_lineage``, split ``lineage``
     PATH/<sku>_ops/points.parquet          config ``<sku>_ops``, split ``points``
     PATH/<sku>_ops/collectives.parquet     config ``<sku>_collectives``: its all-reduce points
+    PATH/<name>/targets.parquet            config ``<name>``, split ``targets``: a serving set
     PATH/coefficients/coefficients.parquet config ``coefficients``
     PATH/<name>/card.md                    the store's card of each dataset
 
@@ -37,6 +38,7 @@ from leaderboard.cells.ops import COLLECTIVE_SCHEMA
 from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
+from leaderboard.serving.datasets import TARGET_SCHEMA
 from leaderboard.tables import TABLES
 from leaderboard_core import guard, paths
 
@@ -166,6 +168,11 @@ class HubCatalog:
                            "full-grid home; export it, or pass split.home_points=behind_cells")
         points = self._load(collectives_config(sku), "collectives", COLLECTIVE_SCHEMA)
         return points.filter(version=version)
+
+    def serving_targets(self, name: str) -> pl.DataFrame:
+        if self._kind(name) != "serving":
+            raise HubError(f"'{name}' is not a serving dataset of {self.repo}")
+        return self._load(name, "targets", TARGET_SCHEMA)
 
     def coefficients(self) -> pl.DataFrame:
         return self._load("coefficients", "coefficients", COEFFICIENT_SCHEMA)

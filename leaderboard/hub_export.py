@@ -29,18 +29,13 @@ TAGS = ["llm", "inference", "latency", "gpu", "benchmark"]
 
 
 def selected(rows: dict[str, dict], only: list[str] | None) -> list[str]:
-    """Every dataset of cells or op points, or those named plus each one's home, which a run
-    needs to fit on. Serving datasets are not exported: ``dataset=hf`` does not read them."""
-    serving = sorted(n for n, row in rows.items() if row["kind"] == "serving")
+    """Every dataset (cells, op points, serving targets), or those named plus each one's home,
+    which a run needs to fit on."""
     if not only:
-        return sorted(set(rows) - set(serving))
+        return sorted(rows)
     names = set()
     for name in only:
         homes.require_dataset(rows, name)
-        if name in serving:
-            raise ValueError(f"hub.only: {name} is a serving dataset, which the export does not "
-                             "carry (dataset=hf reads cells and op points only); score it from "
-                             f"the local store: python -m leaderboard dataset={name} ...")
         home = homes.home_of(name, None, rows)
         # the home GPU's op points and all-reduces: its full grid (leaderboard.home_grid)
         grid = {f"{rows[home]['sku']}_ops"} & set(rows)
@@ -118,12 +113,15 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
             row = rows[name]
             progress.update(task, description=f"exporting {name}")
             sources = source_rows(con, name, cards[name])
-            parts = ([(name, "cells", catalog.cells(name)),
-                      (lineage_config(name), "lineage", catalog.lineage(name))]
-                     if row["kind"] == "cells" else
-                     [(name, "points", catalog.op_points(name)),
-                      (collectives_config(row["sku"]), "collectives",
-                       catalog.collective_points(row["sku"], row["backend_versions"][0]))])
+            if row["kind"] == "cells":
+                parts = [(name, "cells", catalog.cells(name)),
+                         (lineage_config(name), "lineage", catalog.lineage(name))]
+            elif row["kind"] == "serving":
+                parts = [(name, "targets", catalog.serving_targets(name))]
+            else:
+                parts = [(name, "points", catalog.op_points(name)),
+                         (collectives_config(row["sku"]), "collectives",
+                          catalog.collective_points(row["sku"], row["backend_versions"][0]))]
             for config, split, frame in parts:
                 configs.append({"config": config, "split": split, "rows": len(frame),
                                 "path": _write_split(root, name, split, frame),

@@ -21,7 +21,7 @@ from leaderboard_core.contract import PredictorCard
 from predictors import registry
 from predictors.base import Predictor
 
-ONLY = ["h200_vidur", "h100_splitwise", "h200_sxm_ops"]
+ONLY = ["h200_vidur", "h100_splitwise", "h200_sxm_ops", "h100_silicon"]
 HOMES = ["a100_vidur", "a100_splitwise", "a100_sxm_ops"]  # added by --only, to fit on
 @pytest.fixture(scope="module")
 def exported(real_store, tmp_path_factory) -> Path:
@@ -50,6 +50,9 @@ def test_round_trip_gives_the_store_frames(exported, store_home):
                     want, got = getattr(local, read)(name), getattr(hub, read)(name)
                     assert len(got) > 0 and got.schema == want.schema and got.equals(want), \
                         (name, read)
+            elif rows[name]["kind"] == "serving":
+                want, got = local.serving_targets(name), hub.serving_targets(name)
+                assert len(got) > 0 and got.schema == want.schema and got.equals(want), name
             else:
                 want, got = local.op_points(name), hub.op_points(name)
                 assert len(got) > 0 and got.schema == want.schema and got.equals(want), name
@@ -62,11 +65,12 @@ def test_card_lists_every_config_with_version_and_license(exported, real_store):
     folders = {f"{p.parent.name}/{p.name}" for p in exported.glob("*/*.parquet")}
     listed = {c["config_name"]: c["data_files"][0] for c in meta["configs"]}
     assert {f["path"] for f in listed.values()} == folders
-    cells = [n for n in ONLY + HOMES if not n.endswith("_ops")]
+    cells = [n for n in ONLY + HOMES if not n.endswith(("_ops", "_silicon"))]
     ops = [n for n in ONLY + HOMES if n.endswith("_ops")]
     assert set(listed) == {*ONLY, *HOMES, *(f"{n}_lineage" for n in cells), "coefficients",
                            "catalog", *(n.replace("_ops", "_collectives") for n in ops)}
     assert listed["h200_vidur_lineage"] == {"split": "lineage", "path": "h200_vidur/lineage.parquet"}
+    assert listed["h100_silicon"] == {"split": "targets", "path": "h100_silicon/targets.parquet"}
     assert meta["license"] == ["apache-2.0", "mit"]
     body = (exported / "README.md").read_text()
     (version,), = real_store.sql("SELECT version FROM datasets WHERE name = 'h200_vidur'")
@@ -222,13 +226,15 @@ def test_hub_help_lists_its_overrides(capsys):
     assert "overrides (hub.*)" in out and "overwrite: false" in out
 
 
-def test_serving_datasets_are_left_out_of_the_export_and_refused_by_name():
-    from leaderboard.hub_export import selected
-
-    rows = {"a100_vidur": {"kind": "cells", "sku": "a100_sxm"},
-            "h200_vidur": {"kind": "cells", "sku": "h200_sxm"},
-            "a100_sxm_ops": {"kind": "ops", "sku": "a100_sxm"},
-            "h100_silicon": {"kind": "serving", "sku": "h100_sxm"}}
-    assert selected(rows, None) == ["a100_sxm_ops", "a100_vidur", "h200_vidur"]
-    with pytest.raises(ValueError, match="h100_silicon is a serving dataset"):
-        selected(rows, ["h100_silicon"])
+def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp_path,
+                                                       monkeypatch):
+    spec = evaluate.RunSpec("ours", "h100_silicon", {}, runs_dir=tmp_path)
+    local = evaluate.run(spec)
+    monkeypatch.setattr(evaluate, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
+    from_hub = evaluate.run(spec)
+    assert from_hub.metrics["valid"] and from_hub.metrics["level"] == "serving"
+    assert from_hub.metrics["dataset_version"] == local.metrics["dataset_version"]
+    assert from_hub.predictions.drop("run_id", strict=False).equals(
+        local.predictions.drop("run_id", strict=False))
+    with pytest.raises(HubError, match="not a serving dataset"):
+        HubCatalog(str(exported)).serving_targets("h200_vidur")
