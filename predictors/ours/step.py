@@ -120,7 +120,9 @@ def wall_clock_extras(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str,
     LM head over each request's last token (T_samp without the sampler, which S(N) absorbs)."""
     lk = c["light_kernels"]
     t, h, kv = s.tokens, s.hidden, s.kv_heads * s.head_dim / s.tp
-    moved = BF16_BYTES * light_kernel_elements(t, h, s.ffn / s.tp, h / s.tp, kv)
+    # An MoE layer's activation runs inside its fused kernel: only dense layers have their own.
+    act = s.ffn / s.tp * s.dense_layers / s.layers
+    moved = BF16_BYTES * light_kernel_elements(t, h, act, h / s.tp, kv)
     eta_mem = (factors.l2_memory_efficiency(moved / lk["kernels_per_layer"], dev.l2_bytes,
                                                 c["memory_law"]) if sw.l2_memory else 1.0)
     floor = lk["kernels_per_layer"] * c["gemm"]["floor_s"] * dev.floor_scale if sw.floors else 0.0
