@@ -19,6 +19,7 @@ from rich.progress import Progress
 
 from leaderboard import homes, store
 from leaderboard.catalog import StoreCatalog
+from leaderboard.cells.traces import base_trace
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
 from leaderboard_core import paths
 
@@ -46,8 +47,8 @@ def selected(rows: dict[str, dict], only: list[str] | None) -> list[str]:
 def source_rows(con: duckdb.DuckDBPyConnection, name: str, card: str) -> list[tuple]:
     """(rel, repo, commit, license) of the upstream files behind a dataset: those its card lists,
     and the request traces its workloads were replayed from (the cards list measured files only)."""
-    traces = [t for (t,) in con.execute("SELECT DISTINCT trace FROM cells WHERE dataset = ? "
-                                        "AND trace IS NOT NULL", [name]).fetchall()]
+    traces = sorted({base_trace(t) for (t,) in con.execute(
+        "SELECT DISTINCT trace FROM cells WHERE dataset = ? AND trace IS NOT NULL", [name]).fetchall()})
     files = {f for (f,) in con.execute("SELECT DISTINCT file FROM request_traces "
                                        "WHERE list_contains(?, trace)", [traces]).fetchall()}
     if "sharegpt" in traces:  # leaderboard.cells.traces replays LLMServingSim's serving requests

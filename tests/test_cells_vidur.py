@@ -249,3 +249,25 @@ def test_malformed_trace_row_is_named():
         check_rows("demo", [10, -3], [5, 5], [0.0, 1.0])
     with pytest.raises(TraceError, match=r"row 0: arrival = nan"):
         check_rows("demo", [10], [5], [float("nan")])
+
+
+def test_a_load_scale_compresses_the_arrivals_and_labels_the_trace():
+    import duckdb
+
+    from leaderboard.cells import traces
+    from leaderboard.cells.scheduler import STEP_SECONDS
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE request_traces (trace VARCHAR, request_idx BIGINT, "
+                "prefill_tokens BIGINT, decode_tokens BIGINT, arrived_at_s DOUBLE)")
+    con.execute("INSERT INTO request_traces VALUES ('t', 0, 100, 5, 0.0), ('t', 1, 200, 5, 1.0), "
+                "('t', 2, 300, 5, 2.0)")
+    cfg = {"requests_per_trace": 10, "seed": 0, "arrival_rate_per_s": 1.0}
+    at = [r.arrival_step for r in traces.trace_requests(con, "t", cfg, None)]
+    fast = [r.arrival_step for r in traces.trace_requests(con, "t", cfg, None, load_scale=4)]
+    assert at == [0, round(1 / STEP_SECONDS), round(2 / STEP_SECONDS)]
+    assert fast == [0, round(0.25 / STEP_SECONDS), round(0.5 / STEP_SECONDS)]
+    assert traces.trace_label("t", 1) == "t" and traces.trace_label("t", 4) == "t@4x"
+    assert traces.base_trace("t@4x") == traces.base_trace("t") == "t"
+    with pytest.raises(traces.TraceError, match="load_scales: 0"):
+        traces.trace_requests(con, "t", cfg, None, load_scale=0)

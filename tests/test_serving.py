@@ -277,24 +277,30 @@ def test_an_fp8_serving_set_replays_fp8_steps_and_a_bf16_only_predictor_declines
         run(RunSpec("genz", "h200_silicon_fp8", {}, runs_dir=tmp_path / "runs"))
 
 
-def test_the_slope_artefact_is_found_by_its_fit_and_a_replayable_group_is_not():
+def test_the_slope_artefact_is_a_ttft_that_falls_with_load_and_a_growing_one_is_not():
     import polars as pl
 
     from leaderboard.serving import artefacts
 
-    def group(tp: int, b: float) -> list[dict]:
+    def group(tp: int, b: float, growth: float = 0.0, osls=(128, 256, 512)) -> list[dict]:
         return [{"row": 100 * tp + i, "sku": "h100_sxm", "model_path": "m", "backend": "trtllm",
                  "backend_version": "1", "precision": "bf16", "tp": tp, "isl": 1024, "osl": osl,
                  "concurrency": c, "batch_size": c, "tpot_ms": 8.0 + c / 8,
-                 "ttft_ms": 60 + b * (osl - 1) * (8.0 + c / 8) / (c - 1) + (i % 3), "why": None}
-                for i, (osl, c) in enumerate((o, c) for o in (128, 256, 512) for c in (8, 16, 32))]
+                 "ttft_ms": 60 + growth * c + (b * (osl - 1) * (8.0 + c / 8) / (c - 1)
+                                               if c > 1 else 0.0),
+                 "why": None}
+                for i, (osl, c) in enumerate((o, c) for o in osls for c in (1, 8, 16, 32, 64))]
 
-    runs = pl.DataFrame(group(1, 0.85) + group(2, 0.02) + [
-        {**r, "why": "left out already"} for r in group(4, 0.85)])
+    runs = pl.DataFrame(group(1, 0.85)  # falls with load: the artefact
+                        + group(2, 0.02, growth=4.0)  # TTFT grows with load: replayable
+                        + group(3, 0.85, osls=(512,))  # one output length: no evidence
+                        + group(5, 0.3, growth=-0.5)  # falls, but b too small to be a wait
+                        + [{**r, "why": "left out already"} for r in group(4, 0.85)])
     found = artefacts.slope_artefacts(runs)
-    assert sorted(found) == list(range(100, 109))  # the b = 0.85 group, not b = 0.02 or TP4
-    a, b, r2 = found[100]
-    assert b == pytest.approx(0.85, abs=0.01) and a == pytest.approx(61, abs=1) and r2 > 0.99
+    # the TP1 group's rows at 1 < c <= 32 only: i = osl index * 5 + c index
+    assert sorted(found) == [100 + 5 * o + k for o in range(3) for k in (1, 2, 3)]
+    a, b, r2 = found[101]
+    assert b == pytest.approx(0.85, abs=0.01) and a == pytest.approx(60, abs=1) and r2 > 0.99
 
 
 def test_the_slope_rows_left_out_of_h100_silicon_are_the_llama_8b_trtllm_campaign(real_store):
@@ -303,16 +309,17 @@ def test_the_slope_rows_left_out_of_h100_silicon_are_the_llama_8b_trtllm_campaig
     rows = real_store.sql("SELECT tp, isl, osl, coalesce(concurrency, batch_size), ttft_ms, "
                           "tpot_ms FROM serving_runs WHERE sku = 'h100_sxm' AND backend = "
                           "'trtllm' AND model_path LIKE '%Llama-3.1-8B%' AND mode = 'agg'")
-    by_hand = []
+    flagged = 0
     for tp, isl in {(r[0], r[1]) for r in rows}:
         g = np.array([r[2:] for r in rows if (r[0], r[1]) == (tp, isl) and 1 < r[3] <= 32], float)
+        falls = all(g[(g[:, 0] == osl) & (g[:, 1] == g[g[:, 0] == osl, 1].max()), 2][0]
+                    < g[(g[:, 0] == osl) & (g[:, 1] == g[g[:, 0] == osl, 1].min()), 2][0]
+                    for osl in set(g[:, 0]))
         x = (g[:, 0] - 1) * g[:, 3] / (g[:, 1] - 1)
-        slope, intercept = np.polyfit(x, g[:, 2], 1)
-        r2 = 1 - ((g[:, 2] - (intercept + slope * x)) ** 2).sum() / ((g[:, 2] - g[:, 2].mean()) ** 2).sum()
-        if 0.7 <= slope <= 1.1 and r2 >= 0.6:
-            by_hand.append(len(g))
+        slope, _ = np.polyfit(x, g[:, 2], 1)
+        flagged += len(g) if falls and slope > 0.5 else 0
     card = real_store.sql("SELECT card FROM datasets WHERE name = 'h100_silicon'")[0][0]
-    assert f"explain ({sum(by_hand)}," in card and sum(by_hand) >= 100
-    kept = real_store.sql("SELECT count(*) FROM serving_targets WHERE dataset = 'h100_silicon' "
-                          "AND backend = 'trtllm' AND model = 'llama-3.1-8b' AND concurrency <= 32")
-    assert kept == [(0,)]
+    assert f"explain ({flagged}," in card and flagged == 63  # 7 of the campaign's 12 groups
+    (total,) = real_store.sql("SELECT count(*) FROM serving_targets WHERE dataset = "
+                              "'h100_silicon' AND backend = 'trtllm' AND model = 'llama-3.1-8b'")[0]
+    assert total == 177 - flagged  # its other rows stay

@@ -52,3 +52,8 @@ def source_lines(con: duckdb.DuckDBPyConnection, files: Iterable[tuple[str, str]
 
 def render_card(template: str, **fields) -> str:
     return (paths.DATASETS_DIR / "cards" / f"{template}.md").read_text().format(**fields)
+
+
+def family_configs(cfg: dict, fam: dict) -> list[dict]:
+    """A ``conf/cells/vidur.yaml`` family's own model x TP configurations, else the file's."""
+    return fam.get("configs", cfg["configs"])

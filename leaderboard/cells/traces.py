@@ -68,6 +68,11 @@ def trace_label(trace: str, load_scale: float) -> str:
     return trace if load_scale == 1 else f"{trace}@{load_scale:g}x"
 
 
+def base_trace(label: str) -> str:
+    """The store's trace name behind a cell's ``trace`` label (``trace_label``)."""
+    return label.split("@", 1)[0]
+
+
 def replayed_steps(con, cfg: dict) -> Iterator[tuple[str, str, list[Slot]]]:
     """Every step of every (trace, load scale, scheduler) replay, with its trace label
     (``<trace>@<scale>x`` under a compressed load) and scheduler label."""

@@ -8,16 +8,11 @@ from collections import Counter
 
 from leaderboard import families
 from leaderboard.cells import fp8_check, memory
-from leaderboard.cells.common import PHASES, phase_counts, render_card, source_lines
+from leaderboard.cells.common import PHASES, family_configs, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid
 from leaderboard_core.layer_work import light_kernel_elements, routed_experts
 from leaderboard_core.specs import GpuSpec, is_moe, moe_shapes, tp_shapes
-
-
-def configs(cfg: dict, fam: dict) -> list[dict]:
-    """The family's own model x TP configurations, else the file's shared ones."""
-    return fam.get("configs", cfg["configs"])
 
 
 def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int,
@@ -31,11 +26,11 @@ def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, mis
         fam.get("card", "vidur"), name=name, gemm_dtype=fam.get("gemm_dtype", "bf16"),
         by_config=_by_config(cells), sku=grid.sku, version=grid.version, cells=len(cells),
         **counts,
-        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in configs(cfg, fam)),
+        configs=", ".join(f"{c['model']} TP{c['tp']}" for c in family_configs(cfg, fam)),
         family=", ".join(fam["gpus"]), member="yes" if grid.sku in fam["gpus"] else "no",
         missing=missing, composed=sum(c["composed"] for c in cells), distortion=tally.table(),
         per_phase=cfg["cells_per_phase"],
-        load_scales=" and ".join(f"{x:g}x" for x in cfg.get("load_scales", [1]) if x != 1) or "not",
+        load_scales=_load_phrase(cfg.get("load_scales", [1])),
         origin=_origin(cells),
         replayed_share=f"{replayed / max(sum(tally.steps.values()), 1):.1%}",
         warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
@@ -43,10 +38,19 @@ def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, mis
         files=source_lines(con, grid.files),
         fp8_checks=_fp8_checks(con, gpus) if fam.get("gemm_dtype") == "fp8" else None,
         too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
-        lm_head=_lm_head(configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
+        lm_head=_lm_head(family_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
         light_kernels=light_kernel_table(cells, models, fam.get("gemm_dtype", "bf16")),
         distribution=fam.get("moe_distribution"), home=families.of(name).home,
     )
+
+
+def _load_phrase(scales: list[float]) -> str:
+    """How the traces were offered, from ``load_scales`` (``leaderboard.cells.traces``)."""
+    faster = " and ".join(f"{x:g}x" for x in scales if x != 1)
+    own = "at its own arrival times" if 1 in scales else ""
+    if not faster:
+        return own
+    return f"{own} and again {faster} faster" if own else f"{faster} faster than its arrival times"
 
 
 def _lm_head(configs: list[dict], models: dict, dtype: str) -> str:

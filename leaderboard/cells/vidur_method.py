@@ -21,7 +21,7 @@ import duckdb
 import yaml
 
 from leaderboard.cells import memory, vidur_card
-from leaderboard.cells.common import cell_set
+from leaderboard.cells.common import cell_set, family_configs
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versions, vidur_version
 from leaderboard.cells.schema import CellSet, is_decode, workload_id
@@ -145,7 +145,7 @@ def _family(con, gpus, cfg, skus, shapes, suffix: str, fam: dict, dense_memo: di
         return []
     axes, models, tally = common_axes(members), load_models(), Tally()
     by_rule: dict[tuple, list[dict]] = {}  # configurations of one token rule snap alike
-    for entry in vidur_card.configs(cfg, fam):
+    for entry in family_configs(cfg, fam):
         _require_composable(suffix, models[entry["model"]])
         by_rule.setdefault(_token_rule(models[entry["model"]], entry["tp"]), []).append(entry)
     workloads = []

@@ -133,7 +133,7 @@ def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
     and the FP8 dense peak, activations in bf16 (as ``gemm`` prices an FP8 GEMM)."""
     m = c["moe"]
     rows, touched = routed_experts(tokens, topk, experts)
-    per_expert = rows / touched
+    per_expert = rows / np.maximum(touched, 1.0)  # a step of no tokens routes none
     block = np.where(tokens <= experts, m["block_m_small"], m["block_m"])
     padded = touched * np.ceil(per_expert / block) * block
     flops = 2.0 * padded * hidden * 3.0 * inter

@@ -122,7 +122,7 @@ def wall_clock_extras(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str,
     t, h, kv = s.tokens, s.hidden, s.kv_heads * s.head_dim / s.tp
     # An MoE layer's activation runs inside its fused kernel: only dense layers have their own.
     act = s.ffn / s.tp * s.dense_layers / s.layers
-    moved = BF16_BYTES * light_kernel_elements(t, h, act, h / s.tp, kv)
+    moved = BF16_BYTES * light_kernel_elements(t, h, act, s.heads * s.head_dim / s.tp, kv)
     eta_mem = (factors.l2_memory_efficiency(moved / lk["kernels_per_layer"], dev.l2_bytes,
                                                 c["memory_law"]) if sw.l2_memory else 1.0)
     floor = lk["kernels_per_layer"] * c["gemm"]["floor_s"] * dev.floor_scale if sw.floors else 0.0
