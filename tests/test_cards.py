@@ -165,3 +165,33 @@ def test_the_warm_origin_and_per_configuration_figures_are_the_stores(real_store
         by_phase = dict(real_store.sql(f"SELECT phase, count(*) FROM cells {where} AND model = "
                                        f"'{model}' AND tp = {tp} GROUP BY phase"))
         assert [int(c) for c in counts] == [by_phase.get(p, 0) for p in ("prefill", "decode", "mixed")]
+
+
+def test_the_replay_figures_a_card_states_are_recomputed_from_the_traces(real_store):
+    """The card's replayed-step count, its phase mix, the share dropped as chunks with prior
+    context and the share of replayed steps landing on this GPU's cells, recomputed from the
+    store's traces replayed through the schedulers, each step classified here from its slots."""
+    import duckdb
+
+    from leaderboard.cells.traces import replayed_steps
+
+    cfg = yaml.safe_load((paths.CONF_DIR / "cells" / "vidur.yaml").read_text())
+    with duckdb.connect(str(real_store.path), read_only=True) as con:
+        steps = [slots for _, _, slots in replayed_steps(con, cfg)]
+    phases = {"prefill": 0, "decode": 0, "mixed": 0}
+    prefix = 0
+    for slots in steps:
+        decode, prefill = any(s.decode for s in slots), any(not s.decode for s in slots)
+        phases["mixed" if decode and prefill else "decode" if decode else "prefill"] += 1
+        prefix += any(not s.decode and s.ctx > 0 for s in slots)
+    pairs = len(steps) * len(cfg["configs"])  # every configuration replays every step
+    card = _card(real_store, "h200_vidur")
+    found = re.search(r"of ([\d,]+) replayed \(configuration, step\) pairs snapped onto a "
+                      r"workload; ([\d.]+)% were dropped as chunks", card)
+    assert found and int(found.group(1).replace(",", "")) == pairs
+    assert float(found.group(2)) == pytest.approx(100 * prefix / len(steps), abs=0.05)
+    for phase, share in re.findall(r"\| (prefill|decode|mixed) \| ([\d.]+)% \| [\d.]+% \|", card):
+        assert float(share) == pytest.approx(100 * phases[phase] / len(steps), abs=0.05), phase
+    (weight,) = real_store.sql("SELECT sum(weight) FROM cells WHERE dataset = 'h200_vidur'")[0]
+    landed = re.search(r"\(([\d.]+)% of the family's\s+replayed configuration-steps land", card)
+    assert landed and float(landed.group(1)) == pytest.approx(100 * weight / pairs, abs=0.05)
