@@ -21,6 +21,16 @@ def _card(real_store, name: str) -> str:
     return real_store.sql(f"SELECT card FROM datasets WHERE name = '{name}'")[0][0]
 
 
+def _model(name: str) -> dict:
+    """A model's shapes, read straight from its conf/model yaml (not through the suite's loader)."""
+    return yaml.safe_load((paths.CONF_DIR / "model" / f"{name}.yaml").read_text())
+
+
+def _lens(*columns) -> list:
+    """q_lens / ctx_lens as lists, whether the store gave them as lists or JSON text."""
+    return [json.loads(v) if isinstance(v, str) else v for v in columns]
+
+
 def _number(text: str, pattern: str) -> int:
     found = re.search(pattern, text)
     assert found, pattern
@@ -54,7 +64,7 @@ def test_the_lm_head_table_from_the_shapes_by_hand(real_store, name):
     rows = re.findall(r"\| ([\w.-]+) \| (\d+) \| ([\d.]+)% \|", block)
     assert len(rows) == 9  # one per configuration of conf/cells/vidur.yaml
     for model_name, _tp, share in rows:
-        m = yaml.safe_load((paths.CONF_DIR / "model" / f"{model_name}.yaml").read_text())
+        m = _model(model_name)
         h, d, f = m["hidden_size"], m["head_dim"], m["intermediate_size"]
         per_layer = (h * (m["num_heads"] + 2 * m["num_kv_heads"]) * d + m["num_heads"] * d * h
                      + (3 if m["gated_mlp"] else 2) * h * f)  # q/k/v, o, the MLP
@@ -81,7 +91,7 @@ def test_no_cell_needs_more_memory_than_a_server_may_use(real_store):
                   + (3 if m["gated_mlp"] else 2) * h * f)
         weights = (layers * linear * (1 if dtype == "fp8" else 2)
                    + (1 if m.get("tied_embeddings") else 2) * m["vocab_size"] * h * 2) / tp
-        q_lens, ctx_lens = (json.loads(v) if isinstance(v, str) else v for v in (q_lens, ctx_lens))
+        q_lens, ctx_lens = _lens(q_lens, ctx_lens)
         kv = (sum(q_lens) + sum(ctx_lens)) * layers * 2 * max(m["num_kv_heads"] // tp, 1) * d * 2
         share = (weights + kv) / (gpus[sku]["mem_gb"] * 2**30)
         worst = max(worst, share)
@@ -131,10 +141,10 @@ def test_the_light_kernel_table_from_the_cells_by_hand(real_store, name):
                            f"WHERE dataset = '{name}'")
     assert len(rows) == len({(m, tp) for m, tp, *_ in cells}) >= 5
     for model_name, tp, *stated in rows:
-        m = yaml.safe_load((paths.CONF_DIR / "model" / f"{model_name}.yaml").read_text())
+        m = _model(model_name)
         for phase, share in zip(("prefill", "decode"), stated, strict=True):
             by_hand = sorted(_light_share_by_hand(
-                m, int(tp), *(json.loads(v) if isinstance(v, str) else v for v in (q, c)),
+                m, int(tp), *_lens(q, c),
                 1 if name.endswith("_fp8") else 2)
                 for mm, t, p, q, c in cells if (mm, t, p) == (model_name, int(tp), phase))
             mid = len(by_hand) // 2
