@@ -41,7 +41,9 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
 
 
 def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
-               gemm_dtype: str = "bf16") -> Policy:
+               gemm_dtype: str = "bf16", closed_loop: tuple[int, int] | None = None) -> Policy:
+    """The scheduler of one run; ``closed_loop``: (concurrency, isl) of a closed-loop run, whose
+    launcher may have set the limits from them (the backend's ``closed_loop_launch``)."""
     conf = load_conf()
     if backend not in conf["backends"]:
         raise ValueError(f"no scheduler for backend '{backend}'; add it to {CONF} "
@@ -49,6 +51,10 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
     b = conf["backends"][backend]
     limits = b["large_gpu" if float(gpu["mem_gb"]) >= b["large_gpu_min_gb"] else "small_gpu"]
     stated = conf.get("runs", {}).get(run, {})
+    if closed_loop is not None and "closed_loop_launch" in b:
+        concurrency, isl = closed_loop
+        stated = {"token_budget": concurrency + isl + b["closed_loop_launch"]["extra_tokens"],
+                  "max_seqs": concurrency, **stated}
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
                   stated.get("max_seqs", limits["max_seqs"]),
                   stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf,
@@ -66,9 +72,11 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
-        policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"])
+        closed = (first["concurrency"], first["isl"]) if load == "closed" else None
+        policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"],
+                            closed)
         rows = group["_i"].to_numpy()
-        if load == "closed":
+        if closed:
             c = first["concurrency"]
             timeline = closed_loop(policy, first["isl"], first["osl"], c, sim["waves"] * c,
                                    model, tp, timer, sim["closed_loop_start"], first["gemm_dtype"])
