@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from leaderboard import (
     atlas,
     debris,
+    home_grid,
     homes,
     metrics,
     predictor_index,
@@ -208,10 +209,15 @@ def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gp
     cells when it is one of the homes (a home is never scored as unseen), else all its cells."""
     parts, target = [], None
     for row, home_gpu in zip(home_rows, home_gpus, strict=True):
-        train, heldout = split(catalog.cells(row["name"]), "workload_id", spec.seed,
-                               spec.test_fraction)
-        parts.append(homes.build_home(catalog, row, train, home_gpu, load_models(),
-                                      homes.points_of(spec.home_points, [row], rows)))
+        points = homes.points_of(spec.home_points, [row], rows)
+        cells = catalog.cells(row["name"])
+        if spec.home_points == home_grid.HELD_OUT_SHAPES:  # whole configurations held out
+            cells = cells.with_columns(config=pl.col("model") + " TP" + pl.col("tp").cast(pl.Utf8))
+        train, heldout = split(cells, "config" if "config" in cells.columns else "workload_id",
+                               spec.seed, spec.test_fraction)
+        parts.append(homes.build_home(catalog, row, train.drop("config", strict=False), home_gpu,
+                                      load_models(), points, heldout))
+        heldout = heldout.drop("config", strict=False)
         if row["name"] == spec.dataset:
             target = heldout
     return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)

@@ -11,7 +11,12 @@ keys (``leaderboard.homes.op_points``) plus the dtypes, so predictors read them 
 Then the held-out home cells are in-sample: their points are in the grid, as they are for Vidur.
 
 ``home_points=behind_cells`` keeps the earlier protocol: only the points the training cells were
-summed from. ``home_points=every_shape`` gives every measured point of the home GPU at that
+summed from. ``home_points=held_out_shapes`` measures a home out of sample, as aiconfigurator's
+hold-one-out tests do: the home's cells are split by (model, TP) configuration instead of by
+workload, and fit gets the full grid of the training configurations less every point of a shape
+a held-out cell reads (its GEMMs' n and k, its head layout, its all-reduce sizes at its TP), so
+a lookup must interpolate or extrapolate every op of a scored cell.
+``home_points=every_shape`` gives every measured point of the home GPU at that
 version, whatever the shape (every GEMM n and k of the precision, every bf16 head layout,
 every all-reduce group): the serving oracle's home (``leaderboard.serving.oracle``), whose
 targets run models the home's cells never do.
@@ -24,7 +29,11 @@ import polars as pl
 from leaderboard.cells.grid import GEMM_DTYPES
 from leaderboard_core.specs import tp_shapes
 
-HOME_POINTS = ("full_grid", "behind_cells", "every_shape")
+HELD_OUT_SHAPES = "held_out_shapes"
+HOME_POINTS = ("full_grid", "behind_cells", "every_shape", HELD_OUT_SHAPES)
+# The key columns that make an op point a shape, per lineage op family.
+SHAPE_KEYS = {"gemm": ("n", "k"), "attn": ("num_heads", "num_kv_heads"),
+              "allreduce": ("num_gpus", "message_bytes")}
 GEMM_OPS = {"gemm_qkv": "qkv", "gemm_o": "o", "gemm_gate_up": "gate_up", "gemm_down": "down"}
 OPS_SUFFIX = "_ops"
 BF16 = "bfloat16"
@@ -85,6 +94,24 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
                                    collectives.filter(pl.col("num_gpus").is_in(tps)),
                                    COLLECTIVE_COLUMNS)
     return dict(sorted(out.items()))
+
+
+def without_shapes(grid: dict[str, pl.DataFrame], held_out: dict[str, pl.DataFrame]
+                   ) -> dict[str, pl.DataFrame]:
+    """``grid`` less every point of a shape ``held_out`` (op points, as ``homes.op_points``
+    gives them) reads: any op of the family (a GEMM's n and k are dropped from all four GEMM
+    ops)."""
+    out = {}
+    for op, points in grid.items():
+        keys = SHAPE_KEYS[_family(op)]
+        shapes = [p.select(keys) for o, p in held_out.items() if _family(o) == _family(op)]
+        out[op] = (points.join(pl.concat(shapes).unique(), on=list(keys), how="anti")
+                   if shapes else points)
+    return out
+
+
+def _family(op: str) -> str:
+    return next(f for f in SHAPE_KEYS if op.startswith(f))
 
 
 def _select(frame: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:

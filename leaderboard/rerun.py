@@ -6,7 +6,9 @@ with the family's ``two_homes``; and again leaving each GPU out, the other five 
 version-matched ``_vidur19`` sets (H100 home), the
 FP8-GEMM ``_vidur_fp8`` sets (H100 home), Vidur's own profiles (``_vidurprof``), the splitwise
 pair, the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the serving sets
-(``<sku>_silicon``, ``<sku>_silicon_fp8``, ``rtx4090_serving``), with the serving oracle.
+(``<sku>_silicon``, ``<sku>_silicon_fp8``, ``rtx4090_serving``), with the serving oracle, and each
+predictor on the ``_vidur`` home with whole configurations and their shapes held out
+(``split.home_points=held_out_shapes``).
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
 dataset's configured home), run in a pool of worker processes because a run is single-threaded,
@@ -31,7 +33,8 @@ from rich.console import Console
 from leaderboard import families, predictor_index, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
-from leaderboard.homes import leave_one_gpu_out
+from leaderboard.home_grid import HELD_OUT_SHAPES
+from leaderboard.homes import home_of, leave_one_gpu_out
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
@@ -77,6 +80,9 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
             others = leave_one_gpu_out(dataset, rows)
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
                               home=others) for name in names]
+        if fam.leave_one_out and dataset == home_of(dataset, None, rows):  # out of sample
+            specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
+                              home_points=HELD_OUT_SHAPES) for name in names]
         if fam.level == "serving" and (home := oracle_home(dataset, rows)):
             specs.append(RunSpec(predictor=ORACLE, dataset=dataset, params={}, runs_dir=runs_dir,
                                  home=home, home_points=ORACLE_POINTS))

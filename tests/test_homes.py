@@ -55,6 +55,53 @@ def test_full_grid_is_the_stores_whole_home_grid_and_holds_every_cell_point(stor
     assert raw == len(grid.home.ops["gemm_qkv"].filter(n=n, k=k)) > 0
 
 
+def test_held_out_shapes_holds_out_whole_configurations_and_every_shape_they_read(store_home):
+    """Out-of-sample home: no (model, TP) is on both sides, and no GEMM (n, k), head layout or
+    all-reduce (TP, bytes) that a scored cell's lineage names is left in any op of fit's grid;
+    the rest of the training configurations' grid is."""
+    out = load_inputs(RunSpec("genz", "a100_vidur", {}, home_points="held_out_shapes"))
+    full = load_inputs(RunSpec("genz", "a100_vidur", {}, home_points="full_grid"))
+    configs = lambda cells: set(cells.select("model", "tp").iter_rows())  # noqa: E731
+    held, trained = configs(out.target), configs(out.home.cells)
+    assert held and trained and not held & trained
+    assert held | trained == configs(full.home.cells) | configs(full.target)
+    con = duckdb.connect(str(store_home.path), read_only=True)
+    read = pl.DataFrame(con.execute(
+        "SELECT op, key FROM cell_lineage WHERE dataset = 'a100_vidur' AND list_contains(?, cell_id)",
+        [out.target["cell_id"].to_list()]).fetchall(), schema=["op", "key"], orient="row")
+    shapes = {"gemm": ["n", "k"], "attn": ["num_heads", "num_kv_heads"],
+              "allreduce": ["num_gpus", "message_bytes"]}
+    for family, keys in shapes.items():
+        keyed = read.filter(pl.col("op").str.starts_with(family))["key"].str.json_decode(
+            infer_schema_length=None).struct.unnest()
+        scored = set(keyed.select(keys).iter_rows())
+        assert scored, family
+        for op, points in out.home.ops.items():
+            if op.startswith(family):
+                left = set(points.select(keys).iter_rows())
+                assert not left & scored, op
+                # everything else the training configurations read stays
+                wanted = full.home.ops[op].join(pl.DataFrame(sorted(scored), schema=keys,
+                                                             orient="row"), on=keys, how="anti")
+                assert len(points) == len(wanted.filter(trained_shapes(op, trained))) > 0, op
+
+
+def trained_shapes(op: str, configs: set[tuple[str, int]]) -> pl.Expr:
+    """The points of ``op`` that the (model, TP) configurations read, from their shapes: a
+    GEMM's (n, k), a head layout, every message size at a TP degree above one."""
+    models = load_models()
+    shapes = [(tp_shapes(models[name], tp), tp) for name, tp in configs]
+    if op == "allreduce":
+        return pl.col("num_gpus").is_in([tp for _, tp in shapes if tp > 1])
+    if op.startswith("gemm"):
+        pairs = {shape[op.removeprefix("gemm_")] for shape, _ in shapes}
+        cols = ("n", "k")
+    else:
+        pairs = {(shape["heads"], shape["kv_heads"]) for shape, _ in shapes}
+        cols = ("num_heads", "num_kv_heads")
+    return pl.any_horizontal([(pl.col(cols[0]) == a) & (pl.col(cols[1]) == b) for a, b in pairs])
+
+
 def test_two_homes_fit_on_both_and_a_home_is_never_unseen(store_home, tmp_path):
     homes = ["a100_vidur", "h100_vidur"]
     h100 = load_inputs(RunSpec("genz", "h100_vidur", {}, home=homes))
