@@ -216,6 +216,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += report_protocols.leave_one_out_leaderboard(
         report_protocols.leave_one_out_runs(current, runs))
     body += report_protocols.baseline_strength(runs)
+    body += report_protocols.home_out_of_sample(current, runs)
     body += report_sections.predictor_sections(runs) + report_sections.kernel_floors()
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(

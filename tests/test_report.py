@@ -429,6 +429,24 @@ def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):
     assert any(line.startswith("| tiny | 12.5 |") for line in lines), lines
 
 
+def test_the_home_out_of_sample_sits_beside_the_default_home_and_off_the_leaderboard(
+        tmp_path, monkeypatch):
+    from leaderboard import report_leaderboard, report_protocols
+
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    write_run(tmp_path, "default", dataset="a100_vidur", phases={"all": {"n": 50, "mape": 3.0}})
+    write_run(tmp_path, "shapes", dataset="a100_vidur", home_points="held_out_shapes",
+              home_points_used="held_out_shapes",
+              phases={"all": {"n": 40, "mape": 21.5}, "decode": {"n": 30, "mape": 25.0}})
+    current = results.current(results.load_runs(tmp_path), VERSIONS).pl()
+    one_home = report_leaderboard.leaderboard_runs(current, sorted(VERSIONS))
+    assert one_home["run_id"].to_list() == ["default"]
+    lines = report_protocols.home_out_of_sample(current, one_home)
+    assert "| tiny | 3.0 | 21.5 | — | 25.0 | 40 |" in lines, lines
+    assert report_protocols.home_out_of_sample(current.filter(pl.col("run_id") == "default"),
+                                               one_home) == []
+
+
 def test_a_run_on_another_home_is_not_a_second_leaderboard_row():
     from leaderboard import predictor_index
     from leaderboard.split import default_split

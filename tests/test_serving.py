@@ -341,3 +341,24 @@ def test_the_slope_rows_left_out_of_h100_silicon_are_the_llama_8b_trtllm_campaig
     (total,) = real_store.sql("SELECT count(*) FROM serving_targets WHERE dataset = "
                               "'h100_silicon' AND backend = 'trtllm' AND model = 'llama-3.1-8b'")[0]
     assert total == 177 - flagged  # its other rows stay
+
+
+def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses():
+    """Synthetic oracle rows: the engine's TPOT is the oracle's plus 0.1 ms per client (100 µs a
+    client), its TTFT 20 % above: the table reads that back and names both goals missed."""
+    from leaderboard.serving.report import what_stops_the_oracle
+
+    c = np.array([8, 16, 64, 128])
+    tpot_pred, ttft_pred = 10.0 + 0 * c, 100.0 + 0 * c
+    rows = pl.DataFrame({
+        "dataset": "h100_silicon", "backend": "vllm", "concurrency": np.tile(c, 2),
+        "phase": ["tpot"] * 4 + ["ttft"] * 4,
+        "pred_ms": np.concatenate([tpot_pred, ttft_pred]),
+        "gt_ms": np.concatenate([tpot_pred + 0.1 * c, ttft_pred * 1.25])})
+    rows = rows.with_columns(signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
+    text = "\n".join(what_stops_the_oracle(rows))
+    row = next(line for line in text.splitlines() if line.startswith("| h100_silicon | vllm"))
+    cells = [x.strip() for x in row.strip("|").split("|")]
+    assert cells[2] == "4" and cells[4] == "-20.0"  # 100 / 125 - 1
+    assert cells[7] == "0.80 / 12.80" and cells[8] == "100.0"
+    assert "TTFT 20.0 % against 12 %" in text and "missed" in text
