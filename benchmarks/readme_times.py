@@ -47,6 +47,9 @@ EXAMPLES = [
     ("home points behind the training cells only",
      "python -m leaderboard predictor=rf_scaled dataset=a100_vidur "
      "split.home_points=behind_cells runs_dir={tmp}/runs", 1),
+    ("the home out of sample: whole configurations and their shapes held out",
+     "python -m leaderboard predictor=table_scaled dataset=a100_vidur "
+     "split.home_points=held_out_shapes runs_dir={tmp}/runs", 1),
     ("two homes", "python -m leaderboard predictor=genz_calibrated dataset=h200_vidur "
                   "dataset.home=[a100_vidur,h100_vidur] runs_dir={tmp}/runs", 1),
     ("leave one GPU out (the other five are the homes)",
