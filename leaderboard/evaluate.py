@@ -206,21 +206,39 @@ def _data_roots(spec: RunSpec) -> tuple[str, ...]:
 def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
                           rows: dict[str, dict]) -> tuple[Home, pl.DataFrame]:
     """Each home's training split (and op points), merged; the target is a home's held-out
-    cells when it is one of the homes (a home is never scored as unseen), else all its cells."""
+    cells when it is one of the homes (a home is never scored as unseen), else all its cells.
+    Under ``held_out_shapes`` the one home is the target, split by (model, TP) configuration."""
     parts, target = [], None
+    by_config = spec.home_points == home_grid.HELD_OUT_SHAPES
     for row, home_gpu in zip(home_rows, home_gpus, strict=True):
         points = homes.points_of(spec.home_points, [row], rows)
+        if by_config:
+            _require_one_home_with_a_grid(spec, home_rows, points)
         cells = catalog.cells(row["name"])
-        if spec.home_points == home_grid.HELD_OUT_SHAPES:  # whole configurations held out
+        if by_config:  # whole configurations held out
             cells = cells.with_columns(config=pl.col("model") + " TP" + pl.col("tp").cast(pl.Utf8))
-        train, heldout = split(cells, "config" if "config" in cells.columns else "workload_id",
-                               spec.seed, spec.test_fraction)
-        parts.append(homes.build_home(catalog, row, train.drop("config", strict=False), home_gpu,
-                                      load_models(), points, heldout))
-        heldout = heldout.drop("config", strict=False)
+        train, heldout = split(cells, "config" if by_config else "workload_id", spec.seed,
+                               spec.test_fraction)
+        train, heldout = train.drop("config", strict=False), heldout.drop("config", strict=False)
+        parts.append(homes.build_home(catalog, row, train, home_gpu, load_models(), points,
+                                      heldout))
         if row["name"] == spec.dataset:
             target = heldout
     return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)
+
+
+def _require_one_home_with_a_grid(spec: RunSpec, home_rows: list[dict], points: str) -> None:
+    names = [r["name"] for r in home_rows]
+    if names != [spec.dataset]:
+        raise ValueError(f"split.home_points={home_grid.HELD_OUT_SHAPES} scores one home on its "
+                         f"own held-out configurations; dataset {spec.dataset} with homes {names} "
+                         f"is not that (pass dataset={names[0]} and no dataset.home)")
+    if points != home_grid.HELD_OUT_SHAPES:
+        raise ValueError(f"split.home_points={home_grid.HELD_OUT_SHAPES} needs the measured op "
+                         f"grid of home {names[0]} ({home_rows[0]['sku']}"
+                         f"{home_grid.OPS_SUFFIX} at its backend version), which its family "
+                         "lacks; it fits on the points behind its cells (pass "
+                         "split.home_points=behind_cells)")
 
 
 def require_card_scope(name: str, card: dict, inputs: RunInputs) -> None:

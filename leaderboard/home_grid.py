@@ -14,8 +14,9 @@ Then the held-out home cells are in-sample: their points are in the grid, as the
 summed from. ``home_points=held_out_shapes`` measures a home out of sample, as aiconfigurator's
 hold-one-out tests do: the home's cells are split by (model, TP) configuration instead of by
 workload, and fit gets the full grid of the training configurations less every point of a shape
-a held-out cell reads (its GEMMs' n and k, its head layout, its all-reduce sizes at its TP), so
-a lookup must interpolate or extrapolate every op of a scored cell.
+a held-out cell reads (its GEMMs' n and k, its head layout, its all-reduce sizes at its TP),
+and the training cells that read one of those points are dropped too (their ground truth is
+made of them), so every op of a scored cell is a shape fit never saw.
 ``home_points=every_shape`` gives every measured point of the home GPU at that
 version, whatever the shape (every GEMM n and k of the precision, every bf16 head layout,
 every all-reduce group): the serving oracle's home (``leaderboard.serving.oracle``), whose
@@ -96,22 +97,48 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
     return dict(sorted(out.items()))
 
 
-def without_shapes(grid: dict[str, pl.DataFrame], held_out: dict[str, pl.DataFrame]
+def shapes_of(points: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    """Per op family (``SHAPE_KEYS``), the distinct shapes the op points (as
+    ``homes.op_points`` gives them) read."""
+    out: dict[str, list[pl.DataFrame]] = {}
+    for op, frame in points.items():
+        family = _family(op)
+        out.setdefault(family, []).append(frame.select(SHAPE_KEYS[family]))
+    return {family: pl.concat(frames).unique() for family, frames in out.items()}
+
+
+def without_shapes(grid: dict[str, pl.DataFrame], shapes: dict[str, pl.DataFrame]
                    ) -> dict[str, pl.DataFrame]:
-    """``grid`` less every point of a shape ``held_out`` (op points, as ``homes.op_points``
-    gives them) reads: any op of the family (a GEMM's n and k are dropped from all four GEMM
+    """``grid`` less every point of one of ``shapes`` (a GEMM's n and k leave all four GEMM
     ops)."""
     out = {}
     for op, points in grid.items():
-        keys = SHAPE_KEYS[_family(op)]
-        shapes = [p.select(keys) for o, p in held_out.items() if _family(o) == _family(op)]
-        out[op] = (points.join(pl.concat(shapes).unique(), on=list(keys), how="anti")
-                   if shapes else points)
+        family = _family(op)
+        out[op] = (points.join(shapes[family], on=list(SHAPE_KEYS[family]), how="anti")
+                   if family in shapes else points)
     return out
 
 
+def cells_reading(lineage: pl.DataFrame, shapes: dict[str, pl.DataFrame]) -> set[str]:
+    """The cells of ``lineage`` that read a point of one of ``shapes``."""
+    hits: set[str] = set()
+    for (op,), group in lineage.group_by("op"):
+        family = _family(op)
+        if family not in shapes:
+            continue
+        keys = group["key"].str.json_decode(infer_schema_length=None).struct.unnest()
+        read = pl.concat([group.select("cell_id"), keys.select(SHAPE_KEYS[family])],
+                         how="horizontal")
+        hits |= set(read.join(shapes[family], on=list(SHAPE_KEYS[family]), how="semi")["cell_id"])
+    return hits
+
+
 def _family(op: str) -> str:
-    return next(f for f in SHAPE_KEYS if op.startswith(f))
+    for family in SHAPE_KEYS:
+        if op.startswith(family):
+            return family
+    raise ValueError(f"op '{op}' has no shape keys for {HELD_OUT_SHAPES} (known op families: "
+                     f"{sorted(SHAPE_KEYS)}); its dataset has no op grid to hold shapes out of")
 
 
 def _select(frame: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:

@@ -120,19 +120,31 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
 def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
                home_points: str = "behind_cells", heldout: pl.DataFrame | None = None) -> Home:
     """The home fit sees; ``heldout``: the cells it scores, whose shapes ``held_out_shapes``
-    removes from the grid."""
+    removes from the grid and from the training cells."""
     home_grid.require_choice(home_points)
-    if home_points in ("full_grid", "every_shape", home_grid.HELD_OUT_SHAPES) and not train.is_empty():
+    shapes = None
+    if home_points == home_grid.HELD_OUT_SHAPES:
+        if heldout is None:
+            raise ValueError(f"{home_grid.HELD_OUT_SHAPES} needs the held-out cells of home "
+                             f"{row['name']}")
+        lineage = catalog.lineage(row["name"])
+        shapes = home_grid.shapes_of(op_points(lineage, heldout["cell_id"].to_list()))
+        reading = home_grid.cells_reading(
+            lineage.filter(pl.col("cell_id").is_in(train["cell_id"].to_list())), shapes)
+        train = train.filter(~pl.col("cell_id").is_in(sorted(reading)))
+        if train.is_empty():
+            raise ValueError(f"every training cell of home {row['name']} reads a shape of its "
+                             "held-out configurations; change split.seed or split.test_fraction")
+    if home_points != "behind_cells" and not train.is_empty():
         configs = (None if home_points == "every_shape"
                    else sorted(set(train.select("model", "tp").iter_rows())))
         dtypes = train["gemm_dtype"].unique().to_list()
         if len(dtypes) != 1:
-            raise ValueError(f"home {row['name']} mixes GEMM precisions {dtypes}; full_grid reads "
-                             "one (pass split.home_points=behind_cells)")
+            raise ValueError(f"home {row['name']} mixes GEMM precisions {dtypes}; "
+                             f"{home_points} reads one (pass split.home_points=behind_cells)")
         ops = home_grid.full_grid(catalog, row, configs, models, dtypes[0])
-        if home_points == home_grid.HELD_OUT_SHAPES and heldout is not None:
-            ops = home_grid.without_shapes(ops, op_points(catalog.lineage(row["name"]),
-                                                          heldout["cell_id"].to_list()))
+        if shapes is not None:
+            ops = home_grid.without_shapes(ops, shapes)
     else:
         ops = op_points(catalog.lineage(row["name"]), train["cell_id"].to_list())
     return Home(sku=row["sku"], gpu=gpu, dataset=row["name"], cells=train, ops=ops,

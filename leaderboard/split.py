@@ -36,6 +36,7 @@ def split(frame: pl.DataFrame, key: str, seed: int, test_fraction: float
     mask = is_heldout(frame[key], seed, test_fraction)
     train, test = frame.filter(~mask), frame.filter(mask)
     if len(train) == 0 or len(test) == 0:
-        raise ValueError(f"the split of {len(frame)} rows (seed {seed}, test_fraction "
-                         f"{test_fraction}) leaves one side empty; change split.test_fraction")
+        raise ValueError(f"the split of {frame[key].n_unique()} {key} values ({len(frame)} rows; "
+                         f"seed {seed}, test_fraction {test_fraction}) leaves one side empty; "
+                         "change split.seed or split.test_fraction")
     return train, test

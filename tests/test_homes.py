@@ -64,18 +64,26 @@ def test_held_out_shapes_holds_out_whole_configurations_and_every_shape_they_rea
     configs = lambda cells: set(cells.select("model", "tp").iter_rows())  # noqa: E731
     held, trained = configs(out.target), configs(out.home.cells)
     assert held and trained and not held & trained
-    assert held | trained == configs(full.home.cells) | configs(full.target)
+    # a training configuration may leave whole (its cells read a held-out shape), none joins
+    assert held | trained <= configs(full.home.cells) | configs(full.target)
     con = duckdb.connect(str(store_home.path), read_only=True)
     read = pl.DataFrame(con.execute(
         "SELECT op, key FROM cell_lineage WHERE dataset = 'a100_vidur' AND list_contains(?, cell_id)",
         [out.target["cell_id"].to_list()]).fetchall(), schema=["op", "key"], orient="row")
     shapes = {"gemm": ["n", "k"], "attn": ["num_heads", "num_kv_heads"],
               "allreduce": ["num_gpus", "message_bytes"]}
+    trained_read = pl.DataFrame(con.execute(
+        "SELECT op, key FROM cell_lineage WHERE dataset = 'a100_vidur' AND list_contains(?, cell_id)",
+        [out.home.cells["cell_id"].to_list()]).fetchall(), schema=["op", "key"], orient="row")
     for family, keys in shapes.items():
-        keyed = read.filter(pl.col("op").str.starts_with(family))["key"].str.json_decode(
-            infer_schema_length=None).struct.unnest()
-        scored = set(keyed.select(keys).iter_rows())
+        def shapes_in(frame, family=family, keys=keys):
+            keyed = frame.filter(pl.col("op").str.starts_with(family))["key"].str.json_decode(
+                infer_schema_length=None).struct.unnest()
+            return set(keyed.select(keys).iter_rows())
+        scored = shapes_in(read)
         assert scored, family
+        # no training cell's ground truth is made of a held-out shape either
+        assert not shapes_in(trained_read) & scored, family
         for op, points in out.home.ops.items():
             if op.startswith(family):
                 left = set(points.select(keys).iter_rows())
@@ -84,6 +92,15 @@ def test_held_out_shapes_holds_out_whole_configurations_and_every_shape_they_rea
                 wanted = full.home.ops[op].join(pl.DataFrame(sorted(scored), schema=keys,
                                                              orient="row"), on=keys, how="anti")
                 assert len(points) == len(wanted.filter(trained_shapes(op, trained))) > 0, op
+
+
+@pytest.mark.parametrize("dataset, home, says", [
+    ("h200_vidur", None, "scores one home on its own held-out configurations"),
+    ("a100_vidur", ["a100_vidur", "h100_vidur"], "scores one home"),
+    ("h100_vidur_moe", None, "needs the measured op grid of home h100_vidur_moe")])
+def test_held_out_shapes_refuses_what_it_cannot_hold_out(store_home, dataset, home, says):
+    with pytest.raises(ValueError, match=says):
+        load_inputs(RunSpec("genz", dataset, {}, home=home, home_points="held_out_shapes"))
 
 
 def trained_shapes(op: str, configs: set[tuple[str, int]]) -> pl.Expr:

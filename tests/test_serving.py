@@ -245,21 +245,25 @@ def test_the_oracle_fits_on_the_same_gpus_kernels_at_a_version_with_a_whole_grid
     assert oracle_home("h100_silicon", rows) is None
 
 
-def test_a_vllm_closed_loop_takes_its_launchers_limits_and_nothing_else_does():
-    """aiconfigurator's generator launches an aggregated vLLM worker with --max-num-seqs = the
-    run's concurrency and --max-num-batched-tokens = concurrency + isl + 1500; a recorded-arrival
-    run and the other backends keep the defaults (8192 tokens on an 80 GB H100)."""
+def test_a_vllm_closed_loop_takes_its_launchers_budget_where_its_template_passes_it():
+    """aiconfigurator's generator launches an aggregated vLLM worker with
+    --max-num-batched-tokens = concurrency + isl + 1500, a flag its launch template passes from
+    vLLM 0.14.1; 0.12.0, an unknown version, a recorded-arrival run and the other backends
+    keep the defaults (8192 tokens on an 80 GB H100)."""
     from leaderboard.serving.simulate import policy_for
 
     m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
-    launched = policy_for("vllm", "any", m, 2, gpu, closed_loop=(8, 1024))
-    assert (launched.token_budget, launched.max_seqs) == (8 + 1024 + 1500, 8)
+    for version, budget in (("0.19.0", 8 + 1024 + 1500), ("0.14.1", 2532), ("0.14.0", 8192),
+                            ("0.12.0", 8192), ("unknown", 8192)):
+        assert policy_for("vllm", "any", m, 2, gpu, closed_loop=(8, 1024, version)
+                          ).token_budget == budget, version
     assert policy_for("vllm", "any", m, 2, gpu).token_budget == 8192
     for backend in ("sglang", "trtllm"):
-        assert policy_for(backend, "any", m, 2, gpu, closed_loop=(8, 1024)).token_budget == 8192
+        assert policy_for(backend, "any", m, 2, gpu, closed_loop=(8, 1024, "9.9")
+                          ).token_budget == 8192
     # a run whose metadata states its limits keeps them
     stated = policy_for("vllm", "RTX4090/Llama-3.1-8B", load_models()["llama-3.1-8b"], 1,
-                        load_gpu_specs()["rtx4090"], closed_loop=(8, 1024))
+                        load_gpu_specs()["rtx4090"], closed_loop=(8, 1024, "0.19.0"))
     assert (stated.token_budget, stated.max_seqs) == (2048, 256)
 
 

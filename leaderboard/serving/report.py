@@ -252,9 +252,9 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "of one vLLM run with recorded arrivals. The replay schedules each load with the "
              "backend's defaults (`conf/serving/schedulers.yaml`: a closed loop of 4 waves whose "
              "clients start together; KV capacity in GiB; vLLM's KV allocated on demand with "
-             "recompute preemption, and a closed-loop vLLM run under the limits aiconfigurator's "
-             "launcher gives it: `concurrency` sequences, `concurrency + isl + 1500` tokens a "
-             "step; SGLang's and TRT-LLM's reserved for prompt and output at "
+             "recompute preemption, and a closed-loop run of vLLM 0.14.1 or later, whose launch "
+             "template passes the flag, with the token budget aiconfigurator's launcher sets, "
+             "`concurrency + isl + 1500`; SGLang's and TRT-LLM's reserved for prompt and output at "
              "admission) and the predictor times every step; TTFT and TPOT follow. The "
              "`_silicon_fp8` sets hold vLLM's FP8 runs. Left-out rows: the dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()

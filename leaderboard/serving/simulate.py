@@ -7,6 +7,7 @@ come from ``conf/serving/schedulers.yaml`` and the GPU's datasheet memory.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import numpy as np
@@ -40,10 +41,18 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     return int(free // per_token)
 
 
+def _release(version: str) -> tuple[int, ...] | None:
+    """``0.14.1`` -> (0, 14, 1); None for a version without a leading release (``unknown``)."""
+    found = re.match(r"\d+(\.\d+)*", version or "")
+    return tuple(int(x) for x in found.group().split(".")) if found else None
+
+
 def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
-               gemm_dtype: str = "bf16", closed_loop: tuple[int, int] | None = None) -> Policy:
-    """The scheduler of one run; ``closed_loop``: (concurrency, isl) of a closed-loop run, whose
-    launcher may have set the limits from them (the backend's ``closed_loop_launch``)."""
+               gemm_dtype: str = "bf16", closed_loop: tuple[int, int, str] | None = None
+               ) -> Policy:
+    """The scheduler of one run; ``closed_loop``: (concurrency, isl, backend version) of a
+    closed-loop run, whose launcher set the token budget from them where the backend's
+    ``closed_loop_launch`` says its version's launch template passes it."""
     conf = load_conf()
     if backend not in conf["backends"]:
         raise ValueError(f"no scheduler for backend '{backend}'; add it to {CONF} "
@@ -51,10 +60,12 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
     b = conf["backends"][backend]
     limits = b["large_gpu" if float(gpu["mem_gb"]) >= b["large_gpu_min_gb"] else "small_gpu"]
     stated = conf.get("runs", {}).get(run, {})
-    if closed_loop is not None and "closed_loop_launch" in b:
-        concurrency, isl = closed_loop
-        stated = {"token_budget": concurrency + isl + b["closed_loop_launch"]["extra_tokens"],
-                  "max_seqs": concurrency, **stated}
+    launch = b.get("closed_loop_launch")
+    if closed_loop is not None and launch is not None:
+        concurrency, isl, version = closed_loop
+        release = _release(version)
+        if release is not None and release >= _release(launch["from_version"]):
+            stated = {"token_budget": concurrency + isl + launch["extra_tokens"], **stated}
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
                   stated.get("max_seqs", limits["max_seqs"]),
                   stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf,
@@ -72,7 +83,8 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
-        closed = (first["concurrency"], first["isl"]) if load == "closed" else None
+        closed = ((first["concurrency"], first["isl"], first["backend_version"])
+                  if load == "closed" else None)
         policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"],
                             closed)
         rows = group["_i"].to_numpy()
