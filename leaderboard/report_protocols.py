@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from leaderboard import families
+from leaderboard import families, metrics, results
 from leaderboard.home_grid import HELD_OUT_SHAPES
 from leaderboard.homes import family, with_family
 from leaderboard.metrics import PHASES
@@ -131,35 +131,61 @@ def baseline_strength(runs: pl.DataFrame) -> list[str]:
 
 def home_out_of_sample(current: pl.DataFrame, one_home: pl.DataFrame) -> list[str]:
     """Each predictor on the ``_vidur`` home scored on whole held-out configurations whose
-    shapes fit never saw (``held_out_shapes``), beside its one-home home number."""
+    shapes fit never saw (``held_out_shapes``), beside its one-home run on the same
+    configurations' held-out workloads and on all of them."""
     home = one_home.filter((pl.col("split") == "home_heldout")
                            & (pl.col("dataset").map_elements(family, pl.String) == "vidur"))
-    out = current.filter((pl.col("home_points") == HELD_OUT_SHAPES)
-                         & pl.col("dataset").is_in(home["dataset"].to_list())).join(
+    if home.is_empty():
+        return []
+    out = current.filter(
+        (pl.col("home_points") == HELD_OUT_SHAPES) & pl.col("dataset").is_in(home["dataset"].to_list())
+        & (pl.col("home_datasets").list.len() == 1)
+        & (pl.col("split_seed") == home["split_seed"].first())
+        & (pl.col("test_fraction") == home["test_fraction"].first())).join(
         home.select("predictor", "params").unique(), on=["predictor", "params"], how="semi")
     if out.is_empty():
         return []
+    scored = results.load_predictions(out.filter(pl.col("valid")))
+    held = sorted(set(scored.select("model", "tp").iter_rows())) if len(scored) else []
+    default = results.load_predictions(home)
+    if len(default) and held:
+        configs = pl.DataFrame(held, schema=["model", "tp"], orient="row")
+        default = default.filter(metrics.in_all(default)).join(
+            configs.cast({"tp": default["tp"].dtype}), on=["model", "tp"], how="semi")
+    same = {p: g["signed_pct"].abs().mean() for (p,), g in default.group_by("predictor")} \
+        if len(default) and held else {}
     by = {r["predictor"]: r for r in home.iter_rows(named=True)}
-    rows = [[r["predictor"], fmt(phase_stat(by.get(r["predictor"]), "all")),
-             fmt(phase_stat(r, "all")), fmt(phase_stat(r, "prefill")), fmt(phase_stat(r, "decode")),
-             f"{phase_stat(r, 'all', 'n') or 0:,}"] if r["valid"] else
-            [r["predictor"], fmt(phase_stat(by.get(r["predictor"]), "all")), "INVALID", "—", "—",
-             "—"] for r in out.sort("predictor").iter_rows(named=True)]
+    rows = []
+    for r in out.sort("predictor").iter_rows(named=True):
+        mine = [r["predictor"], fmt(phase_stat(by.get(r["predictor"]), "all")),
+                fmt(same.get(r["predictor"]))]
+        if r["valid"]:
+            rows.append(mine + [fmt(phase_stat(r, "all")), fmt(phase_stat(r, "prefill")),
+                                fmt(phase_stat(r, "decode")), f"{phase_stat(r, 'all', 'n') or 0:,}"])
+        else:
+            why = "; ".join(r["invalid_reasons"] or [])[:90]
+            rows.append(mine + [f"INVALID: {why}", "—", "—", "—"])
+    configs = ", ".join(f"{m} TP{t}" for m, t in held) or "none"
     return ["## The home out of sample", "",
             f"`split.home_points={HELD_OUT_SHAPES}` on `{out['dataset'].first()}`: the seeded "
-            "split holds out whole (model, TP) configurations instead of workloads, and fit "
-            "gets the training configurations' measured grid less every point of a shape a "
-            "scored cell reads (its GEMMs' n and k, its head layout, its all-reduce sizes at "
-            "its TP), so a profiled predictor must carry its table across shapes, as "
-            "aiconfigurator's hold-one-out tests make its interpolation do. Beside it, the "
-            "one-home leaderboard's home column (the default split, in-sample for profiled "
-            "predictors under `full_grid`). `ours`, its ladder rungs and `ours_reading` do not refit on "
-            "one home: their constants "
-            "come from `conf/ours/constants.yaml`, calibrated on the default split's home "
-            "points, which include the held-out configurations' shapes, so its number here is "
-            "not out of sample.", "",
-            *table(["predictor", "home MAPE % (default split)", "held-out shapes: all %",
-                    "prefill %", "decode %", "cells"], rows, "lrrrrr"), ""]
+            "split holds out whole (model, TP) configurations instead of workloads (here: "
+            f"{configs}); fit gets the training configurations' measured grid less every point "
+            "of a shape a scored cell reads (its GEMMs' n and k, its head layout, its "
+            "all-reduce sizes at its TP), and loses the training cells made of such a point. "
+            "A profiled predictor must then carry its table across shapes (for the all-reduce, "
+            "across message sizes). Beside it, the one-home run's home column (the default "
+            "split: held-out workloads of every configuration, in-sample for profiled "
+            "predictors under `full_grid`) and the same run on the held-out configurations' "
+            "cells only. The random forests fit one forest set per (model, TP), as Vidur "
+            "profiles each model, so a configuration they never saw is outside them. `ours`, "
+            "its ladder rungs and `ours_reading` do not refit on one home: their constants come "
+            "from `conf/ours/constants.yaml`, calibrated on the points behind the default "
+            "split's training cells, which cover every configuration, so their number here is "
+            "not out of sample (and `ours_reading`'s deploy reading may read the held-out "
+            "shapes).", "",
+            *table(["predictor", "home MAPE % (default split)", "same run, these configs %",
+                    "held-out shapes: all %", "prefill %", "decode %", "cells"], rows,
+                   "lrrrrrr"), ""]
 
 
 # Presents or moves results, never changes a run's numbers: versioning.code_hash skips this file.

@@ -431,18 +431,39 @@ def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):
 
 def test_the_home_out_of_sample_sits_beside_the_default_home_and_off_the_leaderboard(
         tmp_path, monkeypatch):
+    """The table sets the held-out-shapes run beside the default run, over all its cells and
+    over the held-out configurations' cells only (recomputed here: 30 % on qwen3-8b TP2); a
+    run of another seed is not a second row, and a failed run shows its reason."""
     from leaderboard import report_leaderboard, report_protocols
 
+    def predictions(rows):
+        return pl.DataFrame([{"cell_id": f"c{i}", "model": m, "tp": tp, "composed": composed,
+                              "phase": "decode", "gt_ms": 1.0, "pred_ms": 1 + e / 100,
+                              "signed_pct": e} for i, (m, tp, e, composed) in enumerate(rows)])
+
     monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
-    write_run(tmp_path, "default", dataset="a100_vidur", phases={"all": {"n": 50, "mape": 3.0}})
+    monkeypatch.setitem(registry._REGISTRY, "other", TinyPredictor)
+    write_run(tmp_path, "default", dataset="a100_vidur", phases={"all": {"n": 3, "mape": 3.0}},
+              predictions=predictions([("llama-3-8b", 4, 10.0, False), ("qwen3-8b", 2, 30.0, False),
+                                       ("qwen3-8b", 2, 90.0, True)]))
     write_run(tmp_path, "shapes", dataset="a100_vidur", home_points="held_out_shapes",
-              home_points_used="held_out_shapes",
+              home_points_used="held_out_shapes", predictions=predictions([("qwen3-8b", 2, 40, 0)]),
               phases={"all": {"n": 40, "mape": 21.5}, "decode": {"n": 30, "mape": 25.0}})
+    write_run(tmp_path, "other-seed", dataset="a100_vidur", home_points="held_out_shapes",
+              split_seed=3, predictions=predictions([("qwen3-8b", 2, 40, 0)]))
+    write_run(tmp_path, "failed", predictor="other", dataset="a100_vidur",
+              home_points="held_out_shapes", valid=False,
+              invalid_reasons=["NotSupported: fitted per configuration"])
+    write_run(tmp_path, "other-default", predictor="other", dataset="a100_vidur")
     current = results.current(results.load_runs(tmp_path), VERSIONS).pl()
     one_home = report_leaderboard.leaderboard_runs(current, sorted(VERSIONS))
-    assert one_home["run_id"].to_list() == ["default"]
+    assert sorted(one_home["run_id"]) == ["default", "other-default"]
     lines = report_protocols.home_out_of_sample(current, one_home)
-    assert "| tiny | 3.0 | 21.5 | — | 25.0 | 40 |" in lines, lines
+    assert "| tiny | 3.0 | 30.0 | 21.5 | — | 25.0 | 40 |" in lines, lines
+    assert sum(line.startswith("| tiny |") for line in lines) == 1
+    assert any(line.startswith("| other |") and "INVALID: NotSupported: fitted per configuration"
+               in line for line in lines), lines
+    assert "(here: qwen3-8b TP2)" in " ".join(lines)
     assert report_protocols.home_out_of_sample(current.filter(pl.col("run_id") == "default"),
                                                one_home) == []
 

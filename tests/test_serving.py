@@ -355,7 +355,8 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     c = np.array([8, 16, 64, 128])
     tpot_pred, ttft_pred = 10.0 + 0 * c, 100.0 + 0 * c
     rows = pl.DataFrame({
-        "dataset": "h100_silicon", "backend": "vllm", "concurrency": np.tile(c, 2),
+        "dataset": "h100_silicon", "backend": "vllm", "model": "qwen3-32b", "tp": 2, "isl": 1024,
+        "concurrency": np.tile(c, 2),
         "phase": ["tpot"] * 4 + ["ttft"] * 4,
         "pred_ms": np.concatenate([tpot_pred, ttft_pred]),
         "gt_ms": np.concatenate([tpot_pred + 0.1 * c, ttft_pred * 1.25])})
@@ -366,3 +367,15 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     assert cells[2] == "4" and cells[4] == "-20.0"  # 100 / 125 - 1
     assert cells[7] == "0.80 / 12.80" and cells[8] == "100.0"
     assert "TTFT 20.0 % against 12 %" in text and "missed" in text
+    # a second model at the high loads only, with a constant gap: pooled over both, the line
+    # would tilt; per (model, TP, isl), the first model's 100 µs and the second's 0 give 50
+    other = rows.head(0)
+    for c_high in (64, 128):
+        for phase, pred, gt in (("tpot", 10.0, 30.0), ("ttft", 100.0, 125.0)):
+            other = pl.concat([other, rows.head(1).with_columns(
+                model=pl.lit("llama-3.1-8b"), concurrency=pl.lit(c_high, pl.Int64), phase=pl.lit(phase),
+                pred_ms=pl.lit(pred), gt_ms=pl.lit(gt),
+                signed_pct=pl.lit((pred / gt - 1) * 100))])
+    text = "\n".join(what_stops_the_oracle(pl.concat([rows, other])))
+    row = next(line for line in text.splitlines() if line.startswith("| h100_silicon | vllm"))
+    assert [x.strip() for x in row.strip("|").split("|")][8] == "50.0"
