@@ -148,12 +148,12 @@ def home_out_of_sample(current: pl.DataFrame, one_home: pl.DataFrame) -> list[st
     scored = results.load_predictions(out.filter(pl.col("valid")))
     held = sorted(set(scored.select("model", "tp").iter_rows())) if len(scored) else []
     default = results.load_predictions(home)
+    same = {}  # predictor -> its default run's MAPE over the held-out configurations' cells
     if len(default) and held:
         configs = pl.DataFrame(held, schema=["model", "tp"], orient="row")
         default = default.filter(metrics.in_all(default)).join(
             configs.cast({"tp": default["tp"].dtype}), on=["model", "tp"], how="semi")
-    same = {p: g["signed_pct"].abs().mean() for (p,), g in default.group_by("predictor")} \
-        if len(default) and held else {}
+        same = {p: g["signed_pct"].abs().mean() for (p,), g in default.group_by("predictor")}
     by = {r["predictor"]: r for r in home.iter_rows(named=True)}
     rows = []
     for r in out.sort("predictor").iter_rows(named=True):

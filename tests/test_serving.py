@@ -369,13 +369,11 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     assert "TTFT 20.0 % against 12 %" in text and "missed" in text
     # a second model at the high loads only, with a constant gap: pooled over both, the line
     # would tilt; per (model, TP, isl), the first model's 100 µs and the second's 0 give 50
-    other = rows.head(0)
-    for c_high in (64, 128):
-        for phase, pred, gt in (("tpot", 10.0, 30.0), ("ttft", 100.0, 125.0)):
-            other = pl.concat([other, rows.head(1).with_columns(
-                model=pl.lit("llama-3.1-8b"), concurrency=pl.lit(c_high, pl.Int64), phase=pl.lit(phase),
-                pred_ms=pl.lit(pred), gt_ms=pl.lit(gt),
-                signed_pct=pl.lit((pred / gt - 1) * 100))])
-    text = "\n".join(what_stops_the_oracle(pl.concat([rows, other])))
+    other = pl.DataFrame({
+        "dataset": "h100_silicon", "backend": "vllm", "model": "llama-3.1-8b", "tp": 2,
+        "isl": 1024, "concurrency": [64, 128, 64, 128], "phase": ["tpot"] * 2 + ["ttft"] * 2,
+        "pred_ms": [10.0, 10.0, 100.0, 100.0], "gt_ms": [30.0, 30.0, 125.0, 125.0]}).with_columns(
+        signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
+    text = "\n".join(what_stops_the_oracle(pl.concat([rows, other], how="vertical_relaxed")))
     row = next(line for line in text.splitlines() if line.startswith("| h100_silicon | vllm"))
     assert [x.strip() for x in row.strip("|").split("|")][8] == "50.0"
