@@ -28,10 +28,8 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard.cells.grid import GEMM_DTYPES
+from leaderboard_core.contract import HELD_OUT_SHAPES, HOME_POINTS
 from leaderboard_core.specs import tp_shapes
-
-HELD_OUT_SHAPES = "held_out_shapes"
-HOME_POINTS = ("full_grid", "behind_cells", "every_shape", HELD_OUT_SHAPES)
 # The key columns that make an op point a shape, per lineage op family.
 SHAPE_KEYS = {"gemm": ("n", "k"), "attn": ("num_heads", "num_kv_heads"),
               "allreduce": ("num_gpus", "message_bytes")}

@@ -148,7 +148,7 @@ def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
     else:
         ops = op_points(catalog.lineage(row["name"]), train["cell_id"].to_list())
     return Home(sku=row["sku"], gpu=gpu, dataset=row["name"], cells=train, ops=ops,
-                models=models, published=catalog.coefficients())
+                models=models, published=catalog.coefficients(), points=home_points)
 
 
 def merge(parts: list[Home]) -> Home:
@@ -161,4 +161,4 @@ def merge(parts: list[Home]) -> Home:
     return Home(sku=first.sku, gpu=first.gpu, dataset="+".join(p.dataset for p in parts),
                 cells=pl.concat([p.cells for p in parts], how="diagonal_relaxed"), ops=ops,
                 models=first.models, published=first.published,
-                gpus={p.sku: p.gpu for p in parts})
+                gpus={p.sku: p.gpu for p in parts}, points=first.points)

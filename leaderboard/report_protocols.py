@@ -178,11 +178,10 @@ def home_out_of_sample(current: pl.DataFrame, one_home: pl.DataFrame) -> list[st
             "predictors under `full_grid`) and the same run on the held-out configurations' "
             "cells only. The random forests fit one forest set per (model, TP), as Vidur "
             "profiles each model, so a configuration they never saw is outside them. `ours`, "
-            "its ladder rungs and `ours_reading` do not refit on one home: their constants come "
-            "from `conf/ours/constants.yaml`, calibrated on the points behind the default "
-            "split's training cells, which cover every configuration, so their number here is "
-            "not out of sample (and `ours_reading`'s deploy reading may read the held-out "
-            "shapes).", "",
+            "its ladder rungs and `ours_reading` refit their home-fitted constants on the "
+            "points given here (the frozen ones were calibrated on every configuration's), so "
+            "their number is out of sample; `ours_reading`'s deploy reading may still read a "
+            "held-out shape.", "",
             *table(["predictor", "home MAPE % (default split)", "same run, these configs %",
                     "held-out shapes: all %", "prefill %", "decode %", "cells"], rows,
                    "lrrrrrr"), ""]

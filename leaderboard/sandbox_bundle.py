@@ -42,7 +42,7 @@ def write_home(home: Home, folder: Path) -> None:
     (folder / "home.json").write_text(json.dumps(
         {"sku": home.sku, "dataset": home.dataset, "gpu": gpu_json(home.gpu),
          "gpus": {sku: gpu_json(gpu) for sku, gpu in home.gpus.items()},
-         "models": home.models, "ops": list(home.ops)}, default=str))
+         "models": home.models, "ops": list(home.ops), "points": home.points}, default=str))
 
 
 def read_home(folder: Path) -> Home:
@@ -51,7 +51,7 @@ def read_home(folder: Path) -> Home:
                 cells=read_frame(folder / "cells.arrow"),
                 ops={op: read_frame(folder / "ops" / f"{op}.arrow") for op in meta["ops"]},
                 models=meta["models"], published=read_frame(folder / "published.arrow"),
-                gpus={sku: gpu_of(gpu) for sku, gpu in meta["gpus"].items()})
+                gpus={sku: gpu_of(gpu) for sku, gpu in meta["gpus"].items()}, points=meta["points"])
 
 
 def write_reading(reading: Reading, folder: Path) -> None:

@@ -20,6 +20,11 @@ PRECISIONS = ("bf16", "fp8")  # GEMM precisions a cell can have (its ``gemm_dtyp
 # Layer kinds a cell's model can have: every FFN dense, or mixture-of-experts layers
 # (conf/model's MoE fields; ``leaderboard_core.specs.is_moe``).
 LAYER_KINDS = ("dense", "moe")
+# Which of the home's measured op points fit gets (``split.home_points``, leaderboard/home_grid.py).
+# Under held_out_shapes they lack every shape a scored cell reads, so constants frozen from the
+# default home must be refitted to stay out of sample.
+HELD_OUT_SHAPES = "held_out_shapes"
+HOME_POINTS = ("full_grid", "behind_cells", "every_shape", HELD_OUT_SHAPES)
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class Home:
     A home of several GPUs (``dataset.home=[a,b]``) has every row tagged with its ``sku`` (a
     column of the cells and of each op frame) and each GPU's datasheet in ``gpus``; ``sku``,
     ``gpu`` and ``dataset`` name the first. A predictor normalises what it fits from each row by
-    that row's GPU (``gpu_of``).
+    that row's GPU (``gpu_of``). ``points`` names which op points ``ops`` holds (one of
+    ``HOME_POINTS``).
     """
 
     sku: str
@@ -70,8 +76,11 @@ class Home:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     published: pl.DataFrame = field(default_factory=pl.DataFrame)
     gpus: dict[str, GpuSpec] = field(default_factory=dict)
+    points: str = "behind_cells"
 
     def __post_init__(self):
+        if self.points not in HOME_POINTS:
+            raise ValueError(f"home points '{self.points}' are not one of {HOME_POINTS}")
         if not self.gpus:
             object.__setattr__(self, "gpus", {self.sku: self.gpu})
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.ensemble import RandomForestRegressor
-from sklearn.metrics import get_scorer
-from sklearn.model_selection import GridSearchCV, ParameterGrid
+from sklearn.metrics import mean_absolute_percentage_error
+from sklearn.model_selection import KFold, ParameterGrid
 
-# Vidur's 27-configuration grid, and a one-configuration default: a full search runs 10-fold CV
-# over 27 forests for each of ~35 regressors, too slow here. On these small, exact tables
-# (~20-100 rows per regressor) the least regularized point of Vidur's grid with its fewest trees.
+# Vidur's 27-configuration grid (the default, searched by ``cv_scores``' shortcut: about 4 s a
+# regressor, 35 s for decode attention's two features, then kept in the model cache), and one
+# configuration of it as a named quick option: the least regularized point with the fewest trees.
 GRIDS = {"full": {"n_estimators": [250, 500, 750], "max_depth": [8, 16, 32],
                   "min_samples_split": [2, 5, 10]},
          "reduced": {"n_estimators": [250], "max_depth": [32], "min_samples_split": [2]},
@@ -77,24 +77,106 @@ def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int,
                on_fold: Callable[[int, int], None] = lambda done, total: None) -> RandomForestRegressor:
     """Vidur's search (§2.3): GridSearchCV on −MAPE, unshuffled 10-fold CV (2 below 10 rows),
     the best refit on all rows. One candidate needs no search: the refit is the result.
-    ``on_fold(done, total)`` hears of each scored fold, so a long search can show progress."""
+    ``on_fold(done, total)`` hears of each fitted fold, so a long search can show progress."""
     candidates = GRIDS[grid]
     if all(len(v) == 1 for v in candidates.values()):
         params = {k: v[0] for k, v in candidates.items()}
         return RandomForestRegressor(**params, random_state=random_state).fit(x, y)
+    best = searched_params(x, y, candidates, random_state, on_fold)
+    return RandomForestRegressor(**best, random_state=random_state).fit(x, y)
+
+
+def searched_params(x: np.ndarray, y: np.ndarray, candidates: dict, random_state: int,
+                    on_fold: Callable[[int, int], None] = lambda done, total: None) -> dict:
+    """The parameters ``GridSearchCV(RandomForestRegressor(random_state), candidates,
+    scoring="neg_mean_absolute_percentage_error", cv=k)`` picks: the first best mean score in
+    ``ParameterGrid`` order, GridSearchCV's tie rule."""
+    order, means = cv_scores(x, y, candidates, random_state, on_fold)
+    return order[int(np.argmax(means))]
+
+
+def cv_scores(x: np.ndarray, y: np.ndarray, candidates: dict, random_state: int,
+              on_fold: Callable[[int, int], None] = lambda done, total: None) -> tuple[list[dict], np.ndarray]:
+    """Each candidate (in ``ParameterGrid`` order) and its mean −MAPE over the unshuffled folds,
+    GridSearchCV's ``mean_test_score``, computed with fewer forests fitted:
+
+    - a forest's i-th tree does not depend on ``n_estimators`` (the per-tree seeds are drawn in
+      sequence from ``random_state``), so one forest of the largest size scores every size by the
+      running mean of its trees' predictions;
+    - with one feature that varies (every op but decode attention), a tree's split at a node
+      depends only on the node's samples, so the tree grown deepest and with the smallest split
+      size holds the trees of every other depth and split size: stop where those would have.
+      With two varying features the per-tree random feature order breaks ties, so each (depth,
+      split size) is grown on its own.
+    ``tests/test_rf.py`` checks the choice and the scores against GridSearchCV itself."""
+    x = np.asarray(x, dtype=np.float64)
     folds = 10 if len(y) >= 10 else 2
-    total, done = len(ParameterGrid(candidates)) * folds, 0
-    neg_mape = get_scorer("neg_mean_absolute_percentage_error")
+    grown_by = ("n_estimators", "max_depth", "min_samples_split")
+    if set(candidates) - set(grown_by) or not all(
+            d is None or isinstance(d, int) for d in candidates.get("max_depth", [None])):
+        raise ValueError(f"searched_params searches {grown_by} only; got {sorted(candidates)}")
+    one_feature = int((np.ptp(x, axis=0) > 0).sum()) <= 1
+    depths = candidates.get("max_depth", [None])
+    splits = candidates.get("min_samples_split", [2])
+    grown = ([(None if None in depths else max(depths), min(splits))] if one_feature
+             else [(d, s) for d in depths for s in splits])
+    size = max(candidates.get("n_estimators", [100]))
+    scores: dict[tuple, list[float]] = {}
+    splitter, total, done = KFold(folds), folds * len(grown), 0
+    for train, test in splitter.split(x):
+        x_test32 = x[test].astype(np.float32)
+        for depth, split in grown:
+            trees = _StackedTrees(RandomForestRegressor(
+                n_estimators=size, max_depth=depth, min_samples_split=split,
+                random_state=random_state).fit(x[train], y[train]))
+            for d, s in ([(d, s) for d in depths for s in splits] if one_feature else [(depth, split)]):
+                running = np.cumsum(trees.predictions(x_test32, d, s), axis=0)
+                for n in candidates.get("n_estimators", [100]):
+                    score = -mean_absolute_percentage_error(y[test], running[n - 1] / n)
+                    scores.setdefault((d, s, n), []).append(score)
+            done += 1
+            on_fold(done, total)
+    order = list(ParameterGrid(candidates))
+    return order, np.array([np.average(scores[(p.get("max_depth"), p.get("min_samples_split", 2),
+                                               p.get("n_estimators", 100))]) for p in order])
 
-    def scored(estimator, x_fold, y_fold) -> float:  # the same score, counted
-        nonlocal done
-        done += 1
-        on_fold(done, total)
-        return neg_mape(estimator, x_fold, y_fold)
 
-    search = GridSearchCV(RandomForestRegressor(random_state=random_state), candidates,
-                          scoring=scored, cv=folds)
-    return search.fit(x, y).best_estimator_
+class _StackedTrees:
+    """A fitted forest's trees as one set of node arrays, so that every tree is walked at once."""
+
+    def __init__(self, forest: RandomForestRegressor):
+        trees = [estimator.tree_ for estimator in forest.estimators_]
+        counts = [tree.node_count for tree in trees]
+        self.roots = np.cumsum([0, *counts[:-1]])
+        offset = np.repeat(self.roots, counts)
+        left = np.concatenate([tree.children_left for tree in trees])
+        self.leaf = left < 0
+        self.left = np.where(self.leaf, -1, left + offset)
+        self.right = np.where(self.leaf, -1, np.concatenate([t.children_right for t in trees]) + offset)
+        self.feature = np.maximum(np.concatenate([tree.feature for tree in trees]), 0)
+        self.threshold = np.concatenate([tree.threshold for tree in trees])
+        self.value = np.concatenate([tree.value[:, 0, 0] for tree in trees])
+        self.samples = np.concatenate([tree.n_node_samples for tree in trees])
+        self.depth = np.zeros(len(left), dtype=np.int64)
+        frontier, level = self.roots, 0
+        while frontier.size:
+            self.depth[frontier] = level
+            inner = frontier[~self.leaf[frontier]]
+            frontier, level = np.concatenate([self.left[inner], self.right[inner]]), level + 1
+
+    def predictions(self, x32: np.ndarray, max_depth: int | None, min_split: int) -> np.ndarray:
+        """Each tree's prediction (trees × rows) had it stopped growing at ``max_depth`` and
+        below ``min_split`` samples, sklearn's leaf rule: the value of the first node on each
+        path that would have been a leaf. Features are float32 against float64 thresholds, as in
+        sklearn's ``apply``."""
+        stop = self.leaf | (self.samples < min_split) | (self.depth >= (max_depth or np.iinfo(np.int64).max))
+        at = np.repeat(self.roots[:, None], len(x32), axis=1)
+        rows = np.broadcast_to(np.arange(len(x32)), at.shape)
+        while (moving := ~stop[at]).any():
+            node, row = at[moving], rows[moving]
+            go_left = x32[row, self.feature[node]] <= self.threshold[node]
+            at[moving] = np.where(go_left, self.left[node], self.right[node])
+        return self.value[at]
 
 
 def tabulated(forest: RandomForestRegressor, op: str, width: int) -> OpForest:

@@ -103,3 +103,31 @@ def test_allreduce_fit_prices_the_homes_nccl_points_as_simple_only(monkeypatch):
     calibrate.fit_allreduce(points, c, home)
     assert c["collectives"]["nccl_step_s"] != pytest.approx(TRUE_COLLECTIVES["nccl_step_s"],
                                                             rel=0.05)
+
+
+def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
+    """On a held_out_shapes home fit recovers the constants of the points it is given (here
+    generated at known values), never the frozen file's; on any other one-GPU home it keeps the
+    file's; without an op it needs, NotSupported names it."""
+    from predictors.ours import Ours
+    from leaderboard_core.contract import HELD_OUT_SHAPES, NotSupported
+
+    truth = _truth()
+    _, allreduce = _allreduce_home(truth)
+    points = {**_kernel_ops(truth), "allreduce": allreduce}
+    frozen = config.load_constants()
+
+    def home(ops, kind):
+        return Home(sku="a100_sxm", gpu=A100, dataset="synthetic", cells=pl.DataFrame(
+            {"gt_kind": ["gpu_block"]}), ops=ops, points=kind)
+
+    held_out = Ours().fit(home(points, HELD_OUT_SHAPES))
+    assert held_out.constants_["gemm"]["duty_c"] == pytest.approx(3.0, rel=1e-3)
+    assert held_out.constants_["attention"]["decode_floor_s"] == pytest.approx(1.2e-5, rel=1e-3)
+    assert held_out.profiled_rows_ == sum(len(f) for f in points.values())
+    kept = Ours().fit(home(points, "full_grid"))
+    assert kept.constants_["gemm"]["duty_c"] == frozen["gemm"]["duty_c"]
+    with pytest.raises(NotSupported, match="allreduce"):
+        Ours().fit(home({k: v for k, v in points.items() if k != "allreduce"}, HELD_OUT_SHAPES))
+    with pytest.raises(ValueError, match="home points 'shapes'"):
+        home(points, "shapes")

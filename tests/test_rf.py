@@ -282,3 +282,56 @@ def test_the_exact_grid_reproduces_every_point_the_reduced_one_does_not():
     assert not exact.bootstrap and exact.n_estimators == 1
     reduced = fit_forest(x, y, "reduced", random_state=0).predict(x)
     assert np.abs(reduced / y - 1).max() > 0.05
+
+
+def _grid_search(x, y, candidates):
+    folds = 10 if len(y) >= 10 else 2
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.model_selection import GridSearchCV
+    return GridSearchCV(RandomForestRegressor(random_state=0), candidates,
+                        scoring="neg_mean_absolute_percentage_error", cv=folds).fit(x, y)
+
+
+@pytest.mark.parametrize("layout", ["one feature", "constant first column", "two features", "few rows"])
+def test_the_shortcut_search_picks_what_grid_search_cv_picks(layout):
+    """searched_params fits fewer forests (prefix sizes, pruned depths); its choice and its mean
+    CV score must be GridSearchCV's on the same candidates. Noisy, clustered targets so that the
+    candidates' scores differ and deep and shallow trees part ways."""
+    from predictors._forest import searched_params
+
+    rng = np.random.default_rng(7)
+    n = 6 if layout == "few rows" else 48
+    m = np.sort(rng.integers(1, 4096, size=n)).astype(np.float64)
+    if layout == "two features":
+        x = np.stack([rng.integers(1, 64, size=n), m], axis=1).astype(np.float64)
+    elif layout == "constant first column":
+        x = np.stack([np.zeros(n), m], axis=1)
+    else:
+        x = m[:, None]
+    y = 0.01 + m * 1e-4 * rng.uniform(0.5, 1.5, size=n) + (x[:, 0] if layout == "two features" else 0) * 1e-3
+    candidates = {"n_estimators": [3, 7, 12], "max_depth": [2, 3, 32], "min_samples_split": [2, 5, 10]}
+    plain = _grid_search(x, y, candidates)
+    heard = []
+    picked = searched_params(x, y, candidates, 0, lambda done, total: heard.append((done, total)))
+    assert picked == plain.best_params_
+    means = plain.cv_results_["mean_test_score"]
+    assert np.ptp(means) > 1e-3
+    folds = 10 if n >= 10 else 2
+    grown = 1 if layout != "two features" else 9
+    assert heard == [(i, folds * grown) for i in range(1, folds * grown + 1)]
+
+
+def test_the_shortcut_search_scores_every_candidate_as_grid_search_cv():
+    """Every candidate's mean CV score equals GridSearchCV's mean_test_score, in the same order."""
+    from predictors._forest import cv_scores
+
+    rng = np.random.default_rng(3)
+    for x_width in (1, 2):
+        m = np.sort(rng.integers(1, 8192, size=40)).astype(np.float64)
+        x = m[:, None] if x_width == 1 else np.stack([rng.integers(1, 9, size=40), m], axis=1).astype(float)
+        y = 0.02 + m * 2e-4 * rng.uniform(0.6, 1.4, size=40) + x[:, 0] * (x_width - 1) * 1e-2
+        candidates = {"n_estimators": [2, 5, 9], "max_depth": [1, 3, 8], "min_samples_split": [2, 12]}
+        plain = _grid_search(x, y, candidates)
+        order, means = cv_scores(x, y, candidates, 0)
+        assert order == plain.cv_results_["params"]
+        np.testing.assert_allclose(means, plain.cv_results_["mean_test_score"], rtol=1e-12, atol=0)

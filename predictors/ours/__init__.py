@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard_core.contract import (
+    HELD_OUT_SHAPES,
     LAYER_OP_SOURCES,
     Home,
     NotSupported,
@@ -69,16 +70,18 @@ class Ours(Predictor):
 
     def fit(self, home: Home) -> Ours:
         """The GPU-time constants are read frozen; ``profiled_rows_`` counts the home op points
-        they were once fitted on, so the card's cost is not understated. A wall-clock home (the
+        they were once fitted on, so the card's cost is not understated. They are refitted on
+        what fit is given where the frozen ones would see more: several homes, or a home whose
+        scored shapes are held out of its points (``held_out_shapes``). A wall-clock home (the
         splitwise family) also gives alpha, the block-time scale of a real engine, fitted here
         on the home's training steps only (with a home S(N) that is then discarded: each target
         calibrates its own from its deploy reading)."""
         self.constants_ = config.load_constants()
-        if len(home.gpus) > 1:  # several homes: the home-fitted constants are refitted on all
-            if not set(calibrate.GEMM_OPS) <= set(home.ops):
-                raise NotSupported(f"refitting ours's home constants on several homes needs their "
-                                   f"dense GEMM points ({', '.join(calibrate.GEMM_OPS)}); homes "
-                                   f"{home.dataset} hold {', '.join(sorted(home.ops)) or 'none'}")
+        if len(home.gpus) > 1 or home.points == HELD_OUT_SHAPES:
+            if missing := sorted(set(calibrate.FITTED_OPS) - set(home.ops)):
+                raise NotSupported(f"refitting ours's home constants on home {home.dataset} "
+                                   f"({home.points}) needs its points of {', '.join(missing)}; it "
+                                   f"holds {', '.join(sorted(home.ops)) or 'none'}")
             self.constants_ = calibrate.fit_constants(home, self.constants_)
         self.trained_on_ = "+".join(home.gpus) if len(home.gpus) > 1 else self.constants_["home"]["sku"]
         self.profiled_rows_ = int(self.constants_["home"]["op_rows"])

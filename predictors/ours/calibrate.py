@@ -24,6 +24,7 @@ from predictors.ours.config import Device
 from predictors.ours.ops import Switches
 
 GEMM_OPS = ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down")
+FITTED_OPS = (*GEMM_OPS, "attn_prefill", "attn_decode", "allreduce")
 FULL = Switches()
 
 
@@ -125,8 +126,7 @@ def fit_constants(home: Home, constants: dict) -> dict:
     fit_prefill(home.ops["attn_prefill"], c, home)
     fit_decode(home.ops["attn_decode"], c, home)
     fit_allreduce(home.ops["allreduce"], c, home)
-    c["home"]["op_rows"] = int(sum(len(home.ops[o]) for o in
-                                   (*GEMM_OPS, "attn_prefill", "attn_decode", "allreduce")))
+    c["home"]["op_rows"] = int(sum(len(home.ops[o]) for o in FITTED_OPS))
     return c
 
 
