@@ -30,6 +30,7 @@ import polars as pl
 from leaderboard.cells.grid import GEMM_DTYPES
 from leaderboard_core.contract import HELD_OUT_SHAPES, HOME_POINTS
 from leaderboard_core.specs import tp_shapes
+
 # The key columns that make an op point a shape, per lineage op family.
 SHAPE_KEYS = {"gemm": ("n", "k"), "attn": ("num_heads", "num_kv_heads"),
               "allreduce": ("num_gpus", "message_bytes")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 from functools import cache
 
@@ -17,6 +18,13 @@ def content_hash(*parts: object, length: int = 16) -> str:
 
 
 @cache
+def release(version: str | None) -> tuple[int, ...] | None:
+    """An engine version's leading release as numbers, to order versions: ``0.14.1`` ->
+    (0, 14, 1), ``0.19.0rc1`` -> (0, 19, 0); None where there is none (``unknown``)."""
+    found = re.match(r"\d+(\.\d+)*", version or "")
+    return tuple(int(x) for x in found.group().split(".")) if found else None
+
+
 def code_version() -> str:
     """The git commit of the working tree, with ``-dirty`` when it has uncommitted changes."""
     try:

@@ -96,7 +96,8 @@ def searched_params(x: np.ndarray, y: np.ndarray, candidates: dict, random_state
 
 
 def cv_scores(x: np.ndarray, y: np.ndarray, candidates: dict, random_state: int,
-              on_fold: Callable[[int, int], None] = lambda done, total: None) -> tuple[list[dict], np.ndarray]:
+              on_fold: Callable[[int, int], None] = lambda done, total: None
+              ) -> tuple[list[dict], np.ndarray]:
     """Each candidate (in ``ParameterGrid`` order) and its mean −MAPE over the unshuffled folds,
     GridSearchCV's ``mean_test_score``, computed with fewer forests fitted:
 

@@ -2,7 +2,8 @@
 profiled ones that scale home measurements by roofline ratios (rf_scaled, table_scaled).
 
 Only what two or more of them use lives here: the bf16 element size, the TP all-reduce count,
-the routed experts' active work of an MoE layer,
+the routed experts' active work of an MoE layer, the per-op roofline-time ratio of a step
+between two GPUs,
 the per-direction link bandwidth read from a GPU's datasheet, GenZ's ring all-reduce formula
 (baselines.md §3.3), which LLM-Viewer's optional collectives and LIMINAL's sync term reuse, and
 the roofline time of one measured op point with the home-pooling it allows.
@@ -16,6 +17,7 @@ import polars as pl
 from leaderboard_core.contract import Home
 from leaderboard_core.layer_work import routed_experts
 from leaderboard_core.specs import GpuSpec
+from predictors.steps import Steps
 
 BF16_BYTES = 2.0
 FP8_BYTES = 1.0
@@ -68,6 +70,13 @@ def expert_work(steps) -> dict[str, np.ndarray]:
     return {"rows": rows, "touched": touched, "width": steps.moe_ffn / steps.tp}
 
 
+def expert_flop_bytes(tokens, hidden, width, rows, touched) -> tuple[np.ndarray, np.ndarray]:
+    """FLOP and bytes of one fused-MoE kernel: three projections (gate, up: h -> width; down)
+    per routed row, the touched experts' weights read, the tokens' activations in and out."""
+    return (2 * rows * hidden * 3 * width,
+            BF16_BYTES * (touched * 3 * hidden * width + 2 * tokens * hidden))
+
+
 def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.ndarray:
     """Roofline time of each measured op point on a GPU of these peaks: max(FLOP/F, BYTE/B),
     or the message over the link for the all-reduce; the point-level form of
@@ -79,12 +88,10 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
     if op.startswith("gemm"):  # a step's gemm_qkv ... or an op-level point's gemm
         m, n, k = col("m"), col("n"), col("k")
         flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
-    elif op == "moe":  # the routed experts: 3 projections per routed row, touched experts' weights
-        t, h, topk = col("num_tokens"), col("hidden_size"), col("topk")
-        inter = col("inter_size") / col("moe_tp")
-        rows, touched = routed_experts(t, topk, col("num_experts"))
-        flop = 2 * rows * h * 3 * inter
-        byte = e * (touched * 3 * h * inter + 2 * t * h)
+    elif op == "moe":
+        t = col("num_tokens")
+        flop, byte = expert_flop_bytes(t, col("hidden_size"), col("inter_size") / col("moe_tp"),
+                                       *routed_experts(t, col("topk"), col("num_experts")))
     else:
         b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
         kv = col("kv_len")  # cached context, as in the cells' lookups
@@ -96,6 +103,40 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
             flop = 4 * b * kv * heads * d
             byte = e * b * (2 * kv * kv_heads * d + 2 * heads * d)
     return np.maximum(flop / peak["flops"], byte / peak["mem_bw"])
+
+
+def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, float]
+                    ) -> dict[str, np.ndarray]:
+    """Per op and cell, max(FLOP/F, BYTE/B) on the target over the same on the home (§2.6 (b)),
+    at the step's real (unrounded, TP-sharded) shapes; 1 where the op does no work."""
+    e = BF16_BYTES
+    s = steps.sharded()
+    heads, kv_heads, d, h, t = s["heads"], s["kv_heads"], steps.head_dim, steps.hidden, steps.tokens
+
+    def gemm(k: np.ndarray, n: np.ndarray):  # FP8 steps: 1-byte inputs, bf16 output
+        return 2 * t * k * n, np.where(steps.fp8, FP8_BYTES, e) * (k * n + t * k) + e * t * n
+
+    ffn_up = (1 + steps.gated) * s["ffn"]
+    work = {"gemm_qkv": gemm(h, (heads + 2 * kv_heads) * d), "gemm_o": gemm(heads * d, h),
+            "gemm_gate_up": gemm(h, ffn_up), "gemm_down": gemm(s["ffn"], h)}
+    q, c, at = steps.pf_q, steps.pf_ctx, steps.pf_cell
+    work["attn_prefill"] = (steps.sum(4 * q * (c + q / 2) * heads[at] * d[at]),
+                            e * steps.sum(2 * q * heads[at] * d[at] + 2 * (c + q) * kv_heads[at] * d[at]))
+    work["attn_decode"] = (4 * steps.decode_ctx * heads * d,
+                           e * (2 * steps.decode_ctx * kv_heads * d + 2 * heads * d * steps.num_decode))
+    experts = expert_work(steps)
+    routed_tokens = np.where(experts["rows"] > 0, t, 0.0)  # a dense model's FFN routes none
+    work["moe"] = expert_flop_bytes(routed_tokens, h, experts["width"], experts["rows"],
+                                    experts["touched"])
+    ratios = {}
+    for op, (flop, byte) in work.items():
+        fp8 = steps.fp8 if op.startswith("gemm") else False  # an FP8 GEMM runs at the FP8 dense peak
+        on_home = np.maximum(flop / np.where(fp8, home["fp8_flops"], home["flops"]),
+                             byte / home["mem_bw"])
+        on_target = np.maximum(flop / np.where(fp8, target["fp8_flops"], target["flops"]),
+                               byte / target["mem_bw"])
+        ratios[op] = np.divide(on_target, on_home, out=np.ones(steps.n), where=on_home > 0)
+    return ratios
 
 
 def in_first_home_units(home: Home) -> dict[str, pl.DataFrame]:

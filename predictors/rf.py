@@ -6,6 +6,10 @@ attn_post_proj, mlp_up_proj, mlp_down_proj) on ``[num_tokens]``; prefill attenti
 ``[kv_cache_size, prefill_chunk_size²]``, where a measured point of ``batch`` requests of
 ``q_len`` tokens is Vidur's one equivalent request with chunk² = batch·q_len²; decode attention
 on ``[batch_size, kv_cache_size]``; all-reduce on ``[num_tokens = bytes / (hidden·2)]``.
+An MoE model (which Vidur does not model) adds one forest, not Vidur's: the fused-MoE kernel
+on ``[num_tokens]`` from the home's MoE points of the model's expert shape and TP, read at the
+step's own token count (not rounded to 8) once per MoE layer, with the FFN GEMMs in the dense
+layers only; ``rf_scaled`` scales it by the routed experts' roofline ratio.
 Vidur's norms, rope, activation, residual add and KV-cache save are left out: aiconfigurator
 did not measure them, so the ground truth has no rows to train them on (and no time for them).
 On Vidur's own profiles (the ``_vidurprof`` family) the forests are Vidur's token-level ops
@@ -42,7 +46,7 @@ import polars as pl
 
 from leaderboard_core import progress
 from leaderboard_core.contract import Home, NotSupported, PredictorCard
-from leaderboard_core.specs import tp_shapes
+from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
 from predictors import _model_cache, rf_tokens
 from predictors._forest import (
     GRIDS,
@@ -56,10 +60,9 @@ from predictors._forest import (
 )
 from predictors._roofline import (
     ALLREDUCES_PER_LAYER,
-    BF16_BYTES,
-    FP8_BYTES,
     in_first_home_units,
     peaks,
+    roofline_ratios,
 )
 from predictors.base import Predictor
 from predictors.registry import register
@@ -72,6 +75,14 @@ DECODE_MODES = ("mean_context", "per_context_group")
 PREFILL_BATCHES = ("one", "all")
 
 
+def ops_of(model: dict, tp: int) -> set[str]:
+    """The ops rf prices in a step of this (model, TP), each a forest fitted on home points."""
+    dense_ffn = not is_moe(model) or moe_shapes(model, tp)["dense_layers"]
+    return ({"gemm_qkv", "gemm_o", "attn_prefill", "attn_decode"}
+            | ({"gemm_gate_up", "gemm_down"} if dense_ffn else set())
+            | ({"allreduce"} if tp > 1 else set()) | ({"moe"} if is_moe(model) else set()))
+
+
 def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
                   ) -> dict[str, pl.DataFrame]:
     """Per op, the home's measured points of this (model, TP): features x, target y, row id.
@@ -81,7 +92,9 @@ def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
     # The shapes the ground truth's lineage is keyed by, so the filters below find its points.
     shapes = tp_shapes(model, tp)
     h, d, heads, kv_heads = shapes["hidden"], model["head_dim"], shapes["heads"], shapes["kv_heads"]
-    gemm_nk = {f"gemm_{op}": shapes[op] for op in ("qkv", "o", "gate_up", "down")}
+    priced = ops_of(model, tp)
+    gemm_nk = {f"gemm_{op}": shapes[op] for op in ("qkv", "o", "gate_up", "down")
+               if f"gemm_{op}" in priced}
     ops = {k: v.with_row_index("row") for k, v in in_first_home_units(home).items()}
     same_heads = ((pl.col("num_heads") == heads) & (pl.col("num_kv_heads") == kv_heads)
                   & (pl.col("head_dim") == d))
@@ -98,6 +111,12 @@ def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
     if tp > 1:
         rows["allreduce"] = ops["allreduce"].filter(num_gpus=tp).select(
             "row", x=pl.concat_list(pl.col("message_bytes") / (h * 2)), y="latency_ms")
+    if is_moe(model):  # not Vidur's (it has no expert op): the fused-MoE kernel on [num_tokens]
+        e = moe_shapes(model, tp)
+        rows["moe"] = ops["moe"].filter(
+            hidden_size=e["hidden"], inter_size=model["moe_intermediate_size"], topk=e["topk"],
+            num_experts=e["experts"], moe_tp=tp).select("row", x=pl.concat_list("num_tokens"),
+                                                        y="latency_ms")
     return rows
 
 
@@ -111,7 +130,7 @@ class VidurRandomForest(Predictor):
         kind="profiled", reference="Vidur (Agrawal et al., MLSys'24), github.com/microsoft/vidur",
         description="Vidur's per-op random forests fitted on the home GPU's measured op points, "
                     "composed per step as Vidur does; home predictions returned for any GPU",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
 
     param_choices = {"grid": tuple(GRIDS), "decode_attention": tuple(DECODE_MODES),
                      "prefill_batches": tuple(PREFILL_BATCHES)}
@@ -134,8 +153,7 @@ class VidurRandomForest(Predictor):
                              f"{self.grid!r}, {self.decode_attention!r}, {self.prefill_batches!r}")
         configs = sorted(set(home.cells.select("model", "tp").iter_rows()))
         self.token_level_ = rf_tokens.is_token_profile(home)
-        needed = {*GEMMS, "attn_prefill", "attn_decode"} | ({"allreduce"} if any(tp > 1 for _, tp in configs)
-                                                           else set())
+        needed = set().union(*(ops_of(home.models[name], tp) for name, tp in configs))
         missing = sorted(needed - set(home.ops))
         if missing and not self.token_level_:
             raise NotSupported(f"rf needs the home's measured op points {sorted(needed)}, or Vidur's "
@@ -187,7 +205,7 @@ class VidurRandomForest(Predictor):
         if self.token_level_:
             return self._token_op_ms(cells, steps)
         out = {op: np.zeros(steps.n) for op in (*GEMMS, "attn_prefill", "attn_decode", "allreduce",
-                                                 "allreduce_launch")}
+                                                 "allreduce_launch", "moe")}
         sum_q2, kv_sum = steps.sum(steps.pf_q**2), steps.sum(round_up(steps.pf_ctx, KV_GRANULARITY))
         groups = self._decode_groups(cells) if self.decode_attention == "per_context_group" else None
         launch = self._launch_ms(cells)
@@ -198,11 +216,16 @@ class VidurRandomForest(Predictor):
                                    f"not on {name} TP{tp}")
             i = np.asarray(rows)
             f = {op: self.forests_.get((name, tp, op)) for op in (*GEMMS, "attn_prefill",
-                                                                  "attn_decode", "allreduce")}
+                                                                  "attn_decode", "allreduce", "moe")}
             layers, gqa = steps.layers[i], GQA_BATCHING_FACTOR * (steps.heads[i] > steps.kv_heads[i])
             t8 = round_up(steps.tokens[i], TOKEN_ROUNDING)[:, None]
-            for op in GEMMS:
-                out[op][i] = f[op](t8) * layers
+            for op in GEMMS:  # an MoE model's FFN GEMMs run in its dense layers only
+                count = layers if op in ("gemm_qkv", "gemm_o") else steps.dense_layers[i]
+                if f[op] is not None:
+                    out[op][i] = f[op](t8) * count
+            if f["moe"] is not None:  # at the step's own tokens: rounding 1 up to 8 would route
+                # to 8x the experts, a cost Vidur's rounding of its dense token ops never had
+                out["moe"][i] = f["moe"](steps.tokens[i][:, None]) * steps.moe_layers[i]
             n_pf, n_dec = steps.num_prefill[i], steps.num_decode[i]
             chunk = np.rint(np.sqrt(sum_q2[i]))  # round half to even, as Python's round
             out["attn_prefill"][i] = (_forest_where(n_pf > 0, f["attn_prefill"], kv_sum[i], chunk**2)
@@ -272,7 +295,7 @@ class VidurRandomForestScaled(VidurRandomForest):
                                    "cross-GPU scaling is baselines.md §2.6 (b), not Vidur's",
         description="rf_verbatim's per-op home times, each scaled by its roofline-time ratio "
                     "(target over home datasheet peaks); all-reduce by interconnect bandwidth",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
 
     def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
         steps = Steps.from_cells(cells)
@@ -289,36 +312,6 @@ class VidurRandomForestScaled(VidurRandomForest):
         return sum(ms * ratios[op] for op, ms in home_ms.items())
 
 
-def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, float]
-                    ) -> dict[str, np.ndarray]:
-    """Per op and cell, max(FLOP/F, BYTE/B) on the target over the same on the home (§2.6 (b)),
-    at the step's real (unrounded, TP-sharded) shapes; 1 where the op does no work."""
-    e = BF16_BYTES
-    s = steps.sharded()
-    heads, kv_heads, d, h, t = s["heads"], s["kv_heads"], steps.head_dim, steps.hidden, steps.tokens
-
-    def gemm(k: np.ndarray, n: np.ndarray):  # FP8 steps: 1-byte inputs, bf16 output
-        return 2 * t * k * n, np.where(steps.fp8, FP8_BYTES, e) * (k * n + t * k) + e * t * n
-
-    ffn_up = (1 + steps.gated) * s["ffn"]
-    work = {"gemm_qkv": gemm(h, (heads + 2 * kv_heads) * d), "gemm_o": gemm(heads * d, h),
-            "gemm_gate_up": gemm(h, ffn_up), "gemm_down": gemm(s["ffn"], h)}
-    q, c, at = steps.pf_q, steps.pf_ctx, steps.pf_cell
-    work["attn_prefill"] = (steps.sum(4 * q * (c + q / 2) * heads[at] * d[at]),
-                            e * steps.sum(2 * q * heads[at] * d[at] + 2 * (c + q) * kv_heads[at] * d[at]))
-    work["attn_decode"] = (4 * steps.decode_ctx * heads * d,
-                           e * (2 * steps.decode_ctx * kv_heads * d + 2 * heads * d * steps.num_decode))
-    ratios = {}
-    for op, (flop, byte) in work.items():
-        fp8 = steps.fp8 if op in GEMMS else False  # an FP8 GEMM runs at the FP8 dense peak
-        on_home = np.maximum(flop / np.where(fp8, home["fp8_flops"], home["flops"]),
-                             byte / home["mem_bw"])
-        on_target = np.maximum(flop / np.where(fp8, target["fp8_flops"], target["flops"]),
-                               byte / target["mem_bw"])
-        ratios[op] = np.divide(on_target, on_home, out=np.ones(steps.n), where=on_home > 0)
-    return ratios
-
-
 @register("rf_exact")
 class VidurRandomForestExact(VidurRandomForestScaled):
     """rf_scaled with forests fitted without bootstrap (``grid="exact"``): a labelled variant,
@@ -331,7 +324,7 @@ class VidurRandomForestExact(VidurRandomForestScaled):
                                    "docs/baselines.md (rf_exact)",
         description="rf_scaled with trees fitted without bootstrap: every home point exact, "
                     "each op scaled to the target by its roofline-time ratio",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
 
     def __init__(self, grid: str = "exact", random_state: int = 0,
                  decode_attention: str = "mean_context", prefill_batches: str = "one",

@@ -109,8 +109,8 @@ def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
     """On a held_out_shapes home fit recovers the constants of the points it is given (here
     generated at known values), never the frozen file's; on any other one-GPU home it keeps the
     file's; without an op it needs, NotSupported names it."""
-    from predictors.ours import Ours
     from leaderboard_core.contract import HELD_OUT_SHAPES, NotSupported
+    from predictors.ours import Ours
 
     truth = _truth()
     _, allreduce = _allreduce_home(truth)

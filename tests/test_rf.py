@@ -20,7 +20,8 @@ from leaderboard.split import split
 from leaderboard_core.contract import Home, NotSupported
 from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models
 from predictors import _model_cache
-from predictors.rf import GEMMS, VidurRandomForest, VidurRandomForestScaled, peaks, roofline_ratios
+from predictors._roofline import roofline_ratios
+from predictors.rf import GEMMS, VidurRandomForest, VidurRandomForestScaled, peaks
 from predictors.steps import Steps
 
 LATENCY = {"gemm_qkv": 0.5, "gemm_o": 0.25, "gemm_gate_up": 1.0, "gemm_down": 0.75,
@@ -206,6 +207,24 @@ def test_roofline_ratio_follows_the_bound_of_each_op():
     # memory-bound, so they take exactly half the time.
     assert r["gemm_qkv"][0] == 1.0 and r["gemm_qkv"][1] == pytest.approx(0.5)
     assert r["attn_decode"][1] == pytest.approx(0.5) and r["attn_decode"][0] == 1.0  # no decodes
+    assert (r["moe"] == 1.0).all()  # a dense model routes no tokens
+
+
+def test_the_moe_ratio_is_the_routed_experts_roofline():
+    """Mixtral TP2 at 1 token (2 of 8 experts read: memory-bound) and 4096 tokens (all 8 read,
+    8192 routed rows x 3 projections: compute-bound on the A100), against a GPU with 2x the
+    memory bandwidth and 3x the compute, recomputed from the expert shapes."""
+    cells = make_cells([(MOE, [1], [500]), (MOE, [4096], [0])])
+    home = peaks(load_gpu_specs()["a100_sxm"])
+    target = {**home, "mem_bw": home["mem_bw"] * 2, "flops": home["flops"] * 3}
+    r = roofline_ratios(Steps.from_cells(cells), home, target)["moe"]
+    h, width = 4096, 14336 / 2
+    for i, (tokens, touched) in enumerate([(1, 2), (4096, 8)]):
+        flop, byte = 2 * tokens * 2 * h * 3 * width, 2 * (touched * 3 * h * width + 2 * tokens * h)
+        on_home = max(flop / home["flops"], byte / home["mem_bw"])
+        on_target = max(flop / target["flops"], byte / target["mem_bw"])
+        assert r[i] == pytest.approx(on_target / on_home, rel=1e-12)
+    assert r[0] == pytest.approx(0.5) and r[1] == pytest.approx(1 / 3)
 
 
 def mape(pred: np.ndarray, truth: np.ndarray) -> float:
@@ -335,3 +354,46 @@ def test_the_shortcut_search_scores_every_candidate_as_grid_search_cv():
         order, means = cv_scores(x, y, candidates, 0)
         assert order == plain.cv_results_["params"]
         np.testing.assert_allclose(means, plain.cv_results_["mean_test_score"], rtol=1e-12, atol=0)
+
+
+MOE = ("mixtral-8x7b", 2)  # 32 layers, every FFN routed (8 experts, top-2), GQA, all-reduce
+
+
+def _moe_home() -> Home:
+    """The synthetic home's attention, QKV/O and all-reduce points for Mixtral TP2, and its
+    fused-MoE points (no gate/up or down GEMM: Mixtral has no dense FFN layer)."""
+    models = load_models()
+    m = models[MOE[0]]
+    base = synthetic_home(configs=(MOE,))
+    ops = {op: f for op, f in base.ops.items() if op not in ("gemm_gate_up", "gemm_down")}
+    ops["moe"] = pl.DataFrame([{"num_tokens": t, "hidden_size": m["hidden_size"],
+                                "inter_size": m["moe_intermediate_size"], "topk": 2,
+                                "num_experts": 8, "moe_tp": 2, "latency_ms": 0.375}
+                               for t in (1, 2, 8, 64, 512, 4096)])
+    return replace(base, ops=ops)
+
+
+def test_an_moe_step_by_hand():
+    """Per layer QKV + O + decode attention (GQA factor: two decodes share it) + the fused-MoE
+    kernel + two all-reduces with Vidur's launch; no dense FFN GEMM; x 32 layers. The MoE forest
+    reads the step's own token count (2), not Vidur's rounding to 8."""
+    fitted = VidurRandomForest().fit(_moe_home())
+    assert {op for *_, op in fitted.forests_} == {"gemm_qkv", "gemm_o", "attn_prefill",
+                                                   "attn_decode", "allreduce", "moe"}
+    cells = make_cells([(MOE, [1, 1], [100, 300])])
+    per_layer = 0.5 + 0.25 + 0.125 * 1.1 + 0.375 + 2 * (0.0625 + 0.02)
+    assert fitted.predict(cells, load_gpu_specs()["a100_sxm"])[0] == pytest.approx(32 * per_layer,
+                                                                                  rel=1e-12)
+    recorder = Recorder()
+    fitted.forests_[(*MOE, "moe")] = recorder
+    fitted.predict(cells, load_gpu_specs()["a100_sxm"])
+    assert recorder.features == [[[2]]]
+
+
+def test_an_moe_home_without_its_expert_points_is_not_supported():
+    home = _moe_home()
+    with pytest.raises(NotSupported, match="moe"):
+        VidurRandomForest().fit(replace(home, ops={k: v for k, v in home.ops.items() if k != "moe"}))
+    empty = replace(home, ops={**home.ops, "moe": home.ops["moe"].with_columns(num_experts=pl.lit(16))})
+    with pytest.raises(NotSupported, match="no moe points for mixtral-8x7b TP2"):
+        VidurRandomForest().fit(empty)

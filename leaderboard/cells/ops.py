@@ -12,6 +12,7 @@ import polars as pl
 
 from leaderboard.cells.common import render_card, source_lines
 from leaderboard.ingest.aiconfigurator import WARM_FLAG
+from leaderboard_core.versioning import release
 
 SOURCE = "aiconfigurator"
 SUFFIX = "_ops"
@@ -31,10 +32,6 @@ SELECT = {
 }
 
 
-def _numeric(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
 def op_versions(con: duckdb.DuckDBPyConnection,
                 versions: dict[str, str] | None = None) -> dict[str, str]:
     """The version each GPU's op dataset reads: ``versions[sku]`` where given, else the lowest
@@ -50,9 +47,9 @@ def op_versions(con: duckdb.DuckDBPyConnection,
         wanted = (versions or {}).get(sku)
         if wanted is not None and wanted not in both:
             raise ValueError(f"{sku}: no {SOURCE} GEMM and attention points at version {wanted}; "
-                             f"versions with both: {sorted(both, key=_numeric)}")
+                             f"versions with both: {sorted(both, key=release)}")
         if both:
-            out[sku] = wanted or min(both, key=_numeric)
+            out[sku] = wanted or min(both, key=release)
     return out
 
 

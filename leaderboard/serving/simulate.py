@@ -7,7 +7,6 @@ come from ``conf/serving/schedulers.yaml`` and the GPU's datasheet memory.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
 import numpy as np
@@ -19,6 +18,7 @@ from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard_core import paths
 from leaderboard_core.specs import GpuSpec
+from leaderboard_core.versioning import release
 
 CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
 
@@ -41,12 +41,6 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     return int(free // per_token)
 
 
-def _release(version: str) -> tuple[int, ...] | None:
-    """``0.14.1`` -> (0, 14, 1); None for a version without a leading release (``unknown``)."""
-    found = re.match(r"\d+(\.\d+)*", version or "")
-    return tuple(int(x) for x in found.group().split(".")) if found else None
-
-
 def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                gemm_dtype: str = "bf16", closed_loop: tuple[int, int, str] | None = None
                ) -> Policy:
@@ -63,8 +57,8 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
     launch = b.get("closed_loop_launch")
     if closed_loop is not None and launch is not None:
         concurrency, isl, version = closed_loop
-        release = _release(version)
-        if release is not None and release >= _release(launch["from_version"]):
+        found = release(version)
+        if found is not None and found >= release(launch["from_version"]):
             stated = {"token_budget": concurrency + isl + launch["extra_tokens"], **stated}
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
                   stated.get("max_seqs", limits["max_seqs"]),
