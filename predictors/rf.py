@@ -153,6 +153,9 @@ class VidurRandomForest(Predictor):
                              f"{self.grid!r}, {self.decode_attention!r}, {self.prefill_batches!r}")
         configs = sorted(set(home.cells.select("model", "tp").iter_rows()))
         self.token_level_ = rf_tokens.is_token_profile(home)
+        if unknown := sorted({name for name, _ in configs} - set(home.models)):
+            raise NotSupported(f"rf needs each home model's shape; home {home.dataset} has no "
+                               f"config for {unknown}")
         needed = set().union(*(ops_of(home.models[name], tp) for name, tp in configs))
         missing = sorted(needed - set(home.ops))
         if missing and not self.token_level_:
@@ -193,7 +196,11 @@ class VidurRandomForest(Predictor):
         return tabulated(fit_forest(x, y, self.grid, self.random_state, on_fold), op, x.shape[1])
 
     def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
-        return sum(self.op_ms(cells, Steps.from_cells(cells)).values())
+        return sum(self.predict_by_op(cells, gpu).values())
+
+    def predict_by_op(self, cells: pl.DataFrame, gpu) -> dict[str, np.ndarray]:
+        """Each op's part of the step (ms), by the lineage op names, for the per-op atlas."""
+        return self.op_ms(cells, Steps.from_cells(cells))
 
     def op_ms(self, cells: pl.DataFrame, steps: Steps) -> dict[str, np.ndarray]:
         """Per op, each cell's predicted home time over all layers (ms)."""
@@ -297,7 +304,7 @@ class VidurRandomForestScaled(VidurRandomForest):
                     "(target over home datasheet peaks); all-reduce by interconnect bandwidth",
         needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
 
-    def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
+    def predict_by_op(self, cells: pl.DataFrame, gpu) -> dict[str, np.ndarray]:
         steps = Steps.from_cells(cells)
         home_ms = self.op_ms(cells, steps)
         target = peaks(gpu)
@@ -309,7 +316,7 @@ class VidurRandomForestScaled(VidurRandomForest):
             ratios = rf_tokens.scaled_ratios(ratios, self.home_peaks_, target)
         ratios["allreduce"] = self.home_peaks_["link_bw"] / target["link_bw"]
         ratios["allreduce_launch"] = 1.0  # Vidur's CPU-side NCCL launch constant
-        return sum(ms * ratios[op] for op, ms in home_ms.items())
+        return {op: ms * ratios[op] for op, ms in home_ms.items()}
 
 
 @register("rf_exact")
