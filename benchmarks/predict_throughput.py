@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from build_store import cpu_model  # noqa: E402 - the sibling benchmark, on sys.path as a script
 
-from leaderboard import evaluate, readings  # noqa: E402
+from leaderboard import readings, run_inputs  # noqa: E402
 from leaderboard.evaluate import RunSpec  # noqa: E402
 from leaderboard_core import guard  # noqa: E402
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS  # noqa: E402
@@ -52,7 +52,7 @@ TARGET_BY_NAME = {"distserve": 1e6, "distserve_scaled": 1e6, "rf_verbatim": 1e5,
 def load_inputs(target: str):
     """(home, target cells with ground truth, their lineage, target GPU spec), exactly as a
     default run loads them."""
-    inputs = evaluate.load_inputs(RunSpec(predictor="", dataset=target, params={}))
+    inputs = run_inputs.load_inputs(RunSpec(predictor="", dataset=target, params={}))
     return inputs.home, inputs.target, inputs.target_lineage, inputs.gpu
 
 

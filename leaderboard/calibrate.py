@@ -12,8 +12,8 @@ import json
 import sys
 
 from leaderboard.config import command_config
-from leaderboard.evaluate import RunSpec, load_inputs
 from leaderboard.inputs import InputError, guarded
+from leaderboard.run_inputs import RunSpec, load_inputs
 from predictors import registry
 
 

@@ -21,9 +21,9 @@ from rich.table import Table
 
 from leaderboard import metrics
 from leaderboard.config import command_config
-from leaderboard.evaluate import RunSpec, load_inputs, require_card_scope
 from leaderboard.inputs import InputError, guarded
 from leaderboard.readings import take_in_process
+from leaderboard.run_inputs import RunSpec, load_inputs, require_card_scope
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, NotSupported
 from predictors import registry
 from predictors.base import Predictor

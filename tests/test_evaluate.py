@@ -11,7 +11,7 @@ import polars as pl
 import probe_predictors
 import pytest
 
-from leaderboard import evaluate, landlock, sandbox, sandbox_talk
+from leaderboard import landlock, run_inputs, sandbox, sandbox_talk
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.split import split
 from leaderboard_core import paths
@@ -169,10 +169,10 @@ def test_a_library_scanning_a_watched_working_folder_is_not_an_attempt(probes, t
 def test_the_runs_own_places_are_watched_even_before_they_exist(tmp_path):
     spec = RunSpec("ours", "h100_vidur", {}, runs_dir=tmp_path / "new_runs",
                    sources_root=str(tmp_path / "up"), hub_repo="someone/some-export")
-    assert evaluate._data_roots(spec) == (str(tmp_path / "up"), str(tmp_path / "new_runs"))
+    assert run_inputs._data_roots(spec) == (str(tmp_path / "up"), str(tmp_path / "new_runs"))
     (tmp_path / "export").mkdir()
     spec.hub_repo = str(tmp_path / "export")
-    assert str(tmp_path / "export") in evaluate._data_roots(spec)
+    assert str(tmp_path / "export") in run_inputs._data_roots(spec)
 
 
 def test_the_deploy_reading_is_capped_counted_and_left_out_of_the_score(probes, store_home,

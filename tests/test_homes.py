@@ -8,7 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard.evaluate import RunSpec, load_inputs, run
+from leaderboard.evaluate import RunSpec, run
+from leaderboard.run_inputs import load_inputs
 from leaderboard.split import split
 from leaderboard_core.contract import Home
 from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from leaderboard import evaluate, hub_export
+from leaderboard import evaluate, hub_export, run_inputs
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog, HubError
 from leaderboard_core.contract import PredictorCard
@@ -101,9 +101,9 @@ def test_a_run_scores_the_same_from_the_export(exported, store_home, tmp_path, m
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     registry.register("hub_probe")(Probe)
     spec = evaluate.RunSpec("hub_probe", "h200_vidur", {}, runs_dir=tmp_path)
-    local, local_home = evaluate.run(spec), evaluate.load_inputs(spec).home
-    monkeypatch.setattr(evaluate, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
-    from_hub, hub_home = evaluate.run(spec), evaluate.load_inputs(spec).home
+    local, local_home = evaluate.run(spec), run_inputs.load_inputs(spec).home
+    monkeypatch.setattr(run_inputs, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
+    from_hub, hub_home = evaluate.run(spec), run_inputs.load_inputs(spec).home
     assert list(hub_home.ops) == list(local_home.ops) and len(hub_home.ops) > 3
     assert all(hub_home.ops[op].equals(local_home.ops[op]) for op in local_home.ops)
     assert from_hub.metrics["valid"] and from_hub.metrics["phases"] == local.metrics["phases"]
@@ -230,7 +230,7 @@ def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp
                                                        monkeypatch):
     spec = evaluate.RunSpec("ours", "h100_silicon", {}, runs_dir=tmp_path)
     local = evaluate.run(spec)
-    monkeypatch.setattr(evaluate, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
+    monkeypatch.setattr(run_inputs, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
     from_hub = evaluate.run(spec)
     assert from_hub.metrics["valid"] and from_hub.metrics["level"] == "serving"
     assert from_hub.metrics["dataset_version"] == local.metrics["dataset_version"]

@@ -18,7 +18,7 @@ from test_rooflines import cells as _moe_cells
 
 from leaderboard.cells import memory
 from leaderboard.cells.vidur_method import CONFIG
-from leaderboard.evaluate import require_card_scope
+from leaderboard.run_inputs import require_card_scope
 from leaderboard_core import specs
 from leaderboard_core.contract import NotSupported, PredictorCard
 from leaderboard_core.specs import load_models
