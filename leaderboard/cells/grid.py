@@ -16,6 +16,7 @@ import duckdb
 
 from leaderboard.cells.common import fetch
 from leaderboard.ingest.aiconfigurator import WARM_FLAG
+from leaderboard_core.versioning import release
 
 HOME_VERSION = "0.14.0"
 # A cell's ``gemm_dtype`` -> aiconfigurator's ``gemm_dtype`` of the points it reads. ``fp8`` is
@@ -53,13 +54,13 @@ def measured_versions(con: duckdb.DuckDBPyConnection, sku: str) -> list[str]:
            INTERSECT SELECT backend_version FROM collective
                      WHERE source = 'aiconfigurator' AND sku = ? AND backend = 'vllm_graph'""",
         [sku, sku, sku]).fetchall()
-    return sorted((v for (v,) in rows), key=lambda v: tuple(int(x) for x in v.split(".")))
+    return sorted((v for (v,) in rows), key=release)
 
 
 def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
     """The home's vLLM version where this GPU has it, else the nearest later one."""
     later = [v for v in measured_versions(con, sku)
-             if tuple(map(int, v.split("."))) >= tuple(map(int, HOME_VERSION.split(".")))]
+             if release(v) >= release(HOME_VERSION)]
     return later[0] if later else None
 
 

@@ -13,6 +13,7 @@ from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid
 from leaderboard_core.layer_work import light_kernel_elements, routed_experts
 from leaderboard_core.specs import GpuSpec, is_moe, moe_shapes, tp_shapes
+from leaderboard_core.versioning import release
 
 
 def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, missing: int,
@@ -120,7 +121,7 @@ def _fp8_checks(con, gpus: dict[str, GpuSpec]) -> str:
     dropped = con.execute("SELECT DISTINCT sku, json_extract_string(row, '$.backend_version'), "
                           "'quarantined', detail FROM quarantine WHERE reason = ?",
                           [fp8_check.REASON]).fetchall()
-    rows = sorted(kept + dropped, key=lambda r: (r[0], tuple(map(int, r[1].split(".")))))
+    rows = sorted(kept + dropped, key=lambda r: (r[0], release(r[1])))
     return "\n".join(["| GPU | vLLM | verdict | measured |", "|---|---|---|---|",
                       *(f"| {sku} | {v} | {verdict} | {what} |" for sku, v, verdict, what in rows)])
 

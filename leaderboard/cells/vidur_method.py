@@ -29,6 +29,7 @@ from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, u
 from leaderboard.cells.traces import has_traces, replayed_steps
 from leaderboard_core import paths
 from leaderboard_core.specs import GpuSpec, is_moe, load_models, moe_shapes, tp_shapes, uncomposable_reason
+from leaderboard_core.versioning import release
 
 CONFIG = paths.CONF_DIR / "cells" / "vidur.yaml"
 BF16 = 2
@@ -102,8 +103,8 @@ def _versions(con, sku: str, wanted: str | None) -> list[str]:
         found = vidur_version(con, sku)
         return [found] if found else []
     if wanted.endswith("+"):
-        floor = tuple(map(int, wanted[:-1].split(".")))
-        return [v for v in measured_versions(con, sku) if tuple(map(int, v.split("."))) >= floor]
+        floor = release(wanted[:-1])
+        return [v for v in measured_versions(con, sku) if release(v) >= floor]
     return [wanted] if wanted in measured_versions(con, sku) else []
 
 
