@@ -18,6 +18,9 @@ inform nothing: DistServe only ever fits on batches that are all prefill or all 
 quadratic terms by F_home/F_target (dense BF16 FLOP/s), decode token term and both intercepts by
 Bm_home/Bm_target (memory bandwidth). The per-request decode term c' is left as it is: §6.5
 names no resource for it.
+
+The fits read step times only, never a layer's shape, so an MoE model's home cells are fitted
+as a dense model's are (DistServe itself served dense models only).
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ class DistServe(Predictor):
         kind="profiled", reference="DistServe, Zhong et al., OSDI'24; github.com/LLMServe/DistServe",
         description="fitted prefill quadratic and small/large-batch decode lines, home "
                     "coefficients used unchanged on every GPU",
-        needs_profiled_rows=True)
+        needs_profiled_rows=True, layers=("dense", "moe"))
     param_choices = {"mixed": MIXED_MODES, "published_engine": ("distserve", "vllm")}
 
     def __init__(self, mixed: str = "additive", prefill_todo_ms: bool = False,
@@ -218,7 +221,7 @@ class DistServeScaled(DistServe):
                                    "docs/baselines.md §6.5 (this benchmark's construct)",
         description="DistServe's fits with prefill token terms x F_home/F_target and decode "
                     "token term and intercepts x Bm_home/Bm_target",
-        needs_profiled_rows=True)
+        needs_profiled_rows=True, layers=("dense", "moe"))
 
     def spec_ratios(self, gpu: GpuSpec) -> tuple[float, float]:
         return (self.home_spec_["bf16_dense_tflops"] / float(gpu["bf16_dense_tflops"]),
