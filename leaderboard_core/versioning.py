@@ -17,14 +17,15 @@ def content_hash(*parts: object, length: int = 16) -> str:
     return hashlib.sha256(blob).hexdigest()[:length]
 
 
-@cache
 def release(version: str | None) -> tuple[int, ...] | None:
-    """An engine version's leading release as numbers, to order versions: ``0.14.1`` ->
-    (0, 14, 1), ``0.19.0rc1`` -> (0, 19, 0); None where there is none (``unknown``)."""
-    found = re.match(r"\d+(\.\d+)*", version or "")
-    return tuple(int(x) for x in found.group().split(".")) if found else None
+    """An engine version's release as numbers, to order versions: ``0.14.1`` -> (0, 14, 1),
+    ``0.19.0rc1`` -> (0, 19, 0); None where the version does not start with dotted numbers
+    (``unknown``, a commit hash such as ``82831f1``), which no comparison accepts."""
+    found = re.match(r"(\d+(?:\.\d+)+)", version or "")
+    return tuple(int(x) for x in found.group(1).split(".")) if found else None
 
 
+@cache
 def code_version() -> str:
     """The git commit of the working tree, with ``-dirty`` when it has uncommitted changes."""
     try:

@@ -4,6 +4,7 @@ hyperparameter grid (baselines.md §2.3) and each fitted forest tabulated on Vid
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -115,9 +116,12 @@ def cv_scores(x: np.ndarray, y: np.ndarray, candidates: dict, random_state: int,
     x = np.asarray(x, dtype=np.float64)
     folds = 10 if len(y) >= 10 else 2
     grown_by = ("n_estimators", "max_depth", "min_samples_split")
-    if set(candidates) - set(grown_by) or not all(
-            d is None or isinstance(d, int) for d in candidates.get("max_depth", [None])):
-        raise ValueError(f"searched_params searches {grown_by} only; got {sorted(candidates)}")
+    whole = [v for k in grown_by for v in candidates.get(k, []) if v is not None or k != "max_depth"]
+    if (set(candidates) - set(grown_by) or not all(isinstance(v, numbers.Integral) for v in whole)
+            or not isinstance(random_state, numbers.Integral) or not np.isfinite(x).all()):
+        raise ValueError(f"the search takes whole-number {grown_by} (max_depth may be None), an "
+                         f"integer random_state and finite features; got {candidates}, "
+                         f"random_state={random_state!r}")
     one_feature = int((np.ptp(x, axis=0) > 0).sum()) <= 1
     depths = candidates.get("max_depth", [None])
     splits = candidates.get("min_samples_split", [2])

@@ -182,6 +182,7 @@ class VidurRandomForest(Predictor):
                 used.setdefault(op, set()).update(rows["row"].to_list())
                 bar.advance()
         self.trained_on_ = home.sku
+        self.models_ = {name: home.models[name] for name, _ in configs}  # the shapes priced
         self.home_peaks_ = peaks(home.gpu)
         self.precisions_ = gemm_precisions(home.cells)  # the GEMMs its forests learned
         self.profiled_rows_ = sum(len(r) for r in used.values())  # distinct points; configs share some
@@ -226,11 +227,11 @@ class VidurRandomForest(Predictor):
                                                                   "attn_decode", "allreduce", "moe")}
             layers, gqa = steps.layers[i], GQA_BATCHING_FACTOR * (steps.heads[i] > steps.kv_heads[i])
             t8 = round_up(steps.tokens[i], TOKEN_ROUNDING)[:, None]
-            for op in GEMMS:  # an MoE model's FFN GEMMs run in its dense layers only
+            priced = ops_of(self.models_[name], tp)
+            for op in (g for g in GEMMS if g in priced):  # an MoE model's FFN GEMMs: dense layers
                 count = layers if op in ("gemm_qkv", "gemm_o") else steps.dense_layers[i]
-                if f[op] is not None:
-                    out[op][i] = f[op](t8) * count
-            if f["moe"] is not None:  # at the step's own tokens: rounding 1 up to 8 would route
+                out[op][i] = f[op](t8) * count
+            if "moe" in priced:  # at the step's own tokens: rounding 1 up to 8 would route
                 # to 8x the experts, a cost Vidur's rounding of its dense token ops never had
                 out["moe"][i] = f["moe"](steps.tokens[i][:, None]) * steps.moe_layers[i]
             n_pf, n_dec = steps.num_prefill[i], steps.num_decode[i]
