@@ -65,6 +65,7 @@ def test_held_out_shapes_holds_out_whole_configurations_and_every_shape_they_rea
     configs = lambda cells: set(cells.select("model", "tp").iter_rows())  # noqa: E731
     held, trained = configs(out.target), configs(out.home.cells)
     assert held and trained and not held & trained
+    assert (out.home.points, full.home.points) == ("held_out_shapes", "full_grid")
     # a training configuration may leave whole (its cells read a held-out shape), none joins
     assert held | trained <= configs(full.home.cells) | configs(full.target)
     con = duckdb.connect(str(store_home.path), read_only=True)
@@ -218,3 +219,20 @@ def test_a_family_without_an_op_grid_fits_on_the_points_behind_its_cells(store_h
     assert load_inputs(RunSpec("genz", "h200_vidur", {})).home_points == "full_grid"
     with pytest.raises(ValueError, match="home_points must be one of"):
         load_inputs(RunSpec("genz", "h200_vidur", {}, home_points="everything"))
+
+
+def test_a_home_keeps_which_points_it_holds_through_the_sandbox_and_a_merge(tmp_path):
+    """``Home.points`` is what ours reads to refit: the bundle the sandboxed child gets and a
+    merged home of several must carry it."""
+    from leaderboard import homes
+    from leaderboard.sandbox_bundle import read_home, write_home
+
+    gpu = load_gpu_specs()["a100_sxm"]
+    home = Home(sku="a100_sxm", gpu=gpu, dataset="synthetic", cells=pl.DataFrame({"model": ["m"]}),
+                ops={"gemm_qkv": pl.DataFrame({"m": [1], "latency_ms": [0.5]})},
+                points="held_out_shapes")
+    write_home(home, tmp_path)
+    assert read_home(tmp_path).points == "held_out_shapes"
+    h100 = Home(sku="h100_sxm", gpu=load_gpu_specs()["h100_sxm"], dataset="other",
+                cells=pl.DataFrame({"model": ["m"]}), points="held_out_shapes")
+    assert homes.merge([home, h100]).points == "held_out_shapes"

@@ -397,3 +397,62 @@ def test_an_moe_home_without_its_expert_points_is_not_supported():
     empty = replace(home, ops={**home.ops, "moe": home.ops["moe"].with_columns(num_experts=pl.lit(16))})
     with pytest.raises(NotSupported, match="no moe points for mixtral-8x7b TP2"):
         VidurRandomForest().fit(empty)
+
+
+def test_an_moe_model_with_dense_layers_prices_its_ffn_gemms_there_only(monkeypatch):
+    """A Mixtral with its first 4 of 32 layers dense (a made-up shape, so that every count
+    differs): QKV, O and attention x 32, gate/up and down x 4, the fused-MoE kernel x 28. The
+    latencies are distinct powers of two, so a swapped layer count shows."""
+    from predictors import steps as steps_module
+
+    models = load_models()
+    mixed = {**models[MOE[0]], "dense_layers": 4}
+    monkeypatch.setattr(steps_module, "load_models", lambda: {**models, "mixtral-mixed": mixed})
+    steps_module._model_table.cache_clear()
+    try:
+        latency = {"gemm_qkv": 1.0, "gemm_o": 2.0, "gemm_gate_up": 4.0, "gemm_down": 8.0,
+                   "attn_prefill": 16.0, "attn_decode": 32.0, "allreduce": 64.0}
+        base = synthetic_home(latency, configs=(MOE,))
+        m = models[MOE[0]]
+        moe_points = pl.DataFrame([{"num_tokens": t, "hidden_size": m["hidden_size"],
+                                    "inter_size": m["moe_intermediate_size"], "topk": 2,
+                                    "num_experts": 8, "moe_tp": 2, "latency_ms": 128.0}
+                                   for t in (1, 2, 8, 64)])
+        cells_frame = base.cells.with_columns(model=pl.lit("mixtral-mixed"))
+        home = replace(base, ops={**base.ops, "moe": moe_points}, cells=cells_frame,
+                       models={**base.models, "mixtral-mixed": mixed})
+        fitted = VidurRandomForest().fit(home)
+        cells = make_cells([(("mixtral-mixed", 2), [1], [100])])  # one decode: no GQA factor
+        parts = fitted.predict_by_op(cells, load_gpu_specs()["a100_sxm"])
+        expected = {"gemm_qkv": 32 * 1.0, "gemm_o": 32 * 2.0, "gemm_gate_up": 4 * 4.0,
+                    "gemm_down": 4 * 8.0, "attn_decode": 32 * 32.0, "attn_prefill": 0.0,
+                    "moe": 28 * 128.0, "allreduce": 2 * 32 * 64.0, "allreduce_launch": 2 * 32 * 0.02}
+        assert {op: pytest.approx(v[0], rel=1e-12) for op, v in parts.items()} == expected
+        assert fitted.predict(cells, load_gpu_specs()["a100_sxm"])[0] == pytest.approx(
+            sum(expected.values()), rel=1e-12)
+    finally:
+        steps_module._model_table.cache_clear()
+
+
+def test_predict_is_the_sum_of_its_parts_for_every_forest_predictor(fitted):
+    """predict_by_op feeds the per-op atlas: its parts must add up to predict, scaled or not."""
+    from predictors.rf import VidurRandomForestExact
+
+    gpu = scaled_spec(2, 3, 5)
+    for cls in (VidurRandomForest, VidurRandomForestScaled, VidurRandomForestExact):
+        model = cls()
+        vars(model).update(vars(fitted))
+        parts = model.predict_by_op(CELLS, gpu)
+        np.testing.assert_allclose(sum(parts.values()), model.predict(CELLS, gpu), rtol=1e-12)
+        assert set(parts) >= {*GEMMS, "attn_prefill", "attn_decode", "allreduce"}
+
+
+@pytest.mark.parametrize("bad", [{"min_samples_split": [2.5]}, {"max_depth": [2.0]}])
+def test_the_search_refuses_what_it_would_not_reproduce(bad):
+    from predictors._forest import searched_params
+
+    x, y = np.arange(1.0, 21.0)[:, None], np.linspace(1, 2, 20)
+    with pytest.raises(ValueError, match="whole-number"):
+        searched_params(x, y, {"n_estimators": [2], **bad}, 0)
+    with pytest.raises(ValueError, match="finite features"):
+        searched_params(np.where(x > 10, np.nan, x), y, {"n_estimators": [2, 3]}, 0)
