@@ -359,18 +359,20 @@ def test_the_shortcut_search_scores_every_candidate_as_grid_search_cv():
 MOE = ("mixtral-8x7b", 2)  # 32 layers, every FFN routed (8 experts, top-2), GQA, all-reduce
 
 
+def _moe_points(latency_ms: float, tokens=(1, 2, 8, 64, 512, 4096)) -> pl.DataFrame:
+    """Mixtral TP2's fused-MoE points (8 experts, top-2), every one at ``latency_ms``."""
+    m = load_models()[MOE[0]]
+    return pl.DataFrame([{"num_tokens": t, "hidden_size": m["hidden_size"],
+                          "inter_size": m["moe_intermediate_size"], "topk": 2, "num_experts": 8,
+                          "moe_tp": 2, "latency_ms": latency_ms} for t in tokens])
+
+
 def _moe_home() -> Home:
     """The synthetic home's attention, QKV/O and all-reduce points for Mixtral TP2, and its
     fused-MoE points (no gate/up or down GEMM: Mixtral has no dense FFN layer)."""
-    models = load_models()
-    m = models[MOE[0]]
     base = synthetic_home(configs=(MOE,))
     ops = {op: f for op, f in base.ops.items() if op not in ("gemm_gate_up", "gemm_down")}
-    ops["moe"] = pl.DataFrame([{"num_tokens": t, "hidden_size": m["hidden_size"],
-                                "inter_size": m["moe_intermediate_size"], "topk": 2,
-                                "num_experts": 8, "moe_tp": 2, "latency_ms": 0.375}
-                               for t in (1, 2, 8, 64, 512, 4096)])
-    return replace(base, ops=ops)
+    return replace(base, ops={**ops, "moe": _moe_points(0.375)})
 
 
 def test_an_moe_step_by_hand():
@@ -413,13 +415,9 @@ def test_an_moe_model_with_dense_layers_prices_its_ffn_gemms_there_only(monkeypa
         latency = {"gemm_qkv": 1.0, "gemm_o": 2.0, "gemm_gate_up": 4.0, "gemm_down": 8.0,
                    "attn_prefill": 16.0, "attn_decode": 32.0, "allreduce": 64.0}
         base = synthetic_home(latency, configs=(MOE,))
-        m = models[MOE[0]]
-        moe_points = pl.DataFrame([{"num_tokens": t, "hidden_size": m["hidden_size"],
-                                    "inter_size": m["moe_intermediate_size"], "topk": 2,
-                                    "num_experts": 8, "moe_tp": 2, "latency_ms": 128.0}
-                                   for t in (1, 2, 8, 64)])
         cells_frame = base.cells.with_columns(model=pl.lit("mixtral-mixed"))
-        home = replace(base, ops={**base.ops, "moe": moe_points}, cells=cells_frame,
+        home = replace(base, ops={**base.ops, "moe": _moe_points(128.0, (1, 2, 8, 64))},
+                       cells=cells_frame,
                        models={**base.models, "mixtral-mixed": mixed})
         fitted = VidurRandomForest().fit(home)
         cells = make_cells([(("mixtral-mixed", 2), [1], [100])])  # one decode: no GQA factor
