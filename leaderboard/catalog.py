@@ -15,7 +15,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
-from leaderboard.cells.ops import collective_points, op_points
+from leaderboard.cells.ops import collective_points, op_points, points_at
 
 
 class StoreCatalog:
@@ -48,6 +48,9 @@ class StoreCatalog:
 
     def op_points(self, name: str) -> pl.DataFrame:
         return op_points(self._con, name)
+
+    def op_points_at(self, sku: str, version: str) -> pl.DataFrame:
+        return points_at(self._con, sku, version)
 
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         return collective_points(self._con, sku, version)

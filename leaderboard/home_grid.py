@@ -64,11 +64,11 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
     GEMM op gets the whole GEMM table)."""
     sku, version = row["sku"], grid_version(row)
     shapes = [tp_shapes(models[name], tp) for name, tp in configs or []]
-    points = catalog.op_points(f"{sku}{OPS_SUFFIX}").filter(backend_version=version).rename(
-        {"backend_version": "version"})
+    points = catalog.op_points_at(sku, version).rename({"backend_version": "version"})
     if points.is_empty():
-        raise ValueError(f"the store has no {sku}_ops points at version {version}, the version "
-                         f"home {row['name']} was built from; pass split.home_points=behind_cells")
+        raise ValueError(f"the store has no {sku} GEMM and attention points at version {version}, "
+                         f"the version home {row['name']} was built from; pass "
+                         "split.home_points=behind_cells")
     gemm = points.filter(op_family="gemm", dtype=GEMM_DTYPES[gemm_dtype])
     out = {}
     for op, shape in GEMM_OPS.items():

@@ -105,14 +105,17 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
     grid in the store (``<sku>_ops``) from the backend version its cells were built from; a
     family without one (vidurprof, splitwise, llmservingsim), or whose cells read ops the grid
     lacks (the MoE family's experts), has only the points behind its cells, and the run records
-    ``behind_cells``."""
+    ``behind_cells``. ``every_shape`` (the serving oracle's) reads the GPU's measured tables at
+    the home's own version, whichever version its ``_ops`` set is of (``home_grid.full_grid``
+    names a version the store lacks)."""
     home_grid.require_choice(home_points)
 
     def has_grid(row: dict) -> bool:
         grid = rows.get(f"{row['sku']}{home_grid.OPS_SUFFIX}")
         fam = families.of(row["name"])
-        return (grid is not None and grid["backend_versions"] == row["backend_versions"]
-                and (fam is None or fam.op_grid))
+        same_version = home_points == "every_shape" or (
+            grid is not None and grid["backend_versions"] == row["backend_versions"])
+        return grid is not None and same_version and (fam is None or fam.op_grid)
 
     return home_points if all(has_grid(r) for r in home_rows) else "behind_cells"
 

@@ -162,6 +162,10 @@ class HubCatalog:
             raise HubError(f"'{name}' is not an op dataset of {self.repo}")
         return self._load(name, "points", OP_SCHEMA)
 
+    def op_points_at(self, sku: str, version: str) -> pl.DataFrame:
+        # An export holds each GPU's op grid at its ``_ops`` version only.
+        return self.op_points(f"{sku}_ops").filter(backend_version=version)
+
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         if self._kind(f"{sku}_ops") != "ops":
             raise HubError(f"{self.repo} holds no {sku}_ops, so no {sku} all-reduce points for a "

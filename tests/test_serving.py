@@ -223,7 +223,10 @@ def test_a_serving_run_scores_ttft_and_tpot(constant, tmp_path):
         np.median(np.abs(tpot["pred_ms"].to_numpy() - gt) / gt * 100))
 
 
-def test_the_oracle_fits_on_the_same_gpus_kernels_at_a_version_with_a_whole_grid():
+def test_the_oracle_fits_on_the_same_gpus_kernels_of_the_sets_precision():
+    """The oracle's home is the same GPU's step set of the serving set's precision, read at that
+    set's own version (not only the ``_ops`` set's): a GPU with no op grid, or no step set of
+    that precision, has none."""
     from leaderboard.serving.oracle import oracle_home
 
     def row(kind, sku, version):
@@ -238,11 +241,56 @@ def test_the_oracle_fits_on_the_same_gpus_kernels_at_a_version_with_a_whole_grid
             "h100_sxm_ops": row("ops", "h100_sxm", "0.14.0")}
     rows = {name: {"name": name, **r} for name, r in rows.items()}
     assert oracle_home("h100_silicon", rows) == "h100_vidur"
-    assert oracle_home("h100_silicon_fp8", rows) is None  # 0.19.0 has no _ops grid
+    assert oracle_home("h100_silicon_fp8", rows) == "h100_vidur_fp8"  # 0.19.0, not the grid's
     assert oracle_home("rtx4090_serving", rows) is None  # no kernel table of the GPU
-    rows["h100_sxm_ops"]["backend_versions"] = ["0.19.0"]
-    assert oracle_home("h100_silicon_fp8", rows) == "h100_vidur_fp8"
-    assert oracle_home("h100_silicon", rows) is None
+    rows["b200_silicon_fp8"] = {**rows["h100_silicon_fp8"], "name": "b200_silicon_fp8",
+                                "sku": "b200_sxm"}
+    rows["b200_vidur"] = {**rows["h100_vidur"], "name": "b200_vidur", "sku": "b200_sxm"}
+    rows["b200_sxm_ops"] = {**rows["h100_sxm_ops"], "name": "b200_sxm_ops", "sku": "b200_sxm"}
+    assert oracle_home("b200_silicon_fp8", rows) is None  # no FP8 step set of the B200
+    del rows["h100_sxm_ops"]
+    assert oracle_home("h100_silicon", rows) is None  # no measured op grid of the GPU
+    assert oracle_home("h100_silicon_fp8", rows) is None
+
+
+def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
+    """``full_grid`` reads the points of the ``_ops`` set's version only; ``every_shape`` (the
+    oracle's) those of the home's own version, as the store holds them."""
+    from leaderboard import home_grid, homes
+
+    calls = []
+
+    class Store:
+        def op_points_at(self, sku, version):
+            calls.append((sku, version))
+            return pl.DataFrame({
+                "op_family": ["gemm", "attention"], "phase": [None, "decode"],
+                "dtype": ["fp8", "bfloat16"], "kv_dtype": [None, "bfloat16"], "m": [8, None],
+                "n": [1024, None], "k": [8192, None], "batch": [1, 4], "q_len": [None, 1],
+                "kv_len": [None, 512], "num_heads": [None, 64], "num_kv_heads": [None, 8],
+                "head_dim": [None, 128], "window_size": [None, 0], "latency_ms": [0.01, 0.02],
+                "flags": [None, None], "sku": [sku] * 2, "backend_version": [version] * 2})
+
+        def collective_points(self, sku, version):
+            return pl.DataFrame({"backend": ["vllm_graph"], "message_bytes": [4096],
+                                 "num_gpus": [2], "sku": [sku], "version": [version],
+                                 "latency_ms": [0.005]})
+
+    row = {"name": "h100_vidur_fp8", "sku": "h100_sxm", "backend_versions": ["0.19.0"]}
+    ops = {"name": "h100_sxm_ops", "sku": "h100_sxm", "backend_versions": ["0.14.0"]}
+    rows = {"h100_vidur_fp8": row, "h100_sxm_ops": ops}
+    assert homes.points_of("full_grid", [row], rows) == "behind_cells"
+    assert homes.points_of("every_shape", [row], rows) == "every_shape"
+    grid = home_grid.full_grid(Store(), row, None, {}, "fp8")
+    assert calls == [("h100_sxm", "0.19.0")]
+    assert grid["gemm_qkv"]["version"].to_list() == ["0.19.0"]
+    assert grid["gemm_qkv"]["dtype"].to_list() == ["fp8"]
+    assert grid["attn_decode"]["kv_len"].to_list() == [512]
+    assert grid["allreduce"]["num_gpus"].to_list() == [2]
+    empty = type("Empty", (Store,), {"op_points_at": lambda self, sku, version:
+                                     Store.op_points_at(self, sku, version).clear()})
+    with pytest.raises(ValueError, match="no h100_sxm GEMM and attention points at version 0.19.0"):
+        home_grid.full_grid(empty(), row, None, {}, "fp8")
 
 
 def test_a_vllm_closed_loop_takes_its_launchers_budget_where_its_template_passes_it():

@@ -53,7 +53,9 @@ def op_versions(con: duckdb.DuckDBPyConnection,
     return out
 
 
-def _points(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> pl.DataFrame:
+def points_at(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> pl.DataFrame:
+    """Every measured GEMM and attention point of ``sku`` at one backend version, whichever
+    version its ``<sku>_ops`` dataset reads."""
     where = "source = ? AND sku = ? AND backend_version = ?"
     union = " UNION ALL ".join(f"SELECT {cols} FROM {t} WHERE {where}" for t, cols in SELECT.items())
     cursor = con.execute(f"SELECT * FROM ({union}) ORDER BY ALL", [SOURCE, sku, version] * 2)
@@ -68,7 +70,7 @@ def op_points(con: duckdb.DuckDBPyConnection, name: str,
     if not name.endswith(SUFFIX) or sku not in chosen:
         raise ValueError(f"unknown op dataset '{name}'; valid: "
                          f"{', '.join(s + SUFFIX for s in chosen)}")
-    return _points(con, sku, chosen[sku])
+    return points_at(con, sku, chosen[sku])
 
 
 COLLECTIVE_SCHEMA = {"backend": S, "message_bytes": INT, "num_gpus": INT, "sku": S, "version": S,
@@ -89,7 +91,7 @@ def op_datasets(con: duckdb.DuckDBPyConnection,
                 versions: dict[str, str] | None = None) -> list[dict]:
     out = []
     for sku, version in op_versions(con, versions).items():
-        points = _points(con, sku, version)
+        points = points_at(con, sku, version)
         counts = dict(points.group_by("op_family").len().iter_rows())
         by_dtype = points.group_by("op_family", "phase", "dtype", "kv_dtype").len().sort(
             "op_family", "phase", "dtype", "kv_dtype", nulls_last=True)

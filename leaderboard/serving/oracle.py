@@ -30,9 +30,9 @@ STEP_FAMILY = {"silicon": "vidur", "silicon_fp8": "vidur_fp8", "serving": "vidur
 
 def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:
     """The oracle's home for a serving ``dataset``: the step set of the same GPU and precision
-    whose version has the GPU's whole measured grid (its ``_ops`` set), or None: no kernel
-    table holds the GPU (the RTX4090), or the grid is of another version (the FP8 family's
-    0.19.0 tables are in no ``_ops`` set, whose version is the ``_vidur`` sets')."""
+    (its GEMM tables at that precision, read at the set's own version), or None: no kernel
+    table holds the GPU (the RTX4090), or no step set of that precision was built for it (the
+    B200 has no FP8 set: its tables time block-scaled FP8 GEMMs only)."""
     sku, step = rows[dataset]["sku"], STEP_FAMILY.get(families.suffix_of(dataset))
     same_gpu = sorted(n for n, r in rows.items() if r["sku"] == sku and r["kind"] == "cells"
                       and step and families.suffix_of(n) == step

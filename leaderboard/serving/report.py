@@ -73,9 +73,10 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
              "all-reduce tables, and the LM head; `leaderboard/serving/oracle.py`). A perfect "
              "kernel predictor would score about this; what it misses is the replay's and the "
              "tables' (light kernels, host and frontend time, another backend's kernels). It is "
-             "never ranked. `rtx4090_serving` has no oracle (no kernel table holds the RTX4090), nor "
-             "have the `_silicon_fp8` sets (the FP8 family's tables, of vLLM 0.19.0, are in no "
-             "`_ops` grid; the `_ops` sets are of the `_vidur` sets' version).", ""]
+             "never ranked. A `_silicon_fp8` set's oracle is fitted on the GPU's `_vidur_fp8` "
+             "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving` has no oracle (no kernel "
+             "table holds the RTX4090), nor has `b200_silicon_fp8` (no FP8 step set of the B200: "
+             "its tables time block-scaled FP8 GEMMs only).", ""]
     if oracle.is_empty():
         return lines + ["No oracle run is current (`python -m leaderboard.rerun` runs it).", ""]
     lines += table(["dataset", "n loads", "TTFT MAPE %", "TTFT median %", "TTFT bias %",
