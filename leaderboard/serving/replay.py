@@ -22,7 +22,7 @@ import polars as pl
 import pyarrow as pa
 
 from leaderboard.cells.schema import typed_columns
-from leaderboard.serving.scheduler import Engine, Policy, StepLog
+from leaderboard.serving.scheduler import Policy, StepLog, new_engine
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 
 StepTimer = Callable[[pl.DataFrame], np.ndarray]  # cells -> ms per cell
@@ -120,7 +120,7 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
     if start not in CLOSED_LOOP_STARTS:
         raise ValueError(f"closed-loop start '{start}' is not one of {CLOSED_LOOP_STARTS}")
     prompt, output = np.full(requests, isl), np.full(requests, osl)
-    engine, log = Engine(policy, prompt, output), StepLog()
+    engine, log = new_engine(policy, prompt, output), StepLog()
     issued = min(concurrency, requests)
     first_sends = (np.zeros(issued, np.int64) if start == "lockstep"
                    else (np.arange(issued) * osl) // concurrency)
@@ -155,7 +155,7 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
     """Requests arriving at the recorded times (ms from the first); a request joins the first
     step that starts at or after its arrival."""
     order = np.argsort(arrival_ms, kind="stable")
-    engine, n = Engine(policy, prompt, output), len(prompt)
+    engine, n = new_engine(policy, prompt, output), len(prompt)
     first, last, scheduled = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     now, nxt = 0.0, 0
     while nxt < n or engine.busy:

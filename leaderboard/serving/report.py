@@ -262,7 +262,8 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "clients start together; KV capacity in GiB; vLLM's KV allocated on demand with "
              "recompute preemption, and a closed-loop run of vLLM 0.14.1 or later, whose launch "
              "template passes the flag, with the token budget aiconfigurator's launcher sets, "
-             "`concurrency + isl + 1500`; SGLang's and TRT-LLM's reserved for prompt and output at "
+             "`concurrency + isl + 1500`; SGLang's admitted on an estimated output and retracted "
+             "when a decode step runs out; TRT-LLM's reserved for prompt and output at "
              "admission) and the predictor times every step; TTFT and TPOT follow. The "
              "`_silicon_fp8` sets hold vLLM's FP8 runs. Left-out rows: the dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()

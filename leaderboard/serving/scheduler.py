@@ -11,17 +11,20 @@ predictor. Three policies cover the backends in ``conf/serving/schedulers.yaml``
   up to the budget); otherwise it decodes every running request;
 - ``whole_mixed`` (TRT-LLM, chunking off): decodes plus whole prompts that fit the budget.
 
-The KV cache follows one of two rules (``kv_rule``):
+The KV cache follows one of three rules (``kv_rule``):
 
-- ``reserve`` (TRT-LLM's GUARANTEED_NO_EVICT; SGLang here, whose estimated-output admission is
-  not modelled): admission reserves a request's prompt and output, and a request waits while
-  the reservation would exceed ``kv_tokens``; nothing is ever evicted;
+- ``reserve`` (TRT-LLM's GUARANTEED_NO_EVICT): admission reserves a request's prompt and output,
+  and a request waits while the reservation would exceed ``kv_tokens``; nothing is ever evicted;
 - ``on_demand`` (vLLM V1): a request holds the KV of the tokens it has computed, and is
   admitted when its next chunk fits what is free. When a running request's next tokens do not
   fit, the most recently admitted running request is preempted (its KV freed, moved to the
   front of the queue, recomputed from scratch: prompt and the outputs so far), as vLLM's
   recompute preemption does; no request is admitted in a step that preempted. KV is counted
-  in tokens, not 16-token blocks.
+  in tokens, not 16-token blocks;
+- ``estimated`` (SGLang, with ``prefill_first``): admission on an estimated output and
+  retraction when a decode step runs out of KV (``leaderboard.serving.sglang_kv``).
+
+``new_engine`` gives the engine of a policy's rule.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 POLICIES = ("chunked_mixed", "prefill_first", "whole_mixed")
-KV_RULES = ("reserve", "on_demand")
+KV_RULES = ("reserve", "on_demand", "estimated")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class Policy:
             raise ValueError(f"KV rule '{self.kv_rule}' is not one of {KV_RULES}")
         if self.kv_rule == "on_demand" and self.kind != "chunked_mixed":
             raise ValueError("the on_demand KV rule is vLLM's and runs with chunked_mixed only")
+        if self.kv_rule == "estimated" and self.kind != "prefill_first":
+            raise ValueError("the estimated KV rule is SGLang's and runs with prefill_first only")
 
 
 @dataclass
@@ -243,3 +248,12 @@ class Engine:
             self.reserved -= int(self.prompt[r] + self.output[r])
             self.finished.append(r)
         return k
+
+
+def new_engine(policy: Policy, prompt: np.ndarray, output: np.ndarray) -> Engine:
+    """The engine of ``policy``'s KV rule: SGLang's estimate keeps state of its own."""
+    if policy.kv_rule == "estimated":
+        from leaderboard.serving.sglang_kv import EstimatedEngine  # a subclass of Engine
+
+        return EstimatedEngine(policy, prompt, output)
+    return Engine(policy, prompt, output)

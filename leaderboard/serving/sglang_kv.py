@@ -1,0 +1,157 @@
+"""SGLang's KV rule (``kv_rule: estimated``): admission on an estimated output, retraction when a
+decode step runs out of KV.
+
+A request holds the KV of the tokens it has computed. A waiting request joins a prefill step
+while its prompt plus its output (clipped at 4096) stays under the free KV less, per decoding
+request, its clipped remaining output times ``new_token_ratio``, less, per request of this step,
+its chunk and (when the chunk ends its prompt) its clipped output. A refusal, or ``max_seqs``,
+stops admission until the running batch shrinks (SGLang's ``batch_is_full``). The ratio starts
+at 0.7, falls by (0.7 - 0.098) / 600 each decode step down to 0.098, and returns to 0.7 when the
+engine idles. A decode step without KV for one token per running request retracts requests
+(most outputs kept: fewest outputs, then longest prompt, then latest admitted go first) until
+20 tokens per remaining request are free; they go to the back of the queue and are recomputed
+from scratch (counted in ``preemptions``), and the ratio becomes (outputs so far + 20 per
+request) / outputs, at most 1, over the requests left. KV is counted in tokens; the radix
+cache's reuse of a retracted prompt is not modelled. The constants and their sources:
+``conf/serving/schedulers.yaml``, backend ``sglang``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leaderboard.serving.scheduler import Engine, Policy, StepLog
+
+# Defaults of SGLang 0.5.x with schedule_conservativeness 1.0 (sources in the yaml).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
+
+
+class EstimatedEngine(Engine):
+    """The scheduler state of an SGLang engine: ``Engine`` plus the output-ratio estimate."""
+
+    def __init__(self, policy: Policy, prompt: np.ndarray, output: np.ndarray):
+        super().__init__(policy, prompt, output)
+        self.init_ratio = INIT_NEW_TOKEN_RATIO
+        self.min_ratio = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.ratio = self.init_ratio
+        self.full = False  # batch_is_full: no prefill is tried until the running batch shrinks
+        self.shrunk = False  # a request finished since the last decode step
+        self.emitted = np.zeros(len(prompt), np.int64)  # outputs made before a retraction
+
+    def _outputs(self, r: int) -> int:
+        """Output tokens request ``r`` has produced (kept through a retraction)."""
+        return max(int(self.emitted[r]), int(self.done[r] - self.prompt[r] + 1), 0)
+
+    def _est_output(self, r: int) -> int:
+        return min(int(self.output[r]), CLIP_MAX_NEW_TOKENS_ESTIMATION)
+
+    def _plan(self) -> list[tuple[int, int]]:
+        """A prefill step (the unfinished prompt first, then waiting requests in order while the
+        estimate holds them), else a decode step of every running request."""
+        if not self.running and (self.full or not self.waiting):  # an idle iteration
+            self.full, self.ratio = False, self.init_ratio
+        prefilling = [r for r in self.running if self.done[r] < self.prefill[r]]
+        if prefilling or (self.waiting and not self.full):
+            plan = self._prefill(prefilling)
+            if plan:
+                return plan
+        return self._decode()
+
+    def _prefill(self, prefilling: list[int]) -> list[tuple[int, int]]:
+        """SGLang's PrefillAdder: a new request's prompt plus clipped output must stay under the
+        free KV less the running requests' estimated outputs and this step's takes."""
+        p, budget, plan = self.policy, self.policy.token_budget, []
+        used = int(self.done[self.running].sum()) if self.running else 0
+        offset = sum(min(int(self.output[r]) - self._outputs(r), CLIP_MAX_NEW_TOKENS_ESTIMATION)
+                     * self.ratio for r in self.running if self.done[r] >= self.prefill[r])
+
+        def take(r: int) -> None:
+            nonlocal budget, offset
+            t = min(self._need(r), budget)
+            plan.append((r, t))
+            budget -= t
+            offset += t + (self._est_output(r) if t == self._need(r) else 0)
+
+        for r in prefilling:  # SGLang's chunked request: no KV check
+            if budget > 0:
+                take(r)
+        while self.waiting and budget > 0:
+            if len(self.running) >= p.max_seqs:
+                self.full = True
+                break
+            r = self.waiting[0]
+            total = int(self.prefill[r] - self.done[r]) + self._est_output(r)
+            if total >= p.kv_tokens - used - offset and self.running:  # an empty engine takes any
+                self.full = True
+                break
+            take(self._admit())
+            if p.kv_tokens - used - offset <= 0:
+                self.full = True
+                break
+        return plan
+
+    def _decode(self) -> list[tuple[int, int]]:
+        """update_running_batch: without KV for one token per request, retract until 20 tokens
+        per remaining request are free and re-estimate the ratio; else decay it."""
+        if self.shrunk:
+            self.full, self.shrunk = False, False
+        run = self.running
+        free = self.policy.kv_tokens - (int(self.done[run].sum()) if run else 0)
+        if run and free < len(run):
+            order = sorted(run, key=lambda r: (self._outputs(r), -int(self.prompt[r])),
+                           reverse=True)
+            first = True
+            while (first or free < RETRACT_DECODE_STEPS * len(order)) and len(order) > 1:
+                first = False
+                r = order.pop()
+                free += int(self.done[r])
+                self._retract(r)
+            self.ratio = min(1.0, (sum(self._outputs(r) for r in run)
+                                   + RETRACT_DECODE_STEPS * len(run))
+                             / int(self.output[run].sum()))
+            self.full = False
+        elif run:
+            self.ratio = max(self.ratio - self.ratio_decay, self.min_ratio)
+        return [(r, 1) for r in self.running]
+
+    def _retract(self, r: int) -> None:
+        """Free ``r``'s KV and queue it last (SGLang extends the waiting queue) to recompute
+        its prompt and outputs."""
+        self.emitted[r] = self._outputs(r)
+        self.running.remove(r)
+        self.reserved -= int(self.prompt[r] + self.output[r])
+        self.prefill[r] = self.done[r]
+        self.done[r] = 0
+        self.waiting.append(r)
+        self.preemptions += 1
+
+    def _decode_run(self) -> int:
+        """Identical decode steps ahead: none tries a prefill (nothing waits, or admission stopped
+        and no request has finished since), none lacks KV, none ends a request."""
+        run = np.asarray(self.running)
+        if not len(run) or len(run) > self.policy.token_budget:
+            return 0
+        if (self.done[run] < self.prefill[run]).any():
+            return 0
+        if self.waiting and (not self.full or self.shrunk):
+            return 0
+        left = int((self.prompt[run] + self.output[run] - 1 - self.done[run]).min())
+        return min(left, (self.policy.kv_tokens - int(self.done[run].sum())) // len(run))
+
+    def step(self, log: StepLog, max_steps: int) -> int:
+        finished, shrunk = len(self.finished), self.shrunk
+        k = super().step(log, max_steps)
+        if k > 1:  # a run of decode steps (a single one is ``_decode``'s): each decays the ratio
+            self.full, self.shrunk = self.full and not shrunk, False
+            for _ in range(k):
+                self.ratio = max(self.ratio - self.ratio_decay, self.min_ratio)
+        if len(self.finished) > finished:
+            self.shrunk = True
+        if not self.busy:  # SGLang resets the estimate when idle
+            self.ratio, self.full = self.init_ratio, False
+        return k
