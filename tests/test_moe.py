@@ -113,7 +113,8 @@ def test_published_expert_counts():
     """The experts and top-k of each model, as its published config.json states them."""
     published = {"mixtral-8x7b": (8, 2, 0), "mixtral-8x22b": (8, 2, 0),
                  "qwen3-30b-a3b": (128, 8, 0), "qwen3-235b-a22b": (128, 8, 0),
-                 "minimax-m2.5": (256, 8, 0), "deepseek-v3": (256, 8, 1), "kimi-k2.5": (384, 8, 1)}
+                 "minimax-m2.5": (256, 8, 0), "deepseek-v3": (256, 8, 1), "kimi-k2.5": (384, 8, 1),
+                 "gpt-oss-120b": (128, 4, 0)}  # num_local_experts 128, num_experts_per_tok 4
     models = load_models()
     for name, want in published.items():
         m = models[name]
@@ -241,6 +242,8 @@ def _silicon_row(**change) -> dict:
     ({"model": "qwen3-235b-a22b", "tp": 1}, "weights alone above 90% of TP1 x 141 GiB"),
     ({"model": "qwen3-235b-a22b", "tp": 2}, None),  # 235 GB of FP8 on two 141 GiB GPUs
     ({"model": "qwen3-235b-a22b", "tp": 2, "moe_tp": 4}, "experts over TP4 beside attention"),
+    ({"model": "gpt-oss-120b", "precision": "fp4", "tp": 1}, "FP4 precision"),  # MXFP4 experts
+    ({"model": "gpt-oss-120b", "precision": "fp8", "backend": "trtllm"}, "MoE on trtllm"),
 ])
 def test_which_moe_serving_runs_are_replayed(change, says):
     from leaderboard.serving.datasets import exclusion
