@@ -13,15 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from leaderboard import families, homes, store
+from leaderboard.catalog import StoreCatalog
 from leaderboard.config import load_config, unknown_key
 from leaderboard.ingest import BuildError
 from leaderboard.inputs import InputError, check_config, guarded
+from leaderboard.serving import report_oracle
 from leaderboard.sources import SourceError
+from leaderboard_core import paths
 from leaderboard_core.naming import suggestion
 from leaderboard_core.specs import SpecError, load_gpu_specs
 
@@ -63,12 +67,21 @@ def list_datasets(include_all: bool = False, **where) -> list[dict]:
     return [r for r in rows if include_all or r["name"] in named]
 
 
-def card(name: str, **where) -> str:
+def card(name: str, runs_dir: str | None = None, **where) -> str:
+    """The dataset's card; a serving set's ends with the replay's own error as its current
+    oracle run in ``runs_dir`` measured it (the card itself is built with the store, before
+    any run)."""
     with store.connect(**where) as con:
         found = dict(con.execute("SELECT name, card FROM datasets").fetchall())
     if name not in found:
         raise InputError(f"no dataset '{name}' in the store; {suggestion(name, sorted(found))}")
-    return found[name] or f"{name} has no card"
+    text = found[name] or f"{name} has no card"
+    fam = families.of(name)
+    if runs_dir is None or fam is None or fam.level != "serving":
+        return text
+    with StoreCatalog(where["sources_root"], where["gpu_specs"]) as catalog:
+        rows = catalog.datasets()
+    return text.rstrip() + "\n\n" + "\n".join(report_oracle.for_card(name, Path(runs_dir), rows))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -107,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             store.build(**where, only=only)
             return 0
         if args.command == "card":
-            print(card(name, **where))
+            print(card(name, paths.REPO_ROOT / cfg.runs_dir, **where))
             return 0
         rows = list_datasets(args.all, **where)
         skipped = skipped_files(**where)

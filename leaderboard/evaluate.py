@@ -87,7 +87,9 @@ def _simulate(described: dict, params: dict, inputs: RunInputs) -> tuple[pl.Data
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0
     nan = np.full(len(inputs.target), np.nan)
-    predicted = {m: pred[i] if pred is not None else nan for i, m in enumerate(serving_api.METRICS)}
+    scored = serving_api.phases_of(inputs.target_row["name"])
+    predicted = {m: pred[i] if pred is not None else nan
+                 for i, m in enumerate(serving_api.METRICS) if m in scored}
     return serving_api.prediction_rows(inputs.target, predicted), facts
 
 

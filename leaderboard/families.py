@@ -148,12 +148,12 @@ for _fam in (
     DatasetFamily("ops", "op", "ops", "op level (`<sku>_ops`, one measured kernel per row)",
                   phases=("all", "gemm", "attn_prefill", "attn_decode")),
     DatasetFamily("silicon", "serving", "serving", "aiconfigurator's measured serving runs",
-                  phases=("ttft", "tpot"), home="a100_vidur"),
+                  phases=("ttft", "tpot", "ttft_steady"), home="a100_vidur"),
     DatasetFamily("silicon_fp8", "serving", "serving", "aiconfigurator's measured FP8 serving runs",
-                  phases=("ttft", "tpot"), home="h100_vidur_fp8"),  # the FP8 family's home
+                  phases=("ttft", "tpot", "ttft_steady"), home="h100_vidur_fp8"),  # the FP8 family's home
     DatasetFamily("silicon_moe", "serving", "serving",
                   "aiconfigurator's measured serving runs of MoE models",
-                  phases=("ttft", "tpot"), home="h100_vidur_moe"),  # the MoE family's home
+                  phases=("ttft", "tpot", "ttft_steady"), home="h100_vidur_moe"),  # the MoE family's home
     DatasetFamily("serving", "serving", "serving", "recorded serving runs",
                   phases=("ttft", "tpot", "service"), home="a100_vidur"),
 ):

@@ -66,6 +66,25 @@ def test_a_staggered_closed_loop_matches_the_hand_computation():
         closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "drifting")
 
 
+def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
+    """Two clients, 4+3 requests, 4 waves, a step taking as many ms as it has tokens (vLLM's
+    defaults: one step takes every prompt). Lockstep: both prompts in one 8 ms step, then two
+    2 ms decode steps, every wave alike: TTFT 8, TPOT 2. Staggered (client 1 one step later):
+    A's prompt alone (4 ms, TTFT 4); then each prompt shares its step with one decode (5 ms)
+    and is sent at the start of that step: TTFT 5 for the other seven. The steady state drops
+    the first wave (2 requests): 5, not the 4.875 of all eight."""
+    from leaderboard.serving.simulate import predict_targets
+
+    target = pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"],
+                           "tp": [1], "backend": ["vllm"], "backend_version": ["0.12.0"],
+                           "gemm_dtype": ["bf16"], "concurrency": [2], "isl": [4], "osl": [3]})
+    ttft, tpot, service, steady = predict_targets(
+        target, load_models(), load_gpu_specs()["h100_sxm"],
+        lambda cells: cells["total_tokens"].to_numpy().astype(np.float64))
+    np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0, 2.0, 5.0])
+    assert np.isnan(service[0])  # closed loops have no recorded arrivals
+
+
 def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():
     # prefill_first: B's prompt (arriving during A's decode) gets a step of its own, so A's
     # decode stalls one 10 ms step: A = [prefill 0-10][decode 10-11][B prefill 11-21][decode 21-22].
@@ -207,7 +226,11 @@ def constant(monkeypatch, store_home):
 def test_a_serving_run_scores_ttft_and_tpot(constant, tmp_path):
     result = run(RunSpec("two_ms_steps", "h100_silicon", {}, runs_dir=tmp_path / "runs"))
     assert result.metrics["level"] == "serving" and result.metrics["valid"]
-    assert set(result.metrics["phases"]) == {"ttft", "tpot"}
+    assert set(result.metrics["phases"]) == {"ttft", "tpot", "ttft_steady"}
+    ttft = result.predictions.filter(pl.col("phase") == "ttft").sort("workload_id")
+    steady = result.predictions.filter(pl.col("phase") == "ttft_steady").sort("workload_id")
+    # the steady-state bound is scored against the same measured TTFT
+    assert steady["gt_ms"].to_list() == ttft["gt_ms"].to_list()
     tpot = result.predictions.filter(pl.col("phase") == "tpot")
     # Every step is 2 ms; TRT-LLM decodes every running request each step, so its TPOT is
     # exactly 2 ms; SGLang's prefill-only steps stall the decodes they interrupt, and vLLM
@@ -398,7 +421,7 @@ def test_the_slope_rows_left_out_of_h100_silicon_are_the_llama_8b_trtllm_campaig
 def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses():
     """Synthetic oracle rows: the engine's TPOT is the oracle's plus 0.1 ms per client (100 µs a
     client), its TTFT 20 % above: the table reads that back and names both goals missed."""
-    from leaderboard.serving.report import what_stops_the_oracle
+    from leaderboard.serving.report_oracle import what_stops_the_oracle
 
     c = np.array([8, 16, 64, 128])
     tpot_pred, ttft_pred = 10.0 + 0 * c, 100.0 + 0 * c
@@ -425,3 +448,46 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     text = "\n".join(what_stops_the_oracle(pl.concat([rows, other], how="vertical_relaxed")))
     row = next(line for line in text.splitlines() if line.startswith("| h100_silicon | vllm"))
     assert [x.strip() for x in row.strip("|").split("|")][8] == "50.0"
+
+
+def test_the_bracket_counts_measured_ttfts_between_lockstep_and_steady_state():
+    """Three closed-loop targets with both bounds (lockstep 8, steady 5 ms): measured 6 lies
+    between them, 9 above, 4 below: one in three. A target without its steady row is not
+    counted."""
+    from leaderboard.serving.report_oracle import inside_bracket
+
+    rows = pl.DataFrame({
+        "dataset": "h200_silicon_fp8", "workload_id": ["a", "b", "c", "a", "b", "c", "d"],
+        "phase": ["ttft"] * 3 + ["ttft_steady"] * 3 + ["ttft"],
+        "gt_ms": [6.0, 9.0, 4.0, 6.0, 9.0, 4.0, 6.0],
+        "pred_ms": [8.0, 8.0, 8.0, 5.0, 5.0, 5.0, 8.0]})
+    n, share = inside_bracket(rows)["h200_silicon_fp8"]
+    assert n == 3 and share == pytest.approx(100 / 3)
+    # the bracket is the interval either way round
+    flipped = rows.with_columns(pred_ms=pl.when(pl.col("phase") == "ttft").then(5.0).otherwise(8.0))
+    assert inside_bracket(flipped)["h200_silicon_fp8"] == (3, pytest.approx(100 / 3))
+    assert inside_bracket(rows.filter(pl.col("phase") == "ttft")) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_serving_card_ends_with_its_current_oracle_runs_error(store_home, tmp_path):
+    """``data card`` of a serving set: before an oracle run it names the command; after one,
+    it states the oracle's TTFT MAPE, the mean over the run's own predictions recomputed here;
+    a set whose GPU has no kernel table says it has no oracle."""
+    from leaderboard import data
+
+    runs = tmp_path / "runs"
+    where = {"sources_root": None, "gpu_specs": None}
+    before = data.card("gb200_silicon", runs, **where)
+    assert ("No current oracle run of gb200_silicon" in before
+            and "dataset.home=gb200_vidur split.home_points=every_shape" in before)
+    result = run(RunSpec("table_scaled", "gb200_silicon", {}, runs_dir=runs,
+                         home="gb200_vidur", home_points="every_shape"))
+    assert result.metrics["valid"]
+    ttft = result.predictions.filter(pl.col("phase") == "ttft")
+    mape = float((abs(ttft["pred_ms"] / ttft["gt_ms"] - 1)).mean() * 100)
+    after = data.card("gb200_silicon", runs, **where)
+    row = next(line for line in after.splitlines() if line.startswith("| gb200_silicon | 2 |"))
+    assert [x.strip() for x in row.strip("|").split("|")][2] == f"{mape:.1f}"
+    assert "has no oracle" in data.card("rtx4090_serving", runs, **where)

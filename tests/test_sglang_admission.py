@@ -28,7 +28,7 @@ def _run(policy, prompt, output, arrivals=None, max_steps=None):
 def _entries(a, req):
     """(step, q, ctx) of every entry of ``req``."""
     m = a["req"] == req
-    return list(zip(a["step"][m].tolist(), a["q"][m].tolist(), a["ctx"][m].tolist()))
+    return list(zip(a["step"][m].tolist(), a["q"][m].tolist(), a["ctx"][m].tolist(), strict=True))
 
 
 def _decodes(first_step, ctx0, n):
@@ -78,7 +78,7 @@ def test_retraction_when_kv_runs_out(max_steps):
     held = np.zeros(3, np.int64)
     for s in range(88):
         m = a["step"] == s
-        for r, q, c in zip(a["req"][m], a["q"][m], a["ctx"][m]):
+        for r, q, c in zip(a["req"][m], a["q"][m], a["ctx"][m], strict=True):
             held[r] = c + q
         held[0] = 0 if s > 40 else held[0]  # finished
         held[1] = 0 if 37 <= s < 81 else held[1]  # retracted

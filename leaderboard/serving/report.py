@@ -12,7 +12,7 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
-from leaderboard.serving.oracle import ORACLE
+from leaderboard.serving.report_oracle import oracle_section
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 # Same model, precision, TP and load: the serving analogue of a workload id.
@@ -50,100 +50,20 @@ def errors_table(runs: pl.DataFrame, datasets: list[str], outcomes: dict,
             run = by.get((p, d))
             if run is None:
                 status = outcomes.get((p, d), "no run")
-                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 9])
+                rows.append([p, d, status.replace("|", "/")[:140], *["—"] * 10])
             elif not run["valid"]:
                 rows.append([p, d, "INVALID: " + "; ".join(run["invalid_reasons"])[:140],
-                             *["—"] * 9])
+                             *["—"] * 10])
             else:
                 n = phase_stat(run, "ttft", "n")
                 rows.append([p, d, "VALID", "—" if n is None else f"{n:,}",
                              *(fmt(phase_stat(run, m, s)) for m in ("ttft", "tpot")
                                               for s in ("mape", "median_ape", "p90_ape")),
+                             fmt(phase_stat(run, "ttft_steady", "mape")),
                              fmt(phase_stat(run, "service", "mape")), ties.get((p, d), "—")])
     return table(["predictor", "dataset", "status", "n loads", "TTFT MAPE %", "TTFT median %",
                   "TTFT P90 %", "TPOT MAPE %", "TPOT median %", "TPOT P90 %",
-                  "service MAPE %", "TTFT vs best"], rows, "lll" + "r" * 9)
-
-
-def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]:
-    """The oracle's error per dataset, then per backend, prompt length and concurrency."""
-    lines = ["### The replay's own error: the oracle", "",
-             f"The oracle times every replayed step from the target GPU's own measured kernels "
-             f"(`{ORACLE}` fitted on the target's `_vidur` set: its GEMM, attention and "
-             "all-reduce tables, and the LM head; `leaderboard/serving/oracle.py`). A perfect "
-             "kernel predictor would score about this; what it misses is the replay's and the "
-             "tables' (light kernels, host and frontend time, another backend's kernels). It is "
-             "never ranked. A `_silicon_fp8` set's oracle is fitted on the GPU's `_vidur_fp8` "
-             "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving` has no oracle (no kernel "
-             "table holds the RTX4090), nor has `b200_silicon_fp8` (no FP8 step set of the B200: "
-             "its tables time block-scaled FP8 GEMMs only).", ""]
-    if oracle.is_empty():
-        return lines + ["No oracle run is current (`python -m leaderboard.rerun` runs it).", ""]
-    lines += table(["dataset", "n loads", "TTFT MAPE %", "TTFT median %", "TTFT bias %",
-                    "TPOT MAPE %", "TPOT median %", "TPOT bias %"], [
-        [r["dataset"], f"{phase_stat(r, 'ttft', 'n'):,}",
-         *(fmt(phase_stat(r, m, s)) for m in ("ttft", "tpot") for s in ("mape", "median_ape", "bias"))]
-        for r in oracle.sort("dataset").iter_rows(named=True)])
-    mine = predictions.filter(pl.col("run_id").is_in(oracle["run_id"].to_list()))
-    if mine.is_empty():
-        return lines
-    cube = (mine.group_by("dataset", "backend", "isl", "concurrency", "phase")
-            .agg(mape=pl.col("signed_pct").abs().mean(), n=pl.len())
-            .pivot("phase", index=["dataset", "backend", "isl", "concurrency"],
-                   values=["mape", "n"])
-            .sort("dataset", "backend", "isl", "concurrency"))
-    lines += ["By backend, prompt length and concurrency (MAPE %):", ""]
-    lines += table(["dataset", "backend", "isl", "concurrency", "n", "TTFT MAPE %", "TPOT MAPE %"], [
-        [r["dataset"], r["backend"], str(r["isl"]), str(r["concurrency"]), str(r["n_ttft"]),
-         fmt(r["mape_ttft"]), fmt(r.get("mape_tpot"))] for r in cube.iter_rows(named=True)],
-        "llrrrrr")
-    valid = predictions.filter(pl.col("run_id").is_in(oracle.filter(pl.col("valid"))["run_id"]
-                                                      .to_list()))
-    return lines + what_stops_the_oracle(valid)
-
-
-# The replay's goal (docs/design.md, "Serving replay and its oracle"), MAPE %.
-TARGETS = {"ttft": 12.0, "tpot": 7.0}
-
-
-def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
-    """Measured, per dataset and backend: which way the oracle misses, and how its TPOT gap
-    (measured minus oracle) grows with the clients: a least-squares line over concurrency per
-    (model, TP, isl), so that which models ran at which loads does not enter; the median of
-    those slopes."""
-    lines = ["What keeps the oracle from the replay's goal (TTFT MAPE <= 12 %, TPOT <= 7 % on "
-             "every `_silicon` set; docs/design.md), measured from its predictions: the signed "
-             "median error (negative: the replay is faster than the engine), and its TPOT gap, "
-             "measured minus oracle, at the lowest and highest concurrency and per added client "
-             "(the median over (model, TP, isl) of a line fitted over their loads). The gap holds "
-             "what the kernel tables leave out of a step (light kernels, sampling, the host's "
-             "scheduling and detokenisation), and also the tables' interpolation and the "
-             "replay's own error; a gap that grows with the clients points to per-request work. "
-             "The engine limits each backend is replayed with, and their sources, are in "
-             "`conf/serving/schedulers.yaml`.", ""]
-    rows = []
-    for (dataset, backend), group in mine.group_by("dataset", "backend", maintain_order=True):
-        ttft, tpot = group.filter(phase="ttft"), group.filter(phase="tpot")
-        gap = tpot.with_columns(gap=pl.col("gt_ms") - pl.col("pred_ms"))
-        slopes = [np.polyfit(g["concurrency"].to_numpy().astype(np.float64), g["gap"].to_numpy(),
-                             1)[0] for _, g in gap.group_by("model", "tp", "isl")
-                  if g["concurrency"].n_unique() > 1]
-        c = gap["concurrency"]
-        ends = (f"{gap.filter(pl.col('concurrency') == c.min())['gap'].median():.2f} / "
-                f"{gap.filter(pl.col('concurrency') == c.max())['gap'].median():.2f}"
-                if len(gap) else "—")
-        rows.append([dataset, backend, str(len(ttft)), fmt(ttft["signed_pct"].abs().mean()),
-                     fmt(ttft["signed_pct"].median()), fmt(tpot["signed_pct"].abs().mean()),
-                     fmt(tpot["signed_pct"].median()), ends,
-                     fmt(1e3 * float(np.median(slopes))) if slopes else "—"])
-    lines += table(["dataset", "backend", "n", "TTFT MAPE %", "TTFT signed median %",
-                    "TPOT MAPE %", "TPOT signed median %", "TPOT gap ms, lowest / highest c",
-                    "TPOT gap per client µs"], sorted(rows), "llrrrrrrr")
-    for (dataset,), group in mine.group_by("dataset", maintain_order=True):
-        missed = [f"{m.upper()} {mape:.1f} % against {goal:.0f} %" for m, goal in TARGETS.items()
-                  if not (mape := group.filter(phase=m)["signed_pct"].abs().mean()) <= goal]
-        lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")]
-    return lines + [""]
+                  "steady TTFT MAPE %", "service MAPE %", "TTFT vs best"], rows, "lll" + "r" * 10)
 
 
 def coverage_and_distance(runs: pl.DataFrame, oracle: pl.DataFrame, predictions: pl.DataFrame

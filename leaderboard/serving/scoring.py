@@ -5,9 +5,10 @@ times every step the replay schedules (``predict(cells, gpu)``). Fit runs in the
 child (``leaderboard.sandbox``); the replay runs in the harness, which sends the child each
 batch of steps to price, so a predictor can neither see the measured TTFT/TPOT nor replace the
 replay.
-Each target gives one ``ttft`` and one ``tpot`` prediction row; those two play the role phases
-play for cells. A predictor that answers NotSupported for these steps is reported as such, not
-as INVALID.
+Each target gives one ``ttft`` and one ``tpot`` prediction row (and, for a closed loop, a
+``ttft_steady`` row: the loop's steady-state TTFT, scored against the same measured TTFT, the
+bracket's other side); these play the role phases play for cells. A predictor that answers
+NotSupported for these steps is reported as such, not as INVALID.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import polars as pl
 from leaderboard import families
 from leaderboard.serving.simulate import predict_targets
 
-METRICS = ("ttft", "tpot", "service")  # what the replay predicts, in predict_targets' order
-GROUND_TRUTH = tuple(f"gt_{m}_ms" for m in METRICS)  # what the sandboxed replay never receives
+# What the replay predicts, in predict_targets' order.
+METRICS = ("ttft", "tpot", "service", "ttft_steady")
+MEASURED_AS = {"ttft_steady": "ttft"}  # a metric scored against another's measurement
+# What the sandboxed replay never receives.
+GROUND_TRUTH = tuple(f"gt_{m}_ms" for m in METRICS if m not in MEASURED_AS)
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "phase", "backend",
                       "isl", "osl", "concurrency", "gt_kind", "gt_ms")
 
@@ -57,14 +61,16 @@ def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: 
 
 
 def prediction_rows(targets: pl.DataFrame, predicted: dict[str, np.ndarray]) -> pl.DataFrame:
-    """One row per (target, metric) with a measured value: cell_id is ``<target>:<metric>``."""
+    """One row per (target, metric of ``predicted``) with a measured value: cell_id is
+    ``<target>:<metric>``."""
     base = targets.select(workload_id="target_id", model="model", precision="precision", tp="tp",
                           backend="backend",
                           isl="isl", osl="osl", concurrency="concurrency", gt_kind="gt_kind")
     rows = pl.concat([
-        base.with_columns(phase=pl.lit(metric), gt_ms=targets[f"gt_{metric}_ms"],
+        base.with_columns(phase=pl.lit(metric), gt_ms=targets[f"gt_{measured}_ms"],
                           pred_ms=pl.Series(pred, dtype=pl.Float64))
-        for metric, pred in predicted.items() if f"gt_{metric}_ms" in targets.columns])
+        for metric, pred in predicted.items()
+        if f"gt_{(measured := MEASURED_AS.get(metric, metric))}_ms" in targets.columns])
     rows = rows.filter(pl.col("gt_ms").is_not_null()).with_columns(
         cell_id=pl.col("workload_id") + ":" + pl.col("phase"))
     return rows.select(*PREDICTION_COLUMNS, "pred_ms")

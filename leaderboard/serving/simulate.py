@@ -7,7 +7,7 @@ come from ``conf/serving/schedulers.yaml`` and the GPU's datasheet memory.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 import polars as pl
@@ -68,10 +68,11 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
-                    progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Predicted TTFT, TPOT and service time (ms) per target row, in the rows' order (service
-    time, first token minus first scheduled, for recorded arrivals only)."""
-    ttft, tpot, service = (np.full(len(targets), np.nan) for _ in range(3))
+                    progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Predicted TTFT, TPOT, service time and steady-state TTFT (ms) per target row, in the
+    rows' order (service time, first token minus first scheduled, for recorded arrivals only;
+    steady-state TTFT, the closed loop's other bound, for closed loops only)."""
+    ttft, tpot, service, steady = (np.full(len(targets), np.nan) for _ in range(4))
     indexed = targets.with_row_index("_i")
     sim = load_conf()["simulation"]
     for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
@@ -84,11 +85,14 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         rows = group["_i"].to_numpy()
         if closed:
             c = first["concurrency"]
-            timeline = closed_loop(policy, first["isl"], first["osl"], c, sim["waves"] * c,
-                                   model, tp, timer, sim["closed_loop_start"], first["gemm_dtype"])
+            loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
+                           model, tp, timer, gemm_dtype=first["gemm_dtype"])
+            timeline = loop(start=sim["closed_loop_start"])
             kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
             ttft[rows] = np.mean(timeline.ttft[kept])
             tpot[rows] = np.nanmean(timeline.tpot[kept])
+            bound = sim["steady_state"]
+            steady[rows] = np.mean(loop(start=bound["start"]).ttft[bound["warmup_waves"] * c:])
         else:
             timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
                                          group["isl"].to_numpy(), group["osl"].to_numpy(),
@@ -96,4 +100,4 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
             ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
         if progress is not None:
             progress(len(rows))
-    return ttft, tpot, service
+    return ttft, tpot, service, steady
