@@ -72,8 +72,9 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     2 ms decode steps, every wave alike: TTFT 8, TPOT 2. Staggered (client 1 one step later):
     A's prompt alone (4 ms, TTFT 4); then each prompt shares its step with one decode (5 ms)
     and is sent at the start of that step: TTFT 5 for the other seven. The steady state drops
-    the first wave (2 requests): 5, not the 4.875 of all eight."""
-    from leaderboard.serving.simulate import predict_targets
+    the first wave (2 requests): 5, not the 4.875 of all eight. vLLM's host time h(n) = base +
+    per request x n is added to every step, each of these of two requests: h(2) on each."""
+    from leaderboard.serving.simulate import load_conf, predict_targets
 
     target = pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"],
                            "tp": [1], "backend": ["vllm"], "backend_version": ["0.12.0"],
@@ -81,7 +82,9 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     ttft, tpot, service, steady = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: cells["total_tokens"].to_numpy().astype(np.float64))
-    np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0, 2.0, 5.0])
+    host = load_conf()["backends"]["vllm"]["host_time"]
+    h2 = host["base_ms"] + 2 * host["per_request_ms"]
+    np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0 + h2, 2.0 + h2, 5.0 + h2])
     assert np.isnan(service[0])  # closed loops have no recorded arrivals
 
 
@@ -491,3 +494,24 @@ def test_a_serving_card_ends_with_its_current_oracle_runs_error(store_home, tmp_
     row = next(line for line in after.splitlines() if line.startswith("| gb200_silicon | 2 |"))
     assert [x.strip() for x in row.strip("|").split("|")][2] == f"{mape:.1f}"
     assert "has no oracle" in data.card("rtx4090_serving", runs, **where)
+
+
+def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store):
+    """The yaml's vLLM host time per step: least squares of the sum of the four CPU parts
+    Vidur's simulator adds to a step over every (model, TP, batch size) of its profile,
+    recomputed from the store's cpu_overheads table; SGLang and TRT-LLM state none."""
+    from leaderboard.serving.simulate import load_conf
+
+    parts = ("schedule", "sampler_e2e", "prepare_inputs_e2e", "process_model_outputs")
+    rows = real_store.sql(
+        "SELECT batch_size, sum(latency_ms), count(*) FROM cpu_overheads WHERE source = 'vidur' "
+        f"AND op IN {parts} GROUP BY model, tp, batch_size")
+    assert len(rows) == 72 and {n for *_, n in rows} == {4}
+    x = np.array([r[0] for r in rows], np.float64)
+    y = np.array([r[1] for r in rows])
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (base, per_request), *_ = np.linalg.lstsq(design, y, rcond=None)
+    conf = load_conf()["backends"]
+    assert conf["vllm"]["host_time"]["base_ms"] == pytest.approx(base, abs=5e-4)
+    assert conf["vllm"]["host_time"]["per_request_ms"] == pytest.approx(per_request, abs=5e-5)
+    assert "host_time" not in conf["sglang"] and "host_time" not in conf["trtllm"]

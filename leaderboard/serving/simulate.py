@@ -67,6 +67,16 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                   b.get("kv_rule", "reserve"))
 
 
+def with_host_time(timer: StepTimer, backend: str) -> StepTimer:
+    """``timer`` plus the backend's per-step host time (``host_time`` in the yaml), where it
+    states one: the same for every predictor."""
+    host = load_conf()["backends"][backend].get("host_time")
+    if host is None:
+        return timer
+    return lambda cells: (timer(cells) + host["base_ms"]
+                          + host["per_request_ms"] * cells["num_requests"].to_numpy())
+
+
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
                     progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Predicted TTFT, TPOT, service time and steady-state TTFT (ms) per target row, in the
@@ -83,10 +93,11 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"],
                             closed)
         rows = group["_i"].to_numpy()
+        timed = with_host_time(timer, first["backend"])
         if closed:
             c = first["concurrency"]
             loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
-                           model, tp, timer, gemm_dtype=first["gemm_dtype"])
+                           model, tp, timed, gemm_dtype=first["gemm_dtype"])
             timeline = loop(start=sim["closed_loop_start"])
             kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
             ttft[rows] = np.mean(timeline.ttft[kept])
@@ -96,7 +107,7 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         else:
             timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
                                          group["isl"].to_numpy(), group["osl"].to_numpy(),
-                                         model, tp, timer, first["gemm_dtype"])
+                                         model, tp, timed, first["gemm_dtype"])
             ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
         if progress is not None:
             progress(len(rows))
