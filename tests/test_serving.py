@@ -440,7 +440,14 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     cells = [x.strip() for x in row.strip("|").split("|")]
     assert cells[2] == "4" and cells[4] == "-20.0"  # 100 / 125 - 1
     assert cells[7] == "0.80 / 12.80" and cells[8] == "100.0"
+    assert cells[9:] == ["—", "—"]  # no steady-state rows
     assert "TTFT 20.0 % against 12 %" in text and "missed" in text
+    # the measured TTFT 5 ms + 2 ms a client above the steady state's: 21 at c 8, 261 at 128
+    steady = rows.filter(phase="ttft").with_columns(
+        phase=pl.lit("ttft_steady"), pred_ms=pl.col("gt_ms") - 5.0 - 2.0 * pl.col("concurrency"))
+    text = "\n".join(what_stops_the_oracle(pl.concat([rows, steady], how="vertical_relaxed")))
+    row = next(line for line in text.splitlines() if line.startswith("| h100_silicon | vllm"))
+    assert [x.strip() for x in row.strip("|").split("|")][9:] == ["21.00 / 261.00", "2.0"]
     # a second model at the high loads only, with a constant gap: pooled over both, the line
     # would tilt; per (model, TP, isl), the first model's 100 µs and the second's 0 give 50
     other = pl.DataFrame({

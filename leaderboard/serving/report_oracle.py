@@ -82,39 +82,50 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
 TARGETS = {"ttft": 12.0, "tpot": 7.0}
 
 
+def _gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
+    """Measured minus predicted (ms): its median at the lowest and highest concurrency, and the
+    slopes of lines over concurrency per (model, TP, isl), so that which models ran at which
+    loads does not enter."""
+    gap = rows.with_columns(gap=pl.col("gt_ms") - pl.col("pred_ms"))
+    slopes = [np.polyfit(g["concurrency"].to_numpy().astype(np.float64), g["gap"].to_numpy(), 1)[0]
+              for _, g in gap.group_by("model", "tp", "isl") if g["concurrency"].n_unique() > 1]
+    c = gap["concurrency"]
+    ends = (f"{gap.filter(pl.col('concurrency') == c.min())['gap'].median():.2f} / "
+            f"{gap.filter(pl.col('concurrency') == c.max())['gap'].median():.2f}"
+            if len(gap) else "—")
+    return ends, slopes
+
+
 def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
-    """Measured, per dataset and backend: which way the oracle misses, and how its TPOT gap
-    (measured minus oracle) grows with the clients: a least-squares line over concurrency per
-    (model, TP, isl), so that which models ran at which loads does not enter; the median of
-    those slopes."""
+    """Measured, per dataset and backend: which way the oracle misses, how its TPOT gap
+    (measured minus oracle) grows with the clients, and how far the measured TTFT lies above
+    the steady state's (the time a first token spends outside the replayed steps)."""
     lines = ["What keeps the oracle from the replay's goal (TTFT MAPE <= 12 %, TPOT <= 7 % on "
              "every `_silicon` set; docs/design.md), measured from its predictions: the signed "
              "median error (negative: the replay is faster than the engine), and its TPOT gap, "
              "measured minus oracle, at the lowest and highest concurrency and per added client "
              "(the median over (model, TP, isl) of a line fitted over their loads). The gap holds "
-             "what the kernel tables leave out of a step (light kernels, sampling, the host's "
-             "scheduling and detokenisation), and also the tables' interpolation and the "
-             "replay's own error; a gap that grows with the clients points to per-request work. "
-             "The engine limits each backend is replayed with, and their sources, are in "
-             "`conf/serving/schedulers.yaml`.", ""]
+             "what the kernel tables and the vLLM host time leave out of a step (light kernels, "
+             "another engine's host work, detokenisation), and also the tables' interpolation and "
+             "the replay's own error; a gap that grows with the clients points to per-request "
+             "work. The steady-state TTFT gap is the same reading of the measured TTFT against "
+             "the steady state's: what a first token waits outside the replayed steps, if the "
+             "clients had drifted fully apart. The engine limits each backend is replayed with, "
+             "and their sources, are in `conf/serving/schedulers.yaml`.", ""]
     rows = []
     for (dataset, backend), group in mine.group_by("dataset", "backend", maintain_order=True):
         ttft, tpot = group.filter(phase="ttft"), group.filter(phase="tpot")
-        gap = tpot.with_columns(gap=pl.col("gt_ms") - pl.col("pred_ms"))
-        slopes = [np.polyfit(g["concurrency"].to_numpy().astype(np.float64), g["gap"].to_numpy(),
-                             1)[0] for _, g in gap.group_by("model", "tp", "isl")
-                  if g["concurrency"].n_unique() > 1]
-        c = gap["concurrency"]
-        ends = (f"{gap.filter(pl.col('concurrency') == c.min())['gap'].median():.2f} / "
-                f"{gap.filter(pl.col('concurrency') == c.max())['gap'].median():.2f}"
-                if len(gap) else "—")
+        tpot_ends, tpot_slopes = _gap(tpot)
+        steady_ends, steady_slopes = _gap(group.filter(phase="ttft_steady"))
         rows.append([dataset, backend, str(len(ttft)), fmt(ttft["signed_pct"].abs().mean()),
                      fmt(ttft["signed_pct"].median()), fmt(tpot["signed_pct"].abs().mean()),
-                     fmt(tpot["signed_pct"].median()), ends,
-                     fmt(1e3 * float(np.median(slopes))) if slopes else "—"])
+                     fmt(tpot["signed_pct"].median()), tpot_ends,
+                     fmt(1e3 * float(np.median(tpot_slopes))) if tpot_slopes else "—",
+                     steady_ends, fmt(float(np.median(steady_slopes))) if steady_slopes else "—"])
     lines += table(["dataset", "backend", "n", "TTFT MAPE %", "TTFT signed median %",
                     "TPOT MAPE %", "TPOT signed median %", "TPOT gap ms, lowest / highest c",
-                    "TPOT gap per client µs"], sorted(rows), "llrrrrrrr")
+                    "TPOT gap per client µs", "steady TTFT gap ms, lowest / highest c",
+                    "steady TTFT gap per client ms"], sorted(rows), "llrrrrrrrrr")
     for (dataset,), group in mine.group_by("dataset", maintain_order=True):
         missed = [f"{m.upper()} {mape:.1f} % against {goal:.0f} %" for m, goal in TARGETS.items()
                   if not (mape := group.filter(phase=m)["signed_pct"].abs().mean()) <= goal]
