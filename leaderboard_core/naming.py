@@ -14,7 +14,12 @@ T = TypeVar("T")
 
 
 def closest(name: str, valid: list[str]) -> str:
-    """`` Did you mean 'a'?`` when one valid name is close enough, else nothing."""
+    """`` Did you mean 'a'?`` when one valid name is close enough, else nothing; the names that
+    extend ``name`` by a suffix come first (``h200_silicon``: its ``_fp8`` and ``_moe`` sets),
+    since an edit-distance match would name another GPU's set."""
+    extended = [v for v in valid if v.startswith(f"{name}_")]
+    if extended:
+        return f" Did you mean {' or '.join(repr(v) for v in extended)}?"
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
     return f" Did you mean '{close[0]}'?" if close else ""
 

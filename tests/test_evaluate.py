@@ -300,3 +300,14 @@ def test_a_failing_per_op_split_is_noted_and_the_score_stands(probes, tmp_path, 
     assert note in result.metrics["by_op_error"]
     saved = pl.read_parquet(result.folder / "predictions.parquet")
     assert not any(c.startswith("op_ms_") for c in saved.columns)
+
+
+def test_a_gpus_serving_name_without_its_family_suffix_names_that_gpus_sets():
+    """``h200_silicon`` is not a set (the H200's serving runs are FP8 and MoE): the error offers
+    the H200's own sets, not the closest spelling (``h100_silicon``, another GPU)."""
+    from leaderboard_core.naming import closest
+
+    valid = ["h100_silicon", "h100_silicon_fp8", "h200_silicon_fp8", "h200_silicon_moe"]
+    assert closest("h200_silicon", valid) == " Did you mean 'h200_silicon_fp8' or 'h200_silicon_moe'?"
+    assert closest("h100_silicn", valid) == " Did you mean 'h100_silicon'?"  # a typo: the closest
+    assert closest("zzz", valid) == ""
