@@ -117,7 +117,7 @@ def run(spec: RunSpec) -> RunResult:
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
     budget = readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
-    if inputs.serving:  # two rows per target (TTFT, TPOT); the steps timed are the replay's
+    if inputs.serving:  # a row per target and metric; the steps timed are the replay's
         predictions, facts = _simulate(described, params, inputs)
         target, pred = predictions, None if facts["invalid_reasons"] else predictions["pred_ms"]
     else:

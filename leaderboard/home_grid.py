@@ -66,7 +66,8 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
     shapes = [tp_shapes(models[name], tp) for name, tp in configs or []]
     points = catalog.op_points_at(sku, version).rename({"backend_version": "version"})
     if points.is_empty():
-        raise ValueError(f"the store has no {sku} GEMM and attention points at version {version}, "
+        raise ValueError(f"the catalog (store or export) has no {sku} GEMM and attention points "
+                         f"at version {version}, "
                          f"the version home {row['name']} was built from; pass "
                          "split.home_points=behind_cells")
     gemm = points.filter(op_family="gemm", dtype=GEMM_DTYPES[gemm_dtype])

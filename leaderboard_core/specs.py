@@ -216,12 +216,16 @@ def attention_kind(model: dict) -> str:
 
 def uncomposable_reason(model: dict) -> str | None:
     """Why the step composition (the MoE cells and the serving replay alike) cannot price this
-    model's layers yet, or None: it composes GQA attention, and MoE layers without shared
-    experts; an MLA model's projections and a shared expert's GEMMs are not in it."""
+    model's layers yet, or None: it composes GQA attention over the whole context, and MoE
+    layers without shared experts; an MLA model's projections, a shared expert's GEMMs and a
+    sliding window's shorter attention are not in it."""
     if attention_kind(model) != "gqa" or model.get("shared_experts"):
         return (f"{attention_kind(model).upper()} attention and {model.get('shared_experts', 0)} "
                 "shared experts: the step composition prices GQA models without shared experts "
                 "only")
+    if model.get("sliding_window"):
+        return (f"sliding-window attention ({model['sliding_window']} tokens on some layers): the "
+                "step composition prices attention over the whole context only")
     return None
 
 

@@ -242,8 +242,10 @@ def _silicon_row(**change) -> dict:
     ({"model": "qwen3-235b-a22b", "tp": 1}, "weights alone above 90% of TP1 x 141 GiB"),
     ({"model": "qwen3-235b-a22b", "tp": 2}, None),  # 235 GB of FP8 on two 141 GiB GPUs
     ({"model": "qwen3-235b-a22b", "tp": 2, "moe_tp": 4}, "experts over TP4 beside attention"),
-    ({"model": "gpt-oss-120b", "precision": "fp4", "tp": 1}, "FP4 precision"),  # MXFP4 experts
+    # its sliding window is refused before its MXFP4 (FP4) experts; TRT-LLM before either
+    ({"model": "gpt-oss-120b", "precision": "fp4", "tp": 1}, "sliding-window attention"),
     ({"model": "gpt-oss-120b", "precision": "fp8", "backend": "trtllm"}, "MoE on trtllm"),
+    ({"model": "gpt-oss-120b", "precision": "fp8", "tp": 2}, "sliding-window attention"),
 ])
 def test_which_moe_serving_runs_are_replayed(change, says):
     from leaderboard.serving.datasets import exclusion

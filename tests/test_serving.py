@@ -315,7 +315,7 @@ def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
     assert grid["allreduce"]["num_gpus"].to_list() == [2]
     empty = type("Empty", (Store,), {"op_points_at": lambda self, sku, version:
                                      Store.op_points_at(self, sku, version).clear()})
-    with pytest.raises(ValueError, match="no h100_sxm GEMM and attention points at version 0.19.0"):
+    with pytest.raises(ValueError, match="has no h100_sxm GEMM and attention points at version 0.19.0"):
         home_grid.full_grid(empty(), row, None, {}, "fp8")
 
 

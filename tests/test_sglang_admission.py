@@ -112,8 +112,8 @@ def test_ratio_decay_moves_admission():
     assert join(129, 0.1)[0] == 10
     step, engine = join(108, 0.1)
     assert step == 40 and engine.min_ratio == pytest.approx(0.098)
-    # SGLang's own constants: 0.7, floor 0.098, (0.7 - 0.098) / 600 a step
-    assert engine.init_ratio == 0.7 and engine.ratio_decay == 0.1
+    # SGLang's own constants: 0.7, floor 0.7 x 0.14 = 0.098, (0.7 - 0.098) / 600 a step
+    assert engine.init_ratio == 0.7
     assert new_engine(Policy("prefill_first", 30, 16, 108, "estimated"), np.array([1]),
                   np.array([1])).ratio_decay == pytest.approx(0.602 / 600)
 

@@ -194,7 +194,9 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
               "Service time (recorded arrivals only): first token minus the first step that "
               "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a "
               "predictor's TTFT MAPE is within the oracle's TTFT MAPE of the best one on that "
-              "dataset (inside the replay's own error), else the points behind the best.", ""]
+              "dataset (inside the replay's own error), else the points behind the best; where "
+              "the oracle's own TTFT error is large every predictor ties, the replay being "
+              "unable to rank them on TTFT there.", ""]
     lines += errors_table(runs, datasets, outcomes, ttft_ties(runs, oracle))
     if len(predictions):
         lines += coverage_and_distance(runs, oracle, predictions)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import report_leaderboard, results
-from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
+from leaderboard import families, report_leaderboard, results
+from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 
@@ -39,7 +39,8 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
              "never ranked. A `_silicon_fp8` set's oracle is fitted on the GPU's `_vidur_fp8` "
              "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving` has no oracle (no kernel "
              "table holds the RTX4090), nor has `b200_silicon_fp8` (no FP8 step set of the B200: "
-             "its tables time block-scaled FP8 GEMMs only).", ""]
+             "its tables time block-scaled FP8 GEMMs only), nor have the `_silicon_moe` sets "
+             "(the MoE family's expert tables are BF16, the runs FP8).", ""]
     if oracle.is_empty():
         return lines + ["No oracle run is current (`python -m leaderboard.rerun` runs it).", ""]
     mine = predictions.filter(pl.col("run_id").is_in(oracle["run_id"].to_list()))
@@ -136,20 +137,23 @@ def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
 def for_card(name: str, runs_dir: Path, rows: dict[str, dict]) -> list[str]:
     """The oracle's measured error on serving set ``name``, for its card: the tables of the
     report from its current oracle run in ``runs_dir``, or why there is none."""
+    heading = ["## The replay's own error, measured", ""]
     home = oracle_home(name, rows)
     if home is None:
-        return ["### The replay's own error, measured", "",
-                f"{name} has no oracle: no step set of its GPU and precision holds the GPU's own "
-                "kernel tables (`leaderboard/serving/oracle.py`).", ""]
+        step = STEP_FAMILY.get(families.suffix_of(name))
+        why = ("no step family of its runs' kind holds the GPU's own kernel tables (see \"No "
+               "oracle here\" above)" if step is None else
+               f"no `_{step}` set of its GPU holds the GPU's own kernel tables at the runs' "
+               "precision (no kernel table holds the RTX4090; the B200 has no FP8 step set)")
+        return heading + [f"{name} has no oracle: {why}.", ""]
     current = results.current(results.load_runs(runs_dir)).pl() if Path(runs_dir).is_dir() \
         else pl.DataFrame()
     oracle = report_leaderboard.oracle_runs(current, [name]) if len(current) else current
     if oracle.is_empty():
-        return ["### The replay's own error, measured", "",
-                f"No current oracle run of {name} in {runs_dir}; make one with `python -m "
-                f"leaderboard predictor={ORACLE} dataset={name} dataset.home={home} "
-                f"split.home_points={ORACLE_POINTS}`.", ""]
-    return oracle_section(oracle, results.load_predictions(oracle))
+        return heading + [f"No current oracle run of {name} in {runs_dir}; make one with "
+                          f"`python -m leaderboard predictor={ORACLE} dataset={name} "
+                          f"dataset.home={home} split.home_points={ORACLE_POINTS}`.", ""]
+    return heading + oracle_section(oracle, results.load_predictions(oracle))[2:]
 
 
 # Presents results, never changes a run's numbers: versioning.code_hash skips this file.

@@ -1,4 +1,5 @@
-"""Serving-level scoring: ``serving`` datasets, scored on TTFT and TPOT like cells on phases.
+"""Serving-level scoring: ``serving`` datasets, scored on TTFT, TPOT (and the closed loop's
+steady-state TTFT, or a recorded run's service time) like cells on phases.
 
 The predictor is fitted on its home's training cells exactly as for a step-level run, then
 times every step the replay schedules (``predict(cells, gpu)``). Fit runs in the sandboxed
@@ -40,10 +41,10 @@ def phases_of(dataset: str) -> tuple[str, ...]:
 
 def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
            ) -> tuple[np.ndarray, ...]:
-    """Predicted TTFT, TPOT and service time per target (``METRICS``). The replay (scheduling,
-    timing) runs here, in the harness; ``price`` asks the predictor's sandboxed child for the
-    time of each step it schedules, and nothing else. ``facts`` gains ``predict_seconds``
-    (the child's) and ``steps``."""
+    """Predicted TTFT, TPOT, service time and steady-state TTFT per target (``METRICS``). The
+    replay (scheduling, timing) runs here, in the harness; ``price`` asks the predictor's
+    sandboxed child for the time of each step it schedules, and nothing else. ``facts`` gains
+    ``predict_seconds`` (the child's) and ``steps``."""
     facts.update(predict_seconds=0.0, steps=0)
 
     def timer(cells: pl.DataFrame) -> np.ndarray:

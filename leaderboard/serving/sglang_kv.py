@@ -116,8 +116,13 @@ class EstimatedEngine(Engine):
                              / int(self.output[run].sum()))
             self.full = False
         elif run:
-            self.ratio = max(self.ratio - self.ratio_decay, self.min_ratio)
+            self._decay(1)
         return [(r, 1) for r in self.running]
+
+    def _decay(self, steps: int) -> None:
+        """The ratio after ``steps`` decode steps, one decay each, never under the floor."""
+        for _ in range(steps):
+            self.ratio = max(self.ratio - self.ratio_decay, self.min_ratio)
 
     def _retract(self, r: int) -> None:
         """Free ``r``'s KV and queue it last (SGLang extends the waiting queue) to recompute
@@ -148,8 +153,7 @@ class EstimatedEngine(Engine):
         k = super().step(log, max_steps)
         if k > 1:  # a run of decode steps (a single one is ``_decode``'s): each decays the ratio
             self.full, self.shrunk = self.full and not shrunk, False
-            for _ in range(k):
-                self.ratio = max(self.ratio - self.ratio_decay, self.min_ratio)
+            self._decay(k)
         if len(self.finished) > finished:
             self.shrunk = True
         if not self.busy:  # SGLang resets the estimate when idle
