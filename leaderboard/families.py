@@ -135,6 +135,10 @@ for _fam in (
     DatasetFamily("vidur_moe", "step", "cells", "Vidur-composed steps of mixture-of-experts models",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe",
                   op_grid=False),
+    DatasetFamily("vidur_moe_ep", "step", "cells",
+                  "Vidur-composed MoE steps, experts spread whole over the GPUs (expert parallel)",
+                  builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe_ep",
+                  op_grid=False),
     DatasetFamily("vidur_moe_powerlaw", "step", "cells",
                   "Vidur-composed MoE steps, experts timed under power-law routing",
                   builder=_VIDUR, builder_takes_gpus=True, op_grid=False),  # home: A100

@@ -181,3 +181,9 @@ def require_card_scope(name: str, card: dict, inputs: RunInputs) -> None:
             raise NotSupported(f"predictor '{name}' prices {'/'.join(layers)} layers only; "
                                f"dataset {dataset} holds mixture-of-experts models "
                                f"({', '.join(routed)}): its card does not list 'moe'")
+        spread = "moe_ep" in cells.columns and bool((cells["moe_ep"].fill_null(1) > 1).any())
+        if spread and "moe_ep" not in layers:
+            raise NotSupported(f"predictor '{name}' prices {'/'.join(layers)} layers only; "
+                               f"dataset {dataset} holds expert-parallel MoE steps (experts "
+                               "spread whole over the GPUs, moe_ep > 1): its card does not list "
+                               "'moe_ep'")

@@ -61,13 +61,15 @@ def ring_allreduce_s(message_bytes: np.ndarray, group: np.ndarray, link_bytes_pe
 
 
 def expert_work(steps) -> dict[str, np.ndarray]:
-    """Per cell and MoE layer, the routed experts at their active parameters, per GPU under TP:
-    ``rows`` (tokens x top-k routed token copies), ``touched`` (experts some token routes to,
-    at most all of them: an expert no token picks is not read), ``width`` (one expert's
-    intermediate on this GPU). Each expert is gated: gate and up (h -> width), down (width -> h).
-    Zero rows for a dense model. The extension every roofline here uses for MoE layers."""
-    rows, touched = routed_experts(steps.tokens, steps.topk, steps.experts)
-    return {"rows": rows, "touched": touched, "width": steps.moe_ffn / steps.tp}
+    """Per cell and MoE layer, the routed experts at their active parameters, per GPU (experts
+    split over the TP group, or spread whole over it: ``Steps.experts_per_gpu``): ``rows``
+    (routed token copies, tokens x top-k), ``touched`` (experts some token routes to, at most
+    all of them: an expert no token picks is not read), ``width`` (one expert's intermediate on
+    this GPU). Each expert is gated: gate and up (h -> width), down (width -> h). Zero rows for
+    a dense model. The extension every roofline here uses for MoE layers."""
+    share = steps.experts_per_gpu()
+    rows, touched = routed_experts(share["tokens"], steps.topk, share["experts"])
+    return {"rows": rows, "touched": touched, "width": share["width"]}
 
 
 def expert_flop_bytes(tokens, hidden, width, rows, touched) -> tuple[np.ndarray, np.ndarray]:
@@ -88,10 +90,11 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
     if op.startswith("gemm"):  # a step's gemm_qkv ... or an op-level point's gemm
         m, n, k = col("m"), col("n"), col("k")
         flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
-    elif op == "moe":
+    elif op == "moe":  # one GPU's share: spread over moe_ep GPUs, 1 / moe_ep of the experts
         t = col("num_tokens")
+        ep = col("moe_ep") if "moe_ep" in points.columns else np.ones(len(t))
         flop, byte = expert_flop_bytes(t, col("hidden_size"), col("inter_size") / col("moe_tp"),
-                                       *routed_experts(t, col("topk"), col("num_experts")))
+                                       *routed_experts(t / ep, col("topk"), col("num_experts") / ep))
     else:
         b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
         kv = col("kv_len")  # cached context, as in the cells' lookups

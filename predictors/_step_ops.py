@@ -2,7 +2,7 @@
 that price each op from measured points (``table_scaled``, ``neusight_tiles``).
 
 Per layer: the four GEMMs at m = the step's tokens (an MoE layer: QKV and O, and one fused-MoE
-kernel over the routed experts in place of gate/up and down), one prefill-attention kernel over its
+kernel over the routed experts in place of gate/up and down, at the cell's expert placement), one prefill-attention kernel over its
 prefills (a uniform batch at their mean length) and one decode-attention kernel over its decodes
 (at their mean context), two all-reduces of the activations at TP > 1; times the layers. A step
 whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than ``gpu_block``)
@@ -41,11 +41,13 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
         if is_moe(model):  # one fused-MoE kernel per MoE layer, dense FFN GEMMs in the others
             e = moe_shapes(model, tp)
             ffn_layers = float(e["dense_layers"])
+            ep = (group["moe_ep"].fill_null(1).to_numpy() if "moe_ep" in group.columns
+                  else np.ones(len(i), np.int64))  # experts spread whole over ep GPUs
             out.append(("moe", i, np.full(len(i), float(e["moe_layers"])), pl.DataFrame({
                 "num_tokens": tokens, "hidden_size": np.full(len(i), e["hidden"]),
                 "inter_size": np.full(len(i), model["moe_intermediate_size"]),
                 "topk": np.full(len(i), e["topk"]), "num_experts": np.full(len(i), e["experts"]),
-                "moe_tp": np.full(len(i), tp)})))
+                "moe_tp": tp // ep, "moe_ep": ep})))
         for op in ("qkv", "o", "gate_up", "down"):
             n, k = s[op]
             count = layers if op in ("qkv", "o") else ffn_layers

@@ -144,7 +144,7 @@ class DistServe(Predictor):
         kind="profiled", reference="DistServe, Zhong et al., OSDI'24; github.com/LLMServe/DistServe",
         description="fitted prefill quadratic and small/large-batch decode lines, home "
                     "coefficients used unchanged on every GPU",
-        needs_profiled_rows=True, layers=("dense", "moe"))
+        needs_profiled_rows=True, layers=("dense", "moe", "moe_ep"))
     param_choices = {"mixed": MIXED_MODES, "published_engine": ("distserve", "vllm")}
 
     def __init__(self, mixed: str = "additive", prefill_todo_ms: bool = False,
@@ -221,7 +221,7 @@ class DistServeScaled(DistServe):
                                    "docs/baselines.md §6.5 (this benchmark's construct)",
         description="DistServe's fits with prefill token terms x F_home/F_target and decode "
                     "token term and intercepts x Bm_home/Bm_target",
-        needs_profiled_rows=True, layers=("dense", "moe"))
+        needs_profiled_rows=True, layers=("dense", "moe", "moe_ep"))
 
     def spec_ratios(self, gpu: GpuSpec) -> tuple[float, float]:
         return (self.home_spec_["bf16_dense_tflops"] / float(gpu["bf16_dense_tflops"]),

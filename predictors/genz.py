@@ -121,7 +121,7 @@ class GenZ(Predictor):
         kind="analytical", reference=GENZ_REFERENCE, needs_profiled_rows=False,
         description="GenZ's chunked roofline for every step: per-operator max(compute, memory) "
                     "at datasheet peaks, ring all-reduces over the GPU's link, binary GB/s; MoE "
-                    "layers at their active experts", layers=("dense", "moe"))
+                    "layers at their active experts", layers=("dense", "moe", "moe_ep"))
     # an efficiency is a share of the peak; a latency is not negative
     param_bounds = {"compute_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0),
                     "link_latency_us": (0.0, None)}
@@ -154,7 +154,7 @@ class GenZCalibrated(GenZ):
         kind="analytical", reference=GENZ_REFERENCE, needs_profiled_rows=True,
         description="GenZ's chunked roofline with compute/memory efficiencies grid-searched for "
                     "MAPE on the home GPU's training cells, applied to the target's peaks; MoE "
-                    "layers at their active experts", layers=("dense", "moe"))
+                    "layers at their active experts", layers=("dense", "moe", "moe_ep"))
     param_bounds = {"efficiency_min": (1e-3, 1.0), "efficiency_max": (1e-3, 1.0),
                     "efficiency_step": (1e-4, 1.0), "link_latency_us": (0.0, None)}
 

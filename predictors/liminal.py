@@ -62,7 +62,7 @@ class Liminal(Predictor):
                     "all-reduce sync (tau fitted on the home's all-reduce points); prefill and "
                     "mixed steps are a flagged extension, not LIMINAL; MoE layers at their "
                     "active parameters",
-        layers=("dense", "moe"))
+        layers=("dense", "moe", "moe_ep"))
     param_bounds = {"compute_efficiency": (1e-3, 1.0), "memory_efficiency": (1e-3, 1.0),
                     "default_tau_sync_us": (0.0, None)}
 

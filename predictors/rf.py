@@ -83,12 +83,26 @@ def ops_of(model: dict, tp: int) -> set[str]:
             | ({"allreduce"} if tp > 1 else set()) | ({"moe"} if is_moe(model) else set()))
 
 
-def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
+def expert_groups(cells: pl.DataFrame) -> dict[tuple[str, int], int]:
+    """Per (model, TP) of ``cells``, the GPUs its experts are spread over whole (``moe_ep``; 1:
+    each expert split over the TP group, and for a dense model). A configuration the cells hold
+    under two placements raises: one forest per op cannot learn both."""
+    ep = cells["moe_ep"].fill_null(1) if "moe_ep" in cells.columns else pl.lit(1)
+    placed = cells.select("model", "tp", ep=ep).unique()
+    if (twice := placed.filter(pl.len().over("model", "tp") > 1)).height:
+        raise ValueError(f"cells hold {sorted(set(twice.select('model', 'tp').iter_rows()))} with "
+                         "experts both split over the TP group and spread whole over it; score "
+                         "one placement at a time")
+    return {(name, tp): ep for name, tp, ep in placed.iter_rows()}
+
+
+def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one", ep: int = 1
                   ) -> dict[str, pl.DataFrame]:
     """Per op, the home's measured points of this (model, TP): features x, target y, row id.
     ``prefill_batches="one"`` keeps the prefill points of one request, the only ones Vidur's
     profiler measures (baselines.md §0.3); "all" also feeds batched points as one equivalent
-    request, which puts kernels of very different speed on the same feature value."""
+    request, which puts kernels of very different speed on the same feature value. ``ep``: the
+    GPUs the MoE experts are spread over whole (1: split over the TP group)."""
     # The shapes the ground truth's lineage is keyed by, so the filters below find its points.
     shapes = tp_shapes(model, tp)
     h, d, heads, kv_heads = shapes["hidden"], model["head_dim"], shapes["heads"], shapes["kv_heads"]
@@ -115,8 +129,9 @@ def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
         e = moe_shapes(model, tp)
         rows["moe"] = ops["moe"].filter(
             hidden_size=e["hidden"], inter_size=model["moe_intermediate_size"], topk=e["topk"],
-            num_experts=e["experts"], moe_tp=tp).select("row", x=pl.concat_list("num_tokens"),
-                                                        y="latency_ms")
+            num_experts=e["experts"], moe_tp=tp // ep,
+            **({"moe_ep": ep} if "moe_ep" in ops["moe"].columns else {})).select(
+                "row", x=pl.concat_list("num_tokens"), y="latency_ms")
     return rows
 
 
@@ -130,7 +145,7 @@ class VidurRandomForest(Predictor):
         kind="profiled", reference="Vidur (Agrawal et al., MLSys'24), github.com/microsoft/vidur",
         description="Vidur's per-op random forests fitted on the home GPU's measured op points, "
                     "composed per step as Vidur does; home predictions returned for any GPU",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     param_choices = {"grid": tuple(GRIDS), "decode_attention": tuple(DECODE_MODES),
                      "prefill_batches": tuple(PREFILL_BATCHES)}
@@ -152,6 +167,7 @@ class VidurRandomForest(Predictor):
                              f"{DECODE_MODES} and prefill_batches one of {PREFILL_BATCHES}; got "
                              f"{self.grid!r}, {self.decode_attention!r}, {self.prefill_batches!r}")
         configs = sorted(set(home.cells.select("model", "tp").iter_rows()))
+        self.expert_groups_ = expert_groups(home.cells)
         self.token_level_ = rf_tokens.is_token_profile(home)
         if unknown := sorted({name for name, _ in configs} - set(home.models)):
             raise NotSupported(f"rf needs each home model's shape; home {home.dataset} has no "
@@ -191,7 +207,8 @@ class VidurRandomForest(Predictor):
     def _rows_of(self, home: Home, name: str, tp: int) -> dict[str, pl.DataFrame]:
         if self.token_level_:
             return rf_tokens.token_rows(home, name, tp)
-        return training_rows(home, home.models[name], tp, self.prefill_batches)
+        return training_rows(home, home.models[name], tp, self.prefill_batches,
+                             self.expert_groups_[(name, tp)])
 
     def _tabulated(self, op: str, x: np.ndarray, y: np.ndarray, on_fold) -> OpForest:
         return tabulated(fit_forest(x, y, self.grid, self.random_state, on_fold), op, x.shape[1])
@@ -218,10 +235,16 @@ class VidurRandomForest(Predictor):
         groups = self._decode_groups(cells) if self.decode_attention == "per_context_group" else None
         launch = self._launch_ms(cells)
         configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
+        placement = expert_groups(cells)
         for name, tp, rows in configs.iter_rows():
             if (name, tp, "attn_decode") not in self.forests_:
                 raise NotSupported(f"rf was fitted on {sorted({k[:2] for k in self.forests_})}, "
                                    f"not on {name} TP{tp}")
+            if placement[(name, tp)] != self.expert_groups_[(name, tp)]:
+                raise NotSupported(f"rf learned {name} TP{tp} with its experts over "
+                                   f"{self.expert_groups_[(name, tp)]} GPU(s) (moe_ep) and cannot "
+                                   f"price them over {placement[(name, tp)]}; fit it on a home of "
+                                   "that placement")
             i = np.asarray(rows)
             f = {op: self.forests_.get((name, tp, op)) for op in (*GEMMS, "attn_prefill",
                                                                   "attn_decode", "allreduce", "moe")}
@@ -303,7 +326,7 @@ class VidurRandomForestScaled(VidurRandomForest):
                                    "cross-GPU scaling is baselines.md §2.6 (b), not Vidur's",
         description="rf_verbatim's per-op home times, each scaled by its roofline-time ratio "
                     "(target over home datasheet peaks); all-reduce by interconnect bandwidth",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     def predict_by_op(self, cells: pl.DataFrame, gpu) -> dict[str, np.ndarray]:
         steps = Steps.from_cells(cells)
@@ -332,7 +355,7 @@ class VidurRandomForestExact(VidurRandomForestScaled):
                                    "docs/baselines.md (rf_exact)",
         description="rf_scaled with trees fitted without bootstrap: every home point exact, "
                     "each op scaled to the target by its roofline-time ratio",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     def __init__(self, grid: str = "exact", random_state: int = 0,
                  decode_attention: str = "mean_context", prefill_batches: str = "one",

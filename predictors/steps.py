@@ -74,6 +74,9 @@ class Steps:
     req_ctx: np.ndarray  # every request's context (int64), cell after cell
     req_end: np.ndarray  # per cell: one past its last request in req_ctx
     fp8: np.ndarray  # per cell: True where its GEMMs run in FP8 (``gemm_dtype``), else bf16
+    # per cell: the GPUs its experts are spread over whole (``moe_ep``); 1 where every expert is
+    # split over the TP group (vLLM's default) and for a dense model
+    moe_ep: np.ndarray
 
     @classmethod
     def from_cells(cls, cells: pl.DataFrame) -> Steps:
@@ -102,6 +105,8 @@ class Steps:
             req_ctx=ctx, req_end=ends,
             fp8=(cells["gemm_dtype"] == "fp8").fill_null(False).to_numpy()
             if "gemm_dtype" in cells.columns else np.zeros(len(cells), bool),
+            moe_ep=cells["moe_ep"].fill_null(1).to_numpy().astype(np.float64)
+            if "moe_ep" in cells.columns else np.ones(len(cells)),
         )
 
     def sum(self, per_prefill_request: np.ndarray) -> np.ndarray:
@@ -111,6 +116,15 @@ class Steps:
     @property
     def num_prefill(self) -> np.ndarray:
         return self.num_requests - self.num_decode
+
+    def experts_per_gpu(self) -> dict[str, np.ndarray]:
+        """One GPU's share of an MoE layer, as ``tokens`` routed over ``experts`` experts of
+        intermediate ``width``. Split over the TP group (``moe_ep`` 1), a GPU routes every token
+        over every expert at width / TP. Spread whole over ``moe_ep`` GPUs, a GPU holds
+        experts / moe_ep at full width and, routing balanced, gets 1 / moe_ep of the routed rows:
+        the work of tokens / moe_ep routed over experts / moe_ep."""
+        return {"tokens": self.tokens / self.moe_ep, "experts": self.experts / self.moe_ep,
+                "width": self.moe_ffn * self.moe_ep / self.tp}
 
     def sharded(self) -> dict[str, np.ndarray]:
         """Per-GPU widths under Megatron TP: heads, KV heads (at least one) and FFN."""

@@ -50,7 +50,7 @@ AXES = {"gemm": ("m", "n", "k"), "attn_prefill": ("batch", "q_len", "kv_len"),
 KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_dim", "dtype",
                                             "kv_dtype", "window_size"),
         "allreduce": ("num_gpus",),
-        "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp")}
+        "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp", "moe_ep")}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
 
 
@@ -144,7 +144,7 @@ class TableScaled(Predictor):
         description="each op read from the home GPU's measured table (log-log interpolation off "
                     "the grid, nearest point outside it), scaled by the roofline-time ratio, "
                     "target over home; the LM head on steps that are not GPU-block ground truth",
-        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe"))
+        needs_profiled_rows=True, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     def __init__(self, lm_head: bool = True):
         self.lm_head = lm_head

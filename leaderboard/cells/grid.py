@@ -66,11 +66,13 @@ def vidur_version(con: duckdb.DuckDBPyConnection, sku: str) -> str | None:
 
 def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str,
               gemm_dtype: str = "bf16", moe_distribution: str | None = None,
-              dense_memo: dict | None = None) -> Grid:
+              dense_memo: dict | None = None, expert_parallel: bool = False) -> Grid:
     """The GPU's points at ``version``, its GEMMs at ``gemm_dtype`` (a key of ``GEMM_DTYPES``);
-    with ``moe_distribution``, its bf16 MoE layers with tokens spread over the experts so.
-    ``dense_memo`` keeps the dense points per (GPU, version, dtype) across calls, so families
-    that share them (all but the MoE layers) read them once."""
+    with ``moe_distribution``, its bf16 MoE layers with tokens spread over the experts so, keyed
+    by the GPU group they run on: each expert split over the group (``moe_tp``, no expert
+    parallelism), or with ``expert_parallel`` whole experts spread over it (``moe_ep``, each
+    expert on one GPU). ``dense_memo`` keeps the dense points per (GPU, version, dtype) across
+    calls, so families that share them (all but the MoE layers) read them once."""
     key = (sku, version, gemm_dtype)
     memo = {} if dense_memo is None else dense_memo
     if key not in memo:
@@ -79,10 +81,11 @@ def load_grid(con: duckdb.DuckDBPyConnection, sku: str, version: str,
     if moe_distribution is None:
         return dense
     moe = Grid(sku, version)
-    for r in _rows(con, "moe", sku, version, f"dtype = 'bfloat16' AND moe_ep = 1 AND distribution "
+    group, other = ("moe_ep", "moe_tp") if expert_parallel else ("moe_tp", "moe_ep")
+    for r in _rows(con, "moe", sku, version, f"dtype = 'bfloat16' AND {other} = 1 AND distribution "
                                              f"= '{moe_distribution}'"):
         at = (r["num_tokens"], r["hidden_size"], r["inter_size"], r["topk"], r["num_experts"],
-              r["moe_tp"])
+              r[group])
         if at in moe.moe:
             raise ValueError(f"{sku} vLLM {version}: two bf16 MoE kernels measured at {at} "
                              f"({moe.moe[at].key} and {r['lineage_key']}); name the one "

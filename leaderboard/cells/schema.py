@@ -28,6 +28,9 @@ CELL_SCHEMA = {
     # how an MoE cell's tokens were spread over the experts when its MoE kernels were timed
     # (``balanced``, ``power_law_1.01``); null for a dense model
     "moe_routing": pl.String,
+    # expert parallelism: the GPUs an MoE cell's experts are spread over, whole (vLLM's
+    # --enable-expert-parallel, the TP group); null where each expert is split over the TP group
+    "moe_ep": pl.Int64,
 }
 # A column a builder leaves out is null, except the GEMM precision: every family but the FP8 one
 # runs bf16 GEMMs, and predictors read the column to refuse a precision they cannot price.

@@ -42,7 +42,31 @@ def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, mis
         lm_head=_lm_head(family_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
         light_kernels=light_kernel_table(cells, models, fam.get("gemm_dtype", "bf16")),
         distribution=fam.get("moe_distribution"), home=families.of(name).home,
+        **_placement(fam.get("expert_parallel", False)),
     )
+
+
+def _placement(expert_parallel: bool) -> dict[str, str]:
+    """How the MoE card describes the experts' placement over the TP group."""
+    if expert_parallel:
+        return {"placement": "whole experts spread over the TP group (each GPU holds experts / TP "
+                              "of them and runs the tokens routed to those)",
+                "moe_rows": "`moe_tp = 1`, `moe_ep` = TP",
+                "placement_note": (
+                    "expert parallel (`moe_ep` = TP, each cell's `moe_ep` column), as vLLM runs "
+                    "an MoE model with `--enable-expert-parallel` and no data-parallel attention. "
+                    "Every GPU then holds whole experts and the tokens stay on every GPU (attention "
+                    "is tensor-parallel), so no all-to-all runs: vLLM's `FusedMoE` sums the "
+                    "experts' outputs over the group with the same all-reduce as without expert "
+                    "parallelism (its forward reduces when `tp_size > 1 or ep_size > 1`). An "
+                    "all-to-all dispatch appears only with data-parallel attention, which no "
+                    "family composes.")}
+    return {"placement": "each expert's width split over the TP group",
+            "moe_rows": "`moe_ep = 1`",
+            "placement_note": (
+                "tensor parallel, vLLM's default: every GPU holds every expert, each split over "
+                "the TP group (`moe_ep = 1`). The expert-parallel placement of the same "
+                "workloads is the `_vidur_moe_ep` family.")}
 
 
 def _load_phrase(scales: list[float]) -> str:

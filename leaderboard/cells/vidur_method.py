@@ -114,7 +114,8 @@ def _grid(con, sku: str, fam: dict, dtype: str, dense_memo: dict) -> Grid | None
     distribution; None if the GPU has none."""
     distribution = fam.get("moe_distribution")
     for version in _versions(con, sku, fam["version"]):
-        grid = load_grid(con, sku, version, dtype, distribution, dense_memo)
+        grid = load_grid(con, sku, version, dtype, distribution, dense_memo,
+                         fam.get("expert_parallel", False))
         if grid.gemm and (distribution is None or grid.moe):
             return grid
     return None
@@ -213,7 +214,8 @@ def _cell_set(con, grid: Grid, workloads, models, cfg, suffix, fam, tally,
                       "backend_version": grid.version, "composed": w["phase"] == "mixed",
                       "warm_share": warm,
                       "gemm_dtype": fam.get("gemm_dtype", "bf16"),
-                      "moe_routing": fam.get("moe_distribution")})
+                      "moe_routing": fam.get("moe_distribution"),
+                      "moe_ep": w["tp"] if fam.get("expert_parallel") else None})
         lineage += [{"cell_id": w["workload_id"], "op": op, "table_name": p.table, "key": p.key,
                      "latency_ms": p.latency_ms, "count": n} for op, p, n in points]
     name = f"{gpu['short_name']}_{suffix}"

@@ -55,7 +55,7 @@ class Ours(Predictor):
                     "physical or frozen from the home A100's op points; S(N) from one deploy "
                     "reading on wall-clock targets; FP8 GEMMs at the FP8 dense peak with 1-byte "
                     "inputs; MoE layers as one fused-MoE op over the routed rows",
-        needs_profiled_rows=False, precisions=("bf16", "fp8"), layers=("dense", "moe"))
+        needs_profiled_rows=False, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     def __init__(self, clock: bool = True, waves: bool = True, delivery: bool = True,
                  l2_memory: bool = True, floors: bool = True, attention: bool = True,

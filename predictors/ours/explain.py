@@ -30,11 +30,12 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
         rows.append((f"{name} m={s.tokens[0]:.0f} n={n[0]:.0f} k={k[0]:.0f}", 1,
                      ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)))
     if s.moe_layers[0]:
-        width = s.moe_ffn / s.tp
-        rows.append((f"moe tokens={s.tokens[0]:.0f} top-{s.topk[0]:.0f} of {s.experts[0]:.0f} "
-                     f"experts, width {width[0]:.0f} (one fused-MoE layer)", 1,
-                     ops.fused_moe(s.tokens, s.topk, s.experts, s.hidden, width, dev, c, sw,
-                                   s.fp8)))
+        share = s.experts_per_gpu()  # this GPU's experts and routed tokens
+        rows.append((f"moe tokens={share['tokens'][0]:g} top-{s.topk[0]:.0f} of "
+                     f"{share['experts'][0]:g} experts, width {share['width'][0]:.0f} "
+                     "(one fused-MoE layer, this GPU's share)", 1,
+                     ops.fused_moe(share["tokens"], s.topk, share["experts"], s.hidden,
+                                   share["width"], dev, c, sw, s.fp8)))
     sharded = s.sharded()
     cells, n, q, ctx = prefill_kernel(s)
     if len(cells):

@@ -79,9 +79,10 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
             s.dense_layers if ffn else s.layers)
     out["moe"] = np.zeros(s.n)  # every block has the same terms, zero for a dense model
     if (routed := s.moe_layers > 0).any():
+        share = {k: v[routed] for k, v in s.experts_per_gpu().items()}
         out["moe"][routed] = ops.fused_moe(
-            s.tokens[routed], s.topk[routed], s.experts[routed], s.hidden[routed],
-            s.moe_ffn[routed] / s.tp[routed], dev, c, sw, s.fp8[routed])["seconds"] * s.moe_layers[routed]
+            share["tokens"], s.topk[routed], share["experts"], s.hidden[routed], share["width"],
+            dev, c, sw, s.fp8[routed])["seconds"] * s.moe_layers[routed]
     out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(allreduce_bytes(s), s.tp, dev, c, sw)["seconds"]
