@@ -2,13 +2,14 @@
 that price each op from measured points (``table_scaled``, ``neusight_tiles``).
 
 Per layer: the four GEMMs at m = the step's tokens (an MoE layer: QKV and O, and one fused-MoE
-kernel over the routed experts in place of gate/up and down, at the cell's expert placement), one prefill-attention kernel over its
-prefills (a uniform batch at their mean length) and one decode-attention kernel over its decodes
-(at their mean context), two all-reduces of the activations at TP > 1; times the layers. A step
-whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than ``gpu_block``)
-also runs the LM head: one GEMM at m = the step's requests, n = vocabulary / TP, k = hidden, in
-the fewest equal column slices no wider than ``lm_head_max_n`` (a measured table stops short of
-the vocabulary sizes), at BF16 (vLLM never quantizes it).
+kernel over the routed experts, at the cell's expert placement, in place of gate/up and down),
+one prefill-attention kernel over its prefills (a uniform batch at their mean length) and one
+decode-attention kernel over its decodes (at their mean context), two all-reduces of the
+activations at TP > 1; times the layers. A step whose ground truth is not the layers' GPU
+kernels alone (``gt_kind`` other than ``gpu_block``) also runs the LM head: one GEMM at m = the
+step's requests, n = vocabulary / TP, k = hidden, in the fewest equal column slices no wider
+than ``lm_head_max_n`` (a measured table stops short of the vocabulary sizes), at BF16 (vLLM
+never quantizes it).
 """
 
 from __future__ import annotations
