@@ -63,7 +63,8 @@ def _serving_table(serving_runs: pl.DataFrame) -> list[str]:
     rows = [[p, *(f"{fmt(mapes.mape(p, d, 'ttft'))} / {fmt(mapes.mape(p, d, 'tpot'))}"
                   for d in datasets)] for p in valid]
     return ["**`_silicon_moe`**, measured vLLM serving of MoE models (MiniMax-M2.5 and "
-            "Qwen3-235B-A22B, FP8, no expert parallelism): TTFT / TPOT MAPE %, replayed as the "
+            "Qwen3-235B-A22B, FP8, experts split over the TP group or spread whole over it): "
+            "TTFT / TPOT MAPE %, replayed as the "
             "dense sets are (the dataset cards list every MoE row left out, with its reason).", "",
             *table(["predictor", *(mapes.header(d, "tpot") for d in datasets)], rows)]
 

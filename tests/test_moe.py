@@ -236,7 +236,9 @@ def _silicon_row(**change) -> dict:
 
 @pytest.mark.parametrize("change, says", [
     ({}, None),
-    ({"moe_ep": 4}, "expert parallelism"),
+    ({"moe_ep": 4, "moe_tp": 1}, None),  # experts spread whole over the attention's 4 GPUs
+    ({"moe_ep": 2, "moe_tp": 2}, "experts over TP2 x EP2 beside attention over TP4"),
+    ({"moe_ep": 4, "moe_tp": 1, "tp": 2}, "experts over TP1 x EP4 beside attention over TP2"),
     ({"backend": "sglang"}, "MoE on sglang"),
     ({"model": "kimi-k2.5", "precision": "int4"}, "MLA attention and 1 shared experts"),
     ({"model": "qwen3-235b-a22b", "tp": 1}, "weights alone above 90% of TP1 x 141 GiB"),
@@ -260,7 +262,8 @@ def test_moe_serving_sets_hold_replayable_moe_runs_only(real_store):
     models = load_models()
     rows = real_store.sql("SELECT dataset, model, precision, backend, count(*) FROM "
                           "serving_targets WHERE dataset LIKE '%_silicon_moe' GROUP BY ALL")
-    assert {r[0] for r in rows} == {"h200_silicon_moe", "b200_silicon_moe"}
+    # H100's are its expert-parallel MiniMax-M2.5 runs (TP4, EP4)
+    assert {r[0] for r in rows} == {"h100_silicon_moe", "h200_silicon_moe", "b200_silicon_moe"}
     assert all(specs.is_moe(models[m]) and p == "fp8" and b == "vllm" for _, m, p, b, _ in rows)
     dense = real_store.sql("SELECT DISTINCT model FROM serving_targets WHERE dataset NOT LIKE "
                            "'%_silicon_moe'")

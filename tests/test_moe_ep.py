@@ -172,3 +172,46 @@ def test_forests_learn_one_placement_per_configuration():
     with pytest.raises(ValueError, match="both split over the TP group and spread"):
         expert_groups(cells.with_columns(moe_ep=pl.Series([2, None, None, None])))
     assert np.array_equal(list(expert_groups(cells.drop("moe_ep")).values()), [1, 1, 1])
+
+
+@requires_shared
+def test_mla_models_are_blocked_by_the_collective_grid():
+    """Why no DeepSeek-V3 or Kimi-K2.5 cell exists: every collective aiconfigurator timed (on
+    each GPU, each version) moves a power-of-two message, while their hidden size 7168 = 7 x
+    2^10 makes every TP all-reduce of T tokens T x 14,336 bytes, never a power of two; and at
+    TP1 even 1-byte weights exceed every GPU's memory."""
+    from leaderboard.cells import memory
+
+    sizes = set()
+    for path in AIC.glob("*/comm/*/*/*.parquet"):  # vLLM's all-reduce and NCCL's collectives
+        frame = pl.read_parquet(path)
+        column = "message_size" if "message_size" in frame.columns else None
+        assert column, path  # a new table layout would need reading here
+        sizes |= set(frame[column].to_list())
+    assert sizes and all(s & (s - 1) == 0 for s in sizes)
+    models, gpus = load_models(), load_gpu_specs()
+    largest = max(float(g["mem_gb"]) for g in gpus.values())
+    for name in ("deepseek-v3", "kimi-k2.5"):
+        model = models[name]
+        assert model["attention"] == "mla" and model["hidden_size"] == 7 * 2**10, name
+        message = 1 * model["hidden_size"] * 2  # one token's bf16 activations
+        assert all((t * message) & (t * message - 1) for t in range(1, 2**15)), name
+        assert memory.weight_bytes(model, 1, "fp8") > largest * 2**30, name
+
+
+def test_an_expert_parallel_serving_run_replays_steps_that_say_so():
+    """The replay hands the predictor step cells carrying the run's placement (moe_ep), and
+    nothing where the experts are split over the TP group."""
+    from leaderboard.serving.simulate import with_expert_placement
+
+    seen = []
+
+    def timer(cells: pl.DataFrame) -> np.ndarray:
+        seen.append(cells["moe_ep"].to_list() if "moe_ep" in cells.columns else None)
+        return np.ones(len(cells))
+
+    steps = pl.DataFrame({"model": ["minimax-m2.5"] * 2, "tp": [4, 4]})
+    with_expert_placement(timer, 4)(steps)
+    with_expert_placement(timer, None)(steps)
+    with_expert_placement(timer, 1)(steps)
+    assert seen == [[4, 4], None, None]

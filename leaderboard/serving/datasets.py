@@ -5,7 +5,7 @@
   closed-loop load. ``<sku>_silicon_fp8``: the same for vLLM's FP8 runs (FP8 GEMMs, BF16
   attention and KV cache, as vLLM's ``quantization=fp8`` runs them). ``<sku>_silicon_moe``:
   vLLM's runs of the mixture-of-experts models the suite composes (GQA attention, no shared
-  expert, no expert parallelism), at BF16 or FP8.
+  expert; experts split over the TP group or spread whole over it), at BF16 or FP8.
 - ``rtx4090_serving``: one target per request of LLMServingSim's RTX4090 vLLM run, its TTFT and
   TPOT from the recorded timestamps.
 
@@ -33,7 +33,8 @@ MOE_BACKENDS = ("vllm",)  # the MoE tables are vLLM's fused-MoE kernels
 SERVING_RUN = "RTX4090/Llama-3.1-8B"  # the LLMServingSim run with recorded arrivals
 TARGET_SCHEMA = {
     "dataset": pl.String, "target_id": pl.String, "sku": pl.String, "model": pl.String,
-    "tp": pl.Int64, "backend": pl.String, "backend_version": pl.String, "precision": pl.String,
+    "tp": pl.Int64, "moe_ep": pl.Int64, "backend": pl.String, "backend_version": pl.String,
+    "precision": pl.String,
     "gemm_dtype": pl.String, "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
     "concurrency": pl.Int64, "arrival_ms": pl.Float64, "gt_ttft_ms": pl.Float64,
     "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_kind": pl.String,
@@ -77,9 +78,11 @@ def _moe_exclusion(row: dict, model: dict) -> str | None:
         return f"MoE on {row['backend']}: the MoE kernel tables are vLLM's"
     if why := uncomposable_reason(model):
         return why
-    if (row["moe_ep"] or 1) > 1:
-        return "expert parallelism: its all-to-all is in no measured table"
-    if (row.get("moe_tp") or row["tp"]) != row["tp"]:
+    ep, moe_tp = row["moe_ep"] or 1, row.get("moe_tp") or row["tp"]
+    if ep > 1 and (ep, moe_tp) != (row["tp"], 1):
+        return (f"experts over TP{moe_tp} x EP{ep} beside attention over TP{row['tp']}: the "
+                "replay spreads the experts over the attention's TP group, whole or split")
+    if ep == 1 and moe_tp != row["tp"]:
         return (f"experts over TP{row['moe_tp']} beside attention over TP{row['tp']} (attention "
                 "data parallelism left unstated): the replay splits both over one TP group")
     return None
@@ -116,7 +119,8 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
         name = f"{gpus[sku]['short_name']}_{fam}"
         precision = "/".join(sorted(set(group["precision"])))
         targets = group.select(
-            target_id="run_id", sku="sku", model="model", tp="tp", backend="backend",
+            target_id="run_id", sku="sku", model="model", tp="tp",
+            moe_ep=pl.when(pl.col("moe_ep") > 1).then("moe_ep"), backend="backend",
             backend_version="backend_version", precision="precision",
             gemm_dtype="precision", load=pl.lit("closed"),
             run="run_id", isl="isl", osl="osl", concurrency="batch_size",

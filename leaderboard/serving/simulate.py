@@ -77,6 +77,14 @@ def with_host_time(timer: StepTimer, backend: str) -> StepTimer:
                           + host["per_request_ms"] * cells["num_requests"].to_numpy())
 
 
+def with_expert_placement(timer: StepTimer, moe_ep: int | None) -> StepTimer:
+    """``timer`` on steps whose MoE experts are spread whole over ``moe_ep`` GPUs (expert
+    parallelism): each step cell says so in its ``moe_ep``, as the step datasets' cells do."""
+    if not moe_ep or moe_ep == 1:
+        return timer
+    return lambda cells: timer(cells.with_columns(moe_ep=pl.lit(moe_ep, pl.Int64)))
+
+
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
                     progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Predicted TTFT, TPOT, service time and steady-state TTFT (ms) per target row, in the
@@ -93,7 +101,8 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"],
                             closed)
         rows = group["_i"].to_numpy()
-        timed = with_host_time(timer, first["backend"])
+        timed = with_expert_placement(with_host_time(timer, first["backend"]),
+                                      first.get("moe_ep"))
         if closed:
             c = first["concurrency"]
             loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
