@@ -81,11 +81,12 @@ def section(runs: pl.DataFrame, serving_runs: pl.DataFrame,
              "Step cells of Mixtral-8x7B (TP2, 4, 8) and Qwen3-30B-A3B (TP1, 2), one measured "
              "fused-MoE kernel per layer (`<sku>_vidur_moe`, home H100; the power-law variant's "
              "home is the A100, the only GPU whose vLLM 0.14.0 tables timed that routing and not "
-             "the balanced one), the same workloads under expert parallelism (`_vidur_moe_ep`: "
-             "Mixtral TP2 and 4, Qwen3-30B-A3B TP2, each GPU holding experts / TP whole "
-             "experts; home H100), and the measured MoE serving runs the replay can express. A "
-             "predictor whose card does not list `moe` (or `moe_ep`) layers answers "
-             "NotSupported before it runs (docs/baselines.md says why each does or does not).",
+             "the balanced one), the same workload sampling under expert parallelism "
+             "(`_vidur_moe_ep`: Mixtral TP2, 4 and 8, Qwen3-30B-A3B TP2, each GPU holding "
+             "experts / TP whole experts, vLLM 0.19.0; home H100), and the measured MoE "
+             "serving runs the replay can express. A predictor whose card does not list `moe` "
+             "(or `moe_ep`) layers answers NotSupported before it runs (docs/baselines.md says "
+             "why each does or does not).",
              ""]
     for fam in STEP_FAMILIES:
         lines += _step_table(moe, fam)

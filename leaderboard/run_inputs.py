@@ -16,7 +16,7 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
 from leaderboard.split import default_split, split
 from leaderboard_core import paths
-from leaderboard_core.contract import Home, NotSupported
+from leaderboard_core.contract import Home, NotSupported, expert_groups, expert_parallel
 from leaderboard_core.specs import GpuSpec, is_moe, load_gpu_specs, load_models, require_gpu
 
 
@@ -181,9 +181,29 @@ def require_card_scope(name: str, card: dict, inputs: RunInputs) -> None:
             raise NotSupported(f"predictor '{name}' prices {'/'.join(layers)} layers only; "
                                f"dataset {dataset} holds mixture-of-experts models "
                                f"({', '.join(routed)}): its card does not list 'moe'")
-        spread = "moe_ep" in cells.columns and bool((cells["moe_ep"].fill_null(1) > 1).any())
-        if spread and "moe_ep" not in layers:
+        if (expert_parallel(cells) > 1).any() and "moe_ep" not in layers:
             raise NotSupported(f"predictor '{name}' prices {'/'.join(layers)} layers only; "
                                f"dataset {dataset} holds expert-parallel MoE steps (experts "
                                "spread whole over the GPUs, moe_ep > 1): its card does not list "
                                "'moe_ep'")
+    if card.get("needs_profiled_rows"):
+        _require_one_placement(name, inputs)
+
+
+def _require_one_placement(name: str, inputs: RunInputs) -> None:
+    """NotSupported for a predictor that learns from the home's rows when the home and the
+    target place a configuration's experts differently (split over the TP group on one, spread
+    whole over it on the other): what it learned would be priced as the other placement."""
+    frames = (inputs.home.cells, inputs.target)
+    if not all({"model", "tp"} <= set(f.columns) for f in frames):
+        return  # op-level rows: no model configuration
+    home, target = (expert_groups(f) for f in frames)
+    differ = sorted(k for k in home.keys() & target.keys() if home[k] != target[k])
+    if differ:
+        model, tp = differ[0]
+        raise NotSupported(
+            f"predictor '{name}' learns from its home's rows, and home "
+            f"{'+'.join(r['name'] for r in inputs.home_rows)} spreads {model} TP{tp}'s experts over "
+            f"{home[(model, tp)]} GPU(s) (moe_ep) where dataset {inputs.target_row['name']} "
+            f"spreads them over {target[(model, tp)]}; fit it on a home of the target's placement "
+            "(the _vidur_moe_ep family for expert parallelism)")

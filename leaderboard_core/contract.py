@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from leaderboard_core.specs import GpuSpec
@@ -119,6 +120,26 @@ class Reading:
 
 class NotSupported(ValueError):
     """The predictor cannot score this input (say which, and what it does support)."""
+
+
+def expert_parallel(frame: pl.DataFrame) -> np.ndarray:
+    """Per row of ``frame`` (cells, or MoE op points), the GPUs its experts are spread over
+    whole (``moe_ep``); 1 where every expert is split over the TP group, vLLM's default (a null
+    ``moe_ep``, a frame without the column, a dense model)."""
+    if "moe_ep" not in frame.columns:
+        return np.ones(len(frame), np.int64)
+    return frame["moe_ep"].fill_null(1).to_numpy().astype(np.int64)
+
+
+def expert_groups(cells: pl.DataFrame) -> dict[tuple[str, int], int]:
+    """Per (model, TP) of ``cells``, its ``expert_parallel`` placement. A configuration the cells
+    hold under two placements raises: score one placement at a time."""
+    placed = cells.select("model", "tp", ep=pl.Series(expert_parallel(cells))).unique()
+    if (twice := placed.filter(pl.len().over("model", "tp") > 1)).height:
+        raise ValueError(f"cells hold {sorted(set(twice.select('model', 'tp').iter_rows()))} with "
+                         "experts both split over the TP group and spread whole over it; score "
+                         "one placement at a time")
+    return {(name, tp): ep for name, tp, ep in placed.iter_rows()}
 
 
 # One layer's token-level ops in Vidur's profile (mlp.csv), the op names its cells and a home's

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from leaderboard_core.contract import Home
+from leaderboard_core.contract import Home, expert_parallel
 from leaderboard_core.layer_work import routed_experts
 from leaderboard_core.specs import GpuSpec
 from predictors.steps import Steps
@@ -92,7 +92,7 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
         flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
     elif op == "moe":  # one GPU's share: spread over moe_ep GPUs, 1 / moe_ep of the experts
         t = col("num_tokens")
-        ep = col("moe_ep") if "moe_ep" in points.columns else np.ones(len(t))
+        ep = expert_parallel(points)
         flop, byte = expert_flop_bytes(t, col("hidden_size"), col("inter_size") / col("moe_tp"),
                                        *routed_experts(t / ep, col("topk"), col("num_experts") / ep))
     else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from leaderboard_core.contract import expert_parallel
 from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
 
@@ -42,8 +43,7 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
         if is_moe(model):  # one fused-MoE kernel per MoE layer, dense FFN GEMMs in the others
             e = moe_shapes(model, tp)
             ffn_layers = float(e["dense_layers"])
-            ep = (group["moe_ep"].fill_null(1).to_numpy() if "moe_ep" in group.columns
-                  else np.ones(len(i), np.int64))  # experts spread whole over ep GPUs
+            ep = expert_parallel(group)  # experts spread whole over ep GPUs
             out.append(("moe", i, np.full(len(i), float(e["moe_layers"])), pl.DataFrame({
                 "num_tokens": tokens, "hidden_size": np.full(len(i), e["hidden"]),
                 "inter_size": np.full(len(i), model["moe_intermediate_size"]),

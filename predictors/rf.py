@@ -45,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard_core import progress
-from leaderboard_core.contract import Home, NotSupported, PredictorCard
+from leaderboard_core.contract import Home, NotSupported, PredictorCard, expert_groups
 from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
 from predictors import _model_cache, rf_tokens
 from predictors._forest import (
@@ -83,19 +83,6 @@ def ops_of(model: dict, tp: int) -> set[str]:
             | ({"allreduce"} if tp > 1 else set()) | ({"moe"} if is_moe(model) else set()))
 
 
-def expert_groups(cells: pl.DataFrame) -> dict[tuple[str, int], int]:
-    """Per (model, TP) of ``cells``, the GPUs its experts are spread over whole (``moe_ep``; 1:
-    each expert split over the TP group, and for a dense model). A configuration the cells hold
-    under two placements raises: one forest per op cannot learn both."""
-    ep = cells["moe_ep"].fill_null(1) if "moe_ep" in cells.columns else pl.lit(1)
-    placed = cells.select("model", "tp", ep=ep).unique()
-    if (twice := placed.filter(pl.len().over("model", "tp") > 1)).height:
-        raise ValueError(f"cells hold {sorted(set(twice.select('model', 'tp').iter_rows()))} with "
-                         "experts both split over the TP group and spread whole over it; score "
-                         "one placement at a time")
-    return {(name, tp): ep for name, tp, ep in placed.iter_rows()}
-
-
 def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one", ep: int = 1
                   ) -> dict[str, pl.DataFrame]:
     """Per op, the home's measured points of this (model, TP): features x, target y, row id.
@@ -129,8 +116,7 @@ def training_rows(home: Home, model: dict, tp: int, prefill_batches: str = "one"
         e = moe_shapes(model, tp)
         rows["moe"] = ops["moe"].filter(
             hidden_size=e["hidden"], inter_size=model["moe_intermediate_size"], topk=e["topk"],
-            num_experts=e["experts"], moe_tp=tp // ep,
-            **({"moe_ep": ep} if "moe_ep" in ops["moe"].columns else {})).select(
+            num_experts=e["experts"], moe_tp=tp // ep, moe_ep=ep).select(
                 "row", x=pl.concat_list("num_tokens"), y="latency_ms")
     return rows
 

@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 import polars as pl
 
+from leaderboard_core.contract import expert_parallel
 from leaderboard_core.specs import load_models
 
 MODEL_FIELDS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads",
@@ -105,8 +106,7 @@ class Steps:
             req_ctx=ctx, req_end=ends,
             fp8=(cells["gemm_dtype"] == "fp8").fill_null(False).to_numpy()
             if "gemm_dtype" in cells.columns else np.zeros(len(cells), bool),
-            moe_ep=cells["moe_ep"].fill_null(1).to_numpy().astype(np.float64)
-            if "moe_ep" in cells.columns else np.ones(len(cells)),
+            moe_ep=expert_parallel(cells).astype(np.float64),
         )
 
     def sum(self, per_prefill_request: np.ndarray) -> np.ndarray:
@@ -118,11 +118,14 @@ class Steps:
         return self.num_requests - self.num_decode
 
     def experts_per_gpu(self) -> dict[str, np.ndarray]:
-        """One GPU's share of an MoE layer, as ``tokens`` routed over ``experts`` experts of
-        intermediate ``width``. Split over the TP group (``moe_ep`` 1), a GPU routes every token
-        over every expert at width / TP. Spread whole over ``moe_ep`` GPUs, a GPU holds
-        experts / moe_ep at full width and, routing balanced, gets 1 / moe_ep of the routed rows:
-        the work of tokens / moe_ep routed over experts / moe_ep."""
+        """One GPU's share of an MoE layer's expert GEMMs: the rows of ``tokens`` tokens routed
+        top-k over ``experts`` experts of intermediate ``width``. Split over the TP group
+        (``moe_ep`` 1), a GPU computes every routed row over every expert at width / TP. Spread
+        whole over ``moe_ep`` GPUs (vLLM's expert parallelism without data-parallel attention),
+        every GPU still receives all the step's tokens and routes them, but holds experts / EP
+        whole experts and, routing balanced, computes 1 / EP of the rows: the rows of
+        tokens / EP tokens over experts / EP experts at full width. The routing and the top-k
+        sum over all the tokens are not in this share."""
         return {"tokens": self.tokens / self.moe_ep, "experts": self.experts / self.moe_ep,
                 "width": self.moe_ffn * self.moe_ep / self.tp}
 

@@ -522,3 +522,27 @@ def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store)
     assert conf["vllm"]["host_time"]["base_ms"] == pytest.approx(base, abs=5e-4)
     assert conf["vllm"]["host_time"]["per_request_ms"] == pytest.approx(per_request, abs=5e-5)
     assert "host_time" not in conf["sglang"] and "host_time" not in conf["trtllm"]
+
+
+def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():
+    """A load measured with vLLM on H200 and B200 is one pair; TRT-LLM's run of the same model,
+    precision, TP and load on B200 pairs with nothing (another engine), nor does an
+    expert-parallel run beside a split one. Measured B200 faster; one predictor says so (correct),
+    the other says H200 (wrong)."""
+    from leaderboard.serving.report import sku_ranking
+
+    load = {"model": "llama-3.1-70b", "precision": "fp8", "tp": 2, "isl": 1024, "osl": 1024,
+            "concurrency": 8, "phase": "tpot", "valid": True, "split": "unseen"}
+    rows = []
+    for predictor, b200_pred in (("right", 8.0), ("wrong", 12.0)):
+        rows += [{**load, "predictor": predictor, "sku": "h200_sxm", "backend": "vllm",
+                  "moe_ep": None, "gt_ms": 10.0, "pred_ms": 10.0},
+                 {**load, "predictor": predictor, "sku": "b200_sxm", "backend": "vllm",
+                  "moe_ep": None, "gt_ms": 7.0, "pred_ms": b200_pred},
+                 {**load, "predictor": predictor, "sku": "b200_sxm", "backend": "trtllm",
+                  "moe_ep": None, "gt_ms": 20.0, "pred_ms": 5.0},
+                 {**load, "predictor": predictor, "sku": "gb200", "backend": "vllm",
+                  "moe_ep": 2, "gt_ms": 30.0, "pred_ms": 1.0}]
+    text = "\n".join(sku_ranking(pl.DataFrame(rows)))
+    assert "Loads measured on more than one GPU: 1." in text
+    assert "| right | 1 | 1 | 1 | 0 | 0 |" in text and "| wrong | 1 | 1 | 0 | 1 | 0 |" in text

@@ -3,9 +3,9 @@
 Ground truth reads these lookups and nothing else: a shape that is not a key was not measured,
 and the cell that needs it is not built. Only GEMMs of one precision (bf16, or fp8 per-tensor for the
 ``_vidur_fp8`` family), bf16 attention with a bf16 KV cache, head_dim 128, no sliding window, and
-vLLM's graph-mode custom all-reduce of bf16 activations are loaded; for the MoE family, the bf16
-fused-MoE layers under tensor parallelism of the experts (no expert parallelism) at one token
-distribution.
+vLLM's graph-mode custom all-reduce of bf16 activations are loaded; for the MoE families, the bf16
+fused-MoE layers at one token distribution, the experts split over the GPU group (tensor
+parallel) or, for the expert-parallel family, spread whole over it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class Grid:
     prefill: dict[tuple[int, int, int, int], Point] = field(default_factory=dict)
     decode: dict[tuple[int, int, int, int], Point] = field(default_factory=dict)
     allreduce: dict[tuple[int, int], Point] = field(default_factory=dict)
-    # (tokens, hidden, per-expert intermediate before TP, top-k, experts, TP) -> one MoE layer
+    # (tokens, hidden, per-expert intermediate before TP, top-k, experts, GPUs of the group) -> one
+    # MoE layer, its experts split over the group or (expert parallel) spread whole over it
     moe: dict[tuple[int, int, int, int, int, int], Point] = field(default_factory=dict)
     files: set[tuple[str, str]] = field(default_factory=set)
 

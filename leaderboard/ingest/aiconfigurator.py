@@ -123,10 +123,11 @@ def _moe(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
                            "latency"])
     w_bytes = pl.col("moe_dtype").replace_strict(GEMM_INPUT_BYTES, default=2.0)
     local = pl.col("num_experts") / pl.col("moe_ep_size")
-    # Balanced routing touches every expert it can; skewed routing may pile the tokens onto a
+    # Balanced routing touches every expert it can (on one GPU of an expert-parallel group, its
+    # share of the routed rows: tokens x top-k / EP); skewed routing may pile the tokens onto a
     # few, so only one token's top-k is sure to be read: a lower bound keeps the flag honest.
     spread = pl.when(pl.col("distribution") == "balanced").then(
-        pl.col("num_tokens") * pl.col("topk")).otherwise(pl.col("topk"))
+        pl.col("num_tokens") * pl.col("topk") / pl.col("moe_ep_size")).otherwise(pl.col("topk"))
     touched = pl.min_horizontal(local, spread)
     # 3: the gate, up and down projections (every model these tables cover gates its experts)
     weights = touched * 3 * pl.col("hidden_size") * pl.col("inter_size") / pl.col("moe_tp_size")

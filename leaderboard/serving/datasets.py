@@ -82,6 +82,9 @@ def _moe_exclusion(row: dict, model: dict) -> str | None:
     if ep > 1 and (ep, moe_tp) != (row["tp"], 1):
         return (f"experts over TP{moe_tp} x EP{ep} beside attention over TP{row['tp']}: the "
                 "replay spreads the experts over the attention's TP group, whole or split")
+    if ep > 1 and row["attention_dp"] is None:
+        return ("expert parallelism with attention data parallelism unstated (with it, an "
+                "all-to-all no table times)")
     if ep == 1 and moe_tp != row["tp"]:
         return (f"experts over TP{row['moe_tp']} beside attention over TP{row['tp']} (attention "
                 "data parallelism left unstated): the replay splits both over one TP group")

@@ -15,8 +15,9 @@ from leaderboard.rerun import last_rerun
 from leaderboard.serving.report_oracle import oracle_section
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
-# Same model, precision, TP and load: the serving analogue of a workload id.
-LOAD_KEY = ("model", "precision", "tp", "isl", "osl", "concurrency")
+# Same deployment (model, precision, TP, expert placement, backend) and load: the serving
+# analogue of a workload id.
+LOAD_KEY = ("model", "precision", "tp", "moe_ep", "backend", "isl", "osl", "concurrency")
 STEP_PAIR = ("h100_vidur", "h100_silicon")  # one GPU scored step by step and served
 
 
@@ -118,10 +119,12 @@ def disagreement(step_runs: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
 
 def sku_ranking(predictions: pl.DataFrame) -> list[str]:
     tpot = predictions.filter((pl.col("phase") == "tpot") & pl.col("valid")).with_columns(
-        workload_id=pl.concat_str([pl.col(c).cast(pl.String) for c in LOAD_KEY], separator="|"))
+        workload_id=pl.concat_str([pl.col(c).cast(pl.String).fill_null("-") for c in LOAD_KEY],
+                                  separator="|"))
     ranks = ranking.ranking_table(ranking.sku_pairs(tpot))
     n_loads = tpot.group_by("workload_id").agg(pl.col("sku").n_unique()).filter(pl.col("sku") > 1)
-    lines = [f"Same model, precision, TP and load (isl, osl, concurrency) on two GPUs: which gives "
+    lines = [f"Same model, precision, TP, expert placement, backend and load (isl, osl, "
+             f"concurrency) on two GPUs: which gives "
              f"the lower TPOT, measured against predicted (ties within {ranking.TOLERANCE:.0%}). "
              f"Loads measured on more than one GPU: {len(n_loads)}.", ""]
     if ranks.is_empty():

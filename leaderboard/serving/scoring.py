@@ -27,8 +27,8 @@ METRICS = ("ttft", "tpot", "service", "ttft_steady")
 MEASURED_AS = {"ttft_steady": "ttft"}  # a metric scored against another's measurement
 # What the sandboxed replay never receives.
 GROUND_TRUTH = tuple(f"gt_{m}_ms" for m in METRICS if m not in MEASURED_AS)
-PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "phase", "backend",
-                      "isl", "osl", "concurrency", "gt_kind", "gt_ms")
+PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "precision", "tp", "moe_ep", "phase",
+                      "backend", "isl", "osl", "concurrency", "gt_kind", "gt_ms")
 
 
 StepPricer = Callable[[pl.DataFrame], tuple[np.ndarray, float]]  # ms per step, seconds taken
@@ -64,8 +64,9 @@ def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: 
 def prediction_rows(targets: pl.DataFrame, predicted: dict[str, np.ndarray]) -> pl.DataFrame:
     """One row per (target, metric of ``predicted``) with a measured value: cell_id is
     ``<target>:<metric>``."""
+    placement = pl.col("moe_ep") if "moe_ep" in targets.columns else pl.lit(None, pl.Int64)
     base = targets.select(workload_id="target_id", model="model", precision="precision", tp="tp",
-                          backend="backend",
+                          moe_ep=placement, backend="backend",
                           isl="isl", osl="osl", concurrency="concurrency", gt_kind="gt_kind")
     rows = pl.concat([
         base.with_columns(phase=pl.lit(metric), gt_ms=targets[f"gt_{measured}_ms"],
