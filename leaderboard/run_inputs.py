@@ -201,9 +201,11 @@ def _require_one_placement(name: str, inputs: RunInputs) -> None:
     differ = sorted(k for k in home.keys() & target.keys() if home[k] != target[k])
     if differ:
         model, tp = differ[0]
+        placed = {ep: "split over the TP group" if ep == 1 else f"spread whole over {ep} GPUs"
+                  for ep in (home[(model, tp)], target[(model, tp)])}
         raise NotSupported(
             f"predictor '{name}' learns from its home's rows, and home "
-            f"{'+'.join(r['name'] for r in inputs.home_rows)} spreads {model} TP{tp}'s experts over "
-            f"{home[(model, tp)]} GPU(s) (moe_ep) where dataset {inputs.target_row['name']} "
-            f"spreads them over {target[(model, tp)]}; fit it on a home of the target's placement "
+            f"{'+'.join(r['name'] for r in inputs.home_rows)} has {model} TP{tp}'s experts "
+            f"{placed[home[(model, tp)]]} where dataset {inputs.target_row['name']} has them "
+            f"{placed[target[(model, tp)]]} (moe_ep); fit it on a home of the target's placement "
             "(the _vidur_moe_ep family for expert parallelism)")
