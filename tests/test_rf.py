@@ -364,7 +364,7 @@ def _moe_points(latency_ms: float, tokens=(1, 2, 8, 64, 512, 4096)) -> pl.DataFr
     m = load_models()[MOE[0]]
     return pl.DataFrame([{"num_tokens": t, "hidden_size": m["hidden_size"],
                           "inter_size": m["moe_intermediate_size"], "topk": 2, "num_experts": 8,
-                          "moe_tp": 2, "latency_ms": latency_ms} for t in tokens])
+                          "moe_tp": 2, "moe_ep": 1, "latency_ms": latency_ms} for t in tokens])
 
 
 def _moe_home() -> Home:
