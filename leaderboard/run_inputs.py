@@ -16,7 +16,7 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
 from leaderboard.split import default_split, split
 from leaderboard_core import paths
-from leaderboard_core.contract import Home, NotSupported, expert_groups, expert_parallel
+from leaderboard_core.contract import Home, NotSupported, expert_parallel
 from leaderboard_core.specs import GpuSpec, is_moe, load_gpu_specs, load_models, require_gpu
 
 
@@ -191,21 +191,25 @@ def require_card_scope(name: str, card: dict, inputs: RunInputs) -> None:
 
 
 def _require_one_placement(name: str, inputs: RunInputs) -> None:
-    """NotSupported for a predictor that learns from the home's rows when the home and the
-    target place a configuration's experts differently (split over the TP group on one, spread
-    whole over it on the other): what it learned would be priced as the other placement."""
+    """NotSupported for a predictor that learns from the home's rows when the target places a
+    configuration's experts where its home never does (split over the TP group on one, spread
+    whole over it on the other): what it learned would be priced as the other placement. A
+    serving set may hold both placements of one configuration, each run its own."""
     frames = (inputs.home.cells, inputs.target)
     if not all({"model", "tp"} <= set(f.columns) for f in frames):
         return  # op-level rows: no model configuration
-    home, target = (expert_groups(f) for f in frames)
-    differ = sorted(k for k in home.keys() & target.keys() if home[k] != target[k])
-    if differ:
-        model, tp = differ[0]
-        placed = {ep: "split over the TP group" if ep == 1 else f"spread whole over {ep} GPUs"
-                  for ep in (home[(model, tp)], target[(model, tp)])}
+    home, target = (f.select("model", "tp", ep=pl.Series(expert_parallel(f))).unique()
+                    for f in frames)
+    unlearned = target.join(home, on=["model", "tp"], how="semi").join(
+        home, on=["model", "tp", "ep"], how="anti").sort("model", "tp", "ep")
+    if unlearned.height:
+        model, tp, ep = unlearned.row(0)
+        learned = sorted(home.filter(model=model, tp=tp)["ep"])
+        placed = {e: "split over the TP group" if e == 1 else f"spread whole over {e} GPUs"
+                  for e in (*learned, ep)}
         raise NotSupported(
             f"predictor '{name}' learns from its home's rows, and home "
             f"{'+'.join(r['name'] for r in inputs.home_rows)} has {model} TP{tp}'s experts "
-            f"{placed[home[(model, tp)]]} where dataset {inputs.target_row['name']} has them "
-            f"{placed[target[(model, tp)]]} (moe_ep); fit it on a home of the target's placement "
-            "(the _vidur_moe_ep family for expert parallelism)")
+            f"{' or '.join(placed[e] for e in learned)} where dataset "
+            f"{inputs.target_row['name']} has them {placed[ep]} (moe_ep); fit it on a home of "
+            "the target's placement (the _vidur_moe_ep family for expert parallelism)")

@@ -234,6 +234,12 @@ def test_a_learner_is_not_supported_where_home_and_target_place_the_experts_diff
         scope("table_scaled", learner, inputs(split, spread))
     scope("table_scaled", learner, inputs(spread, spread))
     scope("ours", {**learner, "needs_profiled_rows": False}, inputs(split, spread))
+    # a serving set runs one configuration both ways (each target its own deployment): a home
+    # of one placement cannot price the other's runs, and says so rather than failing
+    both = pl.concat([split, spread])
+    with pytest.raises(NotSupported, match="spread whole over 2 GPUs"):
+        scope("table_scaled", learner, inputs(split, both))
+    scope("table_scaled", learner, inputs(both, both))
     card = PredictorCard(kind="profiled", reference="r", description="d",
                          needs_profiled_rows=True, layers=tuple(layers))
     assert card.layers == ("dense", "moe", "moe_ep")
