@@ -99,22 +99,24 @@ def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
 def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
                  prepared: dict | None = None, key=None):
     """Log-log interpolation in the axes that vary among ``known``; nearest point outside.
-    ``prepared`` caches the triangulation per ``key`` (a replay asks for many small batches)."""
+    ``prepared`` caches, per ``key``, the triangulation and every query point already answered:
+    a replay asks for many small batches that repeat shapes, and a point on the hull of a lattice
+    costs SciPy a brute-force simplex search."""
     if prepared is not None and key in prepared:
-        varying, x, values, linear = prepared[key]
+        varying, x, values, linear, answered = prepared[key]
     else:
         points = known.group_by(axes).agg(pl.col("latency_ms").median()).sort(axes)  # order fixes the hull
         varying = [a for a in axes if points[a].n_unique() > 1]
         x = _log(points, varying)
         values = np.log(points["latency_ms"].to_numpy())
-        linear = None
+        linear, answered = None, {}
         if len(varying) > 1:
             try:
                 linear = LinearNDInterpolator(x, values)
             except Exception:  # noqa: BLE001 - a degenerate hull (points on one plane): nearest only
                 linear = None
         if prepared is not None:
-            prepared[key] = varying, x, values, linear
+            prepared[key] = varying, x, values, linear, answered
     q = _log(rows, varying)
     if not varying:
         return np.full(len(rows), np.exp(values[0])), np.zeros(len(rows), bool)
@@ -123,11 +125,18 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
         grid, at = x[order, 0], q[:, 0]
         outside = (at < grid[0]) | (at > grid[-1])
         return np.exp(np.interp(at, grid, values[order])), outside
-    inside = linear(q) if linear is not None else np.full(len(q), np.nan)
-    outside = np.isnan(inside)
-    if outside.any():
-        inside[outside] = NearestNDInterpolator(x, values)(q[outside])
-    return np.exp(inside), outside
+    unique, back = np.unique(q, axis=0, return_inverse=True)
+    new = np.array([tuple(point) not in answered for point in unique], bool)
+    if new.any():
+        fresh = unique[new]
+        inside = linear(fresh) if linear is not None else np.full(len(fresh), np.nan)
+        outside = np.isnan(inside)
+        if outside.any():
+            inside[outside] = NearestNDInterpolator(x, values)(fresh[outside])
+        answered.update(zip(map(tuple, fresh), zip(inside, outside, strict=True), strict=True))
+    kept = [answered[tuple(point)] for point in unique]
+    log_ms, outside = np.array([v for v, _ in kept]), np.array([o for _, o in kept], bool)
+    return np.exp(log_ms[back.ravel()]), outside[back.ravel()]
 
 
 def _log(frame: pl.DataFrame, columns: list[str]) -> np.ndarray:

@@ -41,6 +41,27 @@ def test_lookup_interpolates_in_two_axes_and_borrows_a_missing_key():
     assert borrowed[0] == pytest.approx(ms[0] * ratio[0], rel=1e-9) and outside[0]
 
 
+def test_a_cached_lookup_answers_as_a_fresh_one_across_batches():
+    """The replay asks in many small batches; answers kept from earlier batches must be the ones a
+    fresh lookup gives, wherever a point sits in its batch."""
+    rng = np.random.default_rng(3)
+    grid = [(b, kv) for b in (1, 2, 4, 8) for kv in (64, 128, 256, 512)]
+    table = pl.DataFrame({"batch": [b for b, _ in grid], "kv_len": [kv for _, kv in grid],
+                          "num_heads": 8, "num_kv_heads": 8, "head_dim": 128,
+                          "latency_ms": rng.uniform(0.01, 0.1, len(grid))})
+    asked = pl.DataFrame({"batch": rng.integers(1, 12, 40), "kv_len": rng.integers(40, 700, 40),
+                          "num_heads": 8, "num_kv_heads": 8, "head_dim": 128})
+    fresh = [lookup(table, "attn_decode", asked[i:i + 1], {}) for i in range(len(asked))]
+    prepared: dict = {}
+    first = lookup(table, "attn_decode", asked[:25], {}, prepared)
+    again = lookup(table, "attn_decode", asked.reverse(), {}, prepared)  # 25 cached, 15 new
+    for got, order in ((first, range(25)), (again, reversed(range(len(asked))))):
+        want = np.array([[fresh[i][0][0], fresh[i][1][0]] for i in order])
+        assert got[0] == pytest.approx(want[:, 0], rel=1e-9)
+        assert got[1].tolist() == want[:, 1].astype(bool).tolist()
+    assert 0 < sum(o for _, o in fresh) < len(asked)  # both inside and outside the grid were asked
+
+
 def _tiny_home(model: str, tp: int, tokens: int, ctx: int, batch: int) -> tuple[Home, dict]:
     """A home that measured exactly the points one decode step of ``batch`` requests at
     ``ctx`` reads, each at a made-up time."""
