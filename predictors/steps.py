@@ -78,6 +78,9 @@ class Steps:
     # per cell: the GPUs its experts are spread over whole (``moe_ep``); 1 where every expert is
     # split over the TP group (vLLM's default) and for a dense model
     moe_ep: np.ndarray
+    # per cell: the exponent of the power-law routing its MoE kernels were timed under
+    # (``moe_routing`` "power_law_<alpha>"); 0 for balanced routing and for a dense model
+    routing_alpha: np.ndarray
 
     @classmethod
     def from_cells(cls, cells: pl.DataFrame) -> Steps:
@@ -107,6 +110,7 @@ class Steps:
             fp8=(cells["gemm_dtype"] == "fp8").fill_null(False).to_numpy()
             if "gemm_dtype" in cells.columns else np.zeros(len(cells), bool),
             moe_ep=expert_parallel(cells).astype(np.float64),
+            routing_alpha=_routing_alpha(cells),
         )
 
     def sum(self, per_prefill_request: np.ndarray) -> np.ndarray:
@@ -125,14 +129,26 @@ class Steps:
         every GPU still receives all the step's tokens and routes them, but holds experts / EP
         whole experts and, routing balanced, computes 1 / EP of the rows: the rows of
         tokens / EP tokens over experts / EP experts at full width. The routing and the top-k
-        sum over all the tokens are not in this share."""
+        sum over all the tokens are not in this share. ``skew``: the power-law exponent of the
+        routing where the experts are split (0: balanced); no cell times skewed routing spread
+        over GPUs, so a spread share is priced balanced."""
         return {"tokens": self.tokens / self.moe_ep, "experts": self.experts / self.moe_ep,
-                "width": self.moe_ffn * self.moe_ep / self.tp}
+                "width": self.moe_ffn * self.moe_ep / self.tp,
+                "skew": np.where(self.moe_ep > 1, 0.0, self.routing_alpha)}
 
     def sharded(self) -> dict[str, np.ndarray]:
         """Per-GPU widths under Megatron TP: heads, KV heads (at least one) and FFN."""
         return {"heads": self.heads / self.tp, "kv_heads": np.maximum(self.kv_heads / self.tp, 1.0),
                 "ffn": self.ffn / self.tp}
+
+
+def _routing_alpha(cells: pl.DataFrame) -> np.ndarray:
+    """Per cell, the exponent of its ``moe_routing`` (``power_law_1.01`` -> 1.01); 0 where
+    balanced, unstated or dense."""
+    if "moe_routing" not in cells.columns:
+        return np.zeros(len(cells))
+    alpha = cells["moe_routing"].str.strip_prefix("power_law_").cast(pl.Float64, strict=False)
+    return alpha.fill_null(0.0).to_numpy()
 
 
 def _prefill_requests(q: np.ndarray, ctx: np.ndarray, ends: np.ndarray, counts: np.ndarray,

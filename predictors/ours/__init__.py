@@ -5,10 +5,10 @@ per-op rooflines, each slowed by named factors (predictors/ours/factors.py) whos
 physical or were fitted once on the home A100's op points and frozen in conf/ours/constants.yaml
 (``python -m leaderboard.calibrate predictor=ours`` re-derives them). ``fit`` reads no rows.
 
-The ladder ``ours_r0_roofline`` ... ``ours_r7_collectives`` switches the factors on one rung at
+The ladder ``ours_r0_roofline`` ... ``ours_r8_routing`` switches the factors on one rung at
 a time; ``ours`` is the last rung plus the wall-clock terms. On ``gpu_block`` targets (the
 ``_vidur`` sets) the wall-clock terms are off: that ground truth has no light kernels, LM head or
-host time, so ``ours`` equals ``ours_r7_collectives`` there.
+host time, so ``ours`` equals ``ours_r8_routing`` there.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from predictors.registry import register
 from predictors.steps import Steps
 
 FACTORS = ("clock", "waves", "delivery", "l2_memory", "floors", "attention", "collectives",
-           "wall_clock")
+           "routing", "wall_clock")
 # What wall_clock_extras adds, then S(N): in this order after the block terms.
 WALL_CLOCK_TERMS = ("light_kernels", "lm_head", "host_floor")
 # The block terms a layer-op ground truth (LAYER_OP_SOURCES) does not hold.
 NOT_IN_LAYER_OPS = ("attn_prefill", "attn_decode", "allreduce")
 LADDER = ("r0_roofline", "r1_clock", "r2_waves", "r3_delivery", "r4_l2_memory", "r5_floors",
-          "r6_attention", "r7_collectives")
+          "r6_attention", "r7_collectives", "r8_routing")
 
 
 @register("ours")
@@ -51,18 +51,19 @@ class Ours(Predictor):
     card = PredictorCard(
         kind="analytical", reference="docs/ours.md; reference/seed-report.txt sections 2 and 4",
         description="per-op roofline x named factors (clock, wave/cluster, tensor-core activity, "
-                    "duty cycle, L2-reuse memory law, floors, attention, collectives); constants "
-                    "physical or frozen from the home A100's op points; S(N) from one deploy "
-                    "reading on wall-clock targets; FP8 GEMMs at the FP8 dense peak with 1-byte "
-                    "inputs; MoE layers as one fused-MoE op over the routed rows",
+                    "duty cycle, L2-reuse memory law, floors, attention, collectives, MoE "
+                    "routing skew); constants physical or frozen from the home A100's op "
+                    "points; S(N) from one deploy reading on wall-clock targets; FP8 GEMMs at "
+                    "the FP8 dense peak with 1-byte inputs; MoE layers as one fused-MoE op over "
+                    "the routed rows",
         needs_profiled_rows=False, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     def __init__(self, clock: bool = True, waves: bool = True, delivery: bool = True,
                  l2_memory: bool = True, floors: bool = True, attention: bool = True,
-                 collectives: bool = True, wall_clock: bool = True):
+                 collectives: bool = True, routing: bool = True, wall_clock: bool = True):
         self.clock, self.waves, self.delivery = clock, waves, delivery
         self.l2_memory, self.floors, self.attention = l2_memory, floors, attention
-        self.collectives, self.wall_clock = collectives, wall_clock
+        self.collectives, self.routing, self.wall_clock = collectives, routing, wall_clock
 
     @property
     def switches(self) -> Switches:

@@ -19,7 +19,7 @@ from predictors._roofline import fp8_peak_flops, link_gbs_per_direction, peak_fl
 from predictors.ours import factors
 
 CONSTANTS_PATH = paths.CONF_DIR / "ours" / "constants.yaml"
-PROVENANCE_KINDS = ("physical", "fitted on home", "measured grid", "default")
+PROVENANCE_KINDS = ("physical", "published", "fitted on home", "measured grid", "default")
 
 
 def _values(node: Any, where: str) -> Any:

@@ -31,11 +31,13 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
                      ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)))
     if s.moe_layers[0]:
         share = s.experts_per_gpu()  # this GPU's experts and routed tokens
+        routing = (f"power-law {share['skew'][0]:g} routing" if share["skew"][0]
+                   else "balanced routing")
         rows.append((f"moe tokens={share['tokens'][0]:g} top-{s.topk[0]:.0f} of "
-                     f"{share['experts'][0]:g} experts, width {share['width'][0]:.0f} "
+                     f"{share['experts'][0]:g} experts, width {share['width'][0]:.0f}, {routing} "
                      "(one fused-MoE layer, this GPU's share)", 1,
                      ops.fused_moe(share["tokens"], s.topk, share["experts"], s.hidden,
-                                   share["width"], dev, c, sw, s.fp8)))
+                                   share["width"], dev, c, sw, s.fp8, share["skew"])))
     sharded = s.sharded()
     cells, n, q, ctx = prefill_kernel(s)
     if len(cells):

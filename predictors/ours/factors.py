@@ -185,3 +185,33 @@ def host_floor_seconds(num_requests: np.ndarray, s_floor: float, s_slope: float)
     """S(N) = s_floor + s_slope (N - 1): the scheduler's host time for N requests, the one term
     not derivable from a datasheet (calibrated once per GPU on wall-clock targets)."""
     return s_floor + s_slope * (num_requests - 1.0)
+
+
+def power_law_loads(tokens: float, topk: float, experts: int, alpha: float,
+                    span: dict) -> np.ndarray:
+    """Rows each expert receives under power-law routing, as aiconfigurator's MoE collector
+    describes drawing them (its power-law note): one draw per expert from ``x^-alpha`` on
+    [lo, hi], scaled to the ``tokens x topk`` rows and rounded; the span is [1, 0.8 tokens] when
+    the rows outnumber the experts, else [0.01, 2] (``span``). The expected shape, not one random
+    draw: the experts' draws sit at evenly spaced quantiles. The rounding remainder goes to the
+    largest experts, and no expert takes more than ``tokens`` rows (a token picks an expert once),
+    the excess moving to the next largest."""
+    rows = int(round(tokens * topk))
+    if rows == 0:
+        return np.zeros(experts)
+    many = rows > experts
+    lo = span["many_lo"] if many else span["few_lo"]
+    hi = span["many_hi_share"] * tokens if many else span["few_hi"]
+    u = (np.arange(experts) + 0.5) / experts
+    e = 1.0 - alpha
+    draws = ((hi ** e - lo ** e) * u + lo ** e) ** (1.0 / e) if hi > lo else np.full(experts, lo)
+    loads = np.round(rows * draws / draws.sum())[::-1]  # largest first
+    loads = np.minimum(loads, np.ceil(tokens))
+    spare = rows - loads.sum()
+    for i in range(experts):  # remainder and excess to the largest that still have room
+        if spare == 0:
+            break
+        step = np.clip(spare, -loads[i], np.ceil(tokens) - loads[i])
+        loads[i] += step
+        spare -= step
+    return loads

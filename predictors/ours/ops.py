@@ -26,6 +26,7 @@ class Switches:
     floors: bool = True  # per-kernel floors, clock-scaled from the home
     attention: bool = True  # attention's own efficiencies, GT-style kernel split
     collectives: bool = True  # all-reduce floors, link efficiency, regimes by topology
+    routing: bool = True  # MoE experts' loads under the cell's stated power-law routing
 
 
 def gemm(m, n, k, dev: Device, c: dict, sw: Switches, fp8=False) -> dict[str, np.ndarray]:
@@ -121,9 +122,10 @@ def decode_attention(batch, kv, heads, kv_heads, head_dim, dev: Device, c: dict,
 
 
 def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
-              sw: Switches, fp8=False) -> dict[str, np.ndarray]:
+              sw: Switches, fp8=False, skew=0.0) -> dict[str, np.ndarray]:
     """One MoE layer's routed experts as vLLM's fused-MoE path runs them: the ``tokens x topk``
-    routed rows, spread evenly over the experts (the balanced routing the cells measure), go
+    routed rows, spread evenly over the experts (balanced routing) or, where ``skew`` (a power-law
+    exponent) is above 0, as ``factors.power_law_loads`` spreads them, go
     through two grouped GEMMs (gate/up to ``2 inter``, then down to ``hidden``; ``inter`` is one
     expert's width on this GPU) with the activation between them. Each expert's rows are padded
     to the kernel's row block, so the padded rows are the work the tensor cores do; the weights
@@ -136,6 +138,13 @@ def fused_moe(tokens, topk, experts, hidden, inter, dev: Device, c: dict,
     per_expert = rows / np.maximum(touched, 1.0)  # a step of no tokens routes none
     block = np.where(tokens <= experts, m["block_m_small"], m["block_m"])
     padded = touched * np.ceil(per_expert / block) * block
+    skew = np.broadcast_to(skew, np.shape(tokens))
+    touched, padded = np.array(touched, np.float64), np.array(padded, np.float64)
+    for i in np.flatnonzero(skew > 0) if sw.routing else ():  # fewer touched, more padded
+        loads = factors.power_law_loads(tokens[i], topk[i], int(experts[i]), skew[i],
+                                        m["power_law_span"])
+        touched[i] = np.count_nonzero(loads)
+        padded[i] = (np.ceil(loads / block[i]) * block[i]).sum()
     flops = 2.0 * padded * hidden * 3.0 * inter
     weights = np.where(fp8, FP8_BYTES, BF16_BYTES) * touched * 3.0 * hidden * inter
     activations = BF16_BYTES * rows * (2.0 * hidden + 6.0 * inter)
