@@ -21,6 +21,7 @@ from leaderboard import homes, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.traces import base_trace
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
+from leaderboard.serving import report_oracle
 from leaderboard_core import paths
 
 stderr = Console(stderr=True)
@@ -102,7 +103,7 @@ def render_readme(configs: list[dict], meta: dict[str, str]) -> str:
 
 
 def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection,
-               only: list[str] | None, quiet: bool) -> list[dict]:
+               only: list[str] | None, quiet: bool, runs_dir: Path | None) -> list[dict]:
     rows = catalog.datasets()
     names = selected(rows, only)
     cards = dict(con.execute("SELECT name, card FROM datasets WHERE list_contains(?, name)",
@@ -119,6 +120,9 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
                          (lineage_config(name), "lineage", catalog.lineage(name))]
             elif row["kind"] == "serving":
                 parts = [(name, "targets", catalog.serving_targets(name))]
+                if runs_dir is not None:  # the replay's own error, as `data card` ends with it
+                    cards[name] = cards[name].rstrip() + "\n\n" + "\n".join(
+                        report_oracle.for_card(name, runs_dir, rows))
             else:
                 parts = [(name, "points", catalog.op_points(name)),
                          (collectives_config(row["sku"]), "collectives",
@@ -161,8 +165,9 @@ def replaceable(folder: Path) -> bool:
 
 def export(path: str | Path, only: list[str] | None = None, overwrite: bool = False,
            quiet: bool = False, sources_root: str | None = None,
-           gpu_specs: str | None = None) -> dict[str, int]:
-    """Write the folder; returns the rows of each config written."""
+           gpu_specs: str | None = None, runs_dir: str | Path | None = None) -> dict[str, int]:
+    """Write the folder; returns the rows of each config written. A serving set's card ends with
+    its oracle's error from the runs in ``runs_dir`` (or says there is no oracle run there)."""
     target = Path(path).expanduser().absolute()
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass hub.overwrite=true to replace it")
@@ -176,7 +181,8 @@ def export(path: str | Path, only: list[str] | None = None, overwrite: bool = Fa
     try:
         with StoreCatalog(sources_root, gpu_specs) as catalog, \
                 store.connect(sources_root, gpu_specs) as con:
-            configs = _write_all(tmp, catalog, con, only, quiet)
+            configs = _write_all(tmp, catalog, con, only, quiet,
+                                 Path(runs_dir) if runs_dir is not None else None)
         if target.exists():
             old = target.with_name(f".{target.name}.{os.getpid()}.old")
             os.replace(target, old)

@@ -238,3 +238,17 @@ def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp
         local.predictions.drop("run_id", strict=False))
     with pytest.raises(HubError, match="not a serving dataset"):
         HubCatalog(str(exported)).serving_targets("h200_vidur")
+
+
+def test_a_serving_card_ends_with_its_oracle_or_says_how_to_make_one(real_store, tmp_path,
+                                                                     monkeypatch):
+    """The exported card of a serving set carries the replay's own error, as `data card` prints
+    it: here no oracle run exists in runs_dir, so it names the command that makes one."""
+    monkeypatch.setenv("LEADERBOARD_HOME", str(real_store.home))
+    hub_export.export(tmp_path / "x", only=["h100_silicon"], quiet=True,
+                      runs_dir=tmp_path / "no-runs")
+    card = (tmp_path / "x" / "h100_silicon" / "card.md").read_text()
+    assert "## The replay's own error, measured" in card
+    assert "No current oracle run of h100_silicon" in card and "split.home_points=every_shape" in card
+    homes = [p for p in (tmp_path / "x").glob("*_vidur*/card.md")]  # the replay's step homes
+    assert homes and all("The replay's own error" not in p.read_text() for p in homes)
