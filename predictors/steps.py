@@ -130,11 +130,10 @@ class Steps:
         whole experts and, routing balanced, computes 1 / EP of the rows: the rows of
         tokens / EP tokens over experts / EP experts at full width. The routing and the top-k
         sum over all the tokens are not in this share. ``skew``: the power-law exponent of the
-        routing where the experts are split (0: balanced); no cell times skewed routing spread
-        over GPUs, so a spread share is priced balanced."""
+        routing (0: balanced)."""
         return {"tokens": self.tokens / self.moe_ep, "experts": self.experts / self.moe_ep,
                 "width": self.moe_ffn * self.moe_ep / self.tp,
-                "skew": np.where(self.moe_ep > 1, 0.0, self.routing_alpha)}
+                "skew": self.routing_alpha}
 
     def sharded(self) -> dict[str, np.ndarray]:
         """Per-GPU widths under Megatron TP: heads, KV heads (at least one) and FFN."""
@@ -147,7 +146,12 @@ def _routing_alpha(cells: pl.DataFrame) -> np.ndarray:
     balanced, unstated or dense."""
     if "moe_routing" not in cells.columns:
         return np.zeros(len(cells))
-    alpha = cells["moe_routing"].str.strip_prefix("power_law_").cast(pl.Float64, strict=False)
+    stated = cells["moe_routing"].cast(pl.String)
+    alpha = stated.str.extract(r"^power_law_(\d+(?:\.\d+)?)$").cast(pl.Float64)
+    unknown = stated.is_not_null() & (stated != "balanced") & alpha.is_null()
+    if unknown.any():
+        raise ValueError(f"moe_routing {stated.filter(unknown)[0]!r} is neither 'balanced' nor "
+                         "'power_law_<alpha>'")
     return alpha.fill_null(0.0).to_numpy()
 
 

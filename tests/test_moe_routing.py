@@ -69,3 +69,43 @@ def test_ours_reads_fewer_expert_weights_under_skewed_routing():
     assert moe_ms(skewed, routing=False) == pytest.approx(balanced, rel=1e-12)
     stated = steps.with_columns(moe_routing=pl.lit("balanced"))
     assert moe_ms(stated) == pytest.approx(balanced, rel=1e-12)
+
+
+def _recomputed_loads(tokens: int, topk: int, experts: int) -> np.ndarray:
+    rows = tokens * topk
+    lo, hi = (1.0, 0.8 * tokens) if rows > experts else (0.01, 2.0)
+    draws = np.array([_quantile_draw((i + 0.5) / experts, 1.01, lo, hi) for i in range(experts)])
+    return np.round(rows * draws / draws.sum())
+
+
+@pytest.mark.parametrize(("tokens", "block"), [(4, 16), (200, 64)])
+def test_skewed_rows_are_padded_per_expert_to_vllms_block(tokens, block):
+    """Mixtral's 8 experts, top-2: each expert's rows padded up to BLOCK_SIZE_M (16 when the
+    tokens are no more than the experts, else 64), summed; compared with loads recomputed here
+    (both cases stay under the cap; at 200 tokens rounding gives 401 rows, one taken off the
+    largest expert)."""
+    from leaderboard_core.specs import load_gpu_specs as specs
+    from predictors.ours.config import Device
+    from predictors.ours.ops import Switches, fused_moe
+
+    loads = np.sort(_recomputed_loads(tokens, 2, 8))
+    loads[-1] -= loads.sum() - tokens * 2
+    assert loads.max() <= tokens
+    c = load_constants()
+    one = lambda v: np.array([float(v)])  # noqa: E731
+    got = fused_moe(one(tokens), one(2), one(8), one(4096), one(14336), Device.of(specs()["h100_sxm"], c),
+                    c, Switches(), skew=one(1.01))
+    assert got["padded_rows"][0] == (np.ceil(loads / block) * block).sum()
+
+
+def test_spread_experts_under_skewed_routing_are_not_supported():
+    from leaderboard_core.contract import NotSupported
+
+    steps = _cells(("qwen3-30b-a3b", 2, [1] * 16, [512] * 16)).drop("gt_ms").with_columns(
+        moe_routing=pl.lit("power_law_1.01"), moe_ep=pl.lit(2))
+    model = Ours()
+    model.constants_ = load_constants()
+    with pytest.raises(NotSupported, match="heaviest"):
+        model.predict(steps, load_gpu_specs()["h100_sxm"])
+    with pytest.raises(ValueError, match="neither 'balanced'"):
+        model.predict(steps.with_columns(moe_routing=pl.lit("zipf")), load_gpu_specs()["h100_sxm"])

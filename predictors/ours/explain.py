@@ -31,7 +31,7 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
                      ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)))
     if s.moe_layers[0]:
         share = s.experts_per_gpu()  # this GPU's experts and routed tokens
-        routing = (f"power-law {share['skew'][0]:g} routing" if share["skew"][0]
+        routing = (f"power-law {share['skew'][0]:g} routing" if share["skew"][0] and sw.routing
                    else "balanced routing")
         rows.append((f"moe tokens={share['tokens'][0]:g} top-{s.topk[0]:.0f} of "
                      f"{share['experts'][0]:g} experts, width {share['width'][0]:.0f}, {routing} "

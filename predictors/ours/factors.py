@@ -195,7 +195,8 @@ def power_law_loads(tokens: float, topk: float, experts: int, alpha: float,
     the rows outnumber the experts, else [0.01, 2] (``span``). The expected shape, not one random
     draw: the experts' draws sit at evenly spaced quantiles. The rounding remainder goes to the
     largest experts, and no expert takes more than ``tokens`` rows (a token picks an expert once),
-    the excess moving to the next largest."""
+    the excess moving to the next largest. The collector fixes the remainder and an expert picked
+    twice by one token its own way, a few rows apart: an approximation of its draw."""
     rows = int(round(tokens * topk))
     if rows == 0:
         return np.zeros(experts)
@@ -204,7 +205,12 @@ def power_law_loads(tokens: float, topk: float, experts: int, alpha: float,
     hi = span["many_hi_share"] * tokens if many else span["few_hi"]
     u = (np.arange(experts) + 0.5) / experts
     e = 1.0 - alpha
-    draws = ((hi ** e - lo ** e) * u + lo ** e) ** (1.0 / e) if hi > lo else np.full(experts, lo)
+    if hi <= lo:
+        draws = np.full(experts, lo)
+    elif abs(e) < 1e-9:  # alpha 1: the limit, log-uniform
+        draws = lo * (hi / lo) ** u
+    else:
+        draws = ((hi ** e - lo ** e) * u + lo ** e) ** (1.0 / e)
     loads = np.round(rows * draws / draws.sum())[::-1]  # largest first
     loads = np.minimum(loads, np.ceil(tokens))
     spare = rows - loads.sum()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from leaderboard_core.contract import NotSupported
 from leaderboard_core.layer_work import light_kernel_elements
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
 from predictors.ours import factors, ops
@@ -79,6 +80,10 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
             s.dense_layers if ffn else s.layers)
     out["moe"] = np.zeros(s.n)  # every block has the same terms, zero for a dense model
     if (routed := s.moe_layers > 0).any():
+        if sw.routing and ((s.routing_alpha > 0) & (s.moe_ep > 1)).any():
+            raise NotSupported("ours prices power-law routing with the experts split over the "
+                               "TP group only; spread over GPUs, the collector times the heaviest "
+                               "GPU's experts, which ours does not model")
         share = {k: v[routed] for k, v in s.experts_per_gpu().items()}
         out["moe"][routed] = ops.fused_moe(
             share["tokens"], s.topk[routed], share["experts"], s.hidden[routed], share["width"],
