@@ -86,7 +86,10 @@ def section(runs: pl.DataFrame, serving_runs: pl.DataFrame,
              "experts / TP whole experts, vLLM 0.19.0; home H100), and the measured MoE "
              "serving runs the replay can express. A predictor whose card does not list `moe` "
              "(or `moe_ep`) layers answers NotSupported before it runs (docs/baselines.md says "
-             "why each does or does not).",
+             "why each does or does not). Only `ours` reads the routing a cell states: on the "
+             "power-law cells it spreads the rows as the collector's draw does (few tokens touch "
+             "few experts; rung `ours_r8_routing`, docs/ours.md), so `ours_r7_collectives` is "
+             "`ours` priced as if balanced. Every other predictor prices all routing as balanced.",
              ""]
     for fam in STEP_FAMILIES:
         lines += _step_table(moe, fam)
