@@ -28,8 +28,8 @@ def exported(real_store, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hub") / "export"
     saved = os.environ.get("LEADERBOARD_HOME")
     os.environ["LEADERBOARD_HOME"] = str(real_store.home)
-    try:
-        hub_export.export(path, only=ONLY, quiet=True)
+    try:  # no oracle run in runs_dir: the serving card says how to make one
+        hub_export.export(path, only=ONLY, quiet=True, runs_dir=path.parent / "no-runs")
     finally:
         os.environ["LEADERBOARD_HOME"] = saved or ""
     return path
@@ -240,15 +240,11 @@ def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp
         HubCatalog(str(exported)).serving_targets("h200_vidur")
 
 
-def test_a_serving_card_ends_with_its_oracle_or_says_how_to_make_one(real_store, tmp_path,
-                                                                     monkeypatch):
+def test_a_serving_card_ends_with_its_oracle_or_says_how_to_make_one(exported):
     """The exported card of a serving set carries the replay's own error, as `data card` prints
     it: here no oracle run exists in runs_dir, so it names the command that makes one."""
-    monkeypatch.setenv("LEADERBOARD_HOME", str(real_store.home))
-    hub_export.export(tmp_path / "x", only=["h100_silicon"], quiet=True,
-                      runs_dir=tmp_path / "no-runs")
-    card = (tmp_path / "x" / "h100_silicon" / "card.md").read_text()
+    card = (exported / "h100_silicon" / "card.md").read_text()
     assert "## The replay's own error, measured" in card
     assert "No current oracle run of h100_silicon" in card and "split.home_points=every_shape" in card
-    homes = [p for p in (tmp_path / "x").glob("*_vidur*/card.md")]  # the replay's step homes
+    homes = list(exported.glob("*_vidur*/card.md"))  # step sets carry no oracle section
     assert homes and all("The replay's own error" not in p.read_text() for p in homes)

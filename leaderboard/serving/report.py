@@ -121,8 +121,9 @@ def sku_ranking(predictions: pl.DataFrame) -> list[str]:
     runs = predictions.filter((pl.col("phase") == "tpot") & pl.col("valid")).with_columns(
         workload_id=pl.concat_str([pl.col(c).cast(pl.String).fill_null("-") for c in LOAD_KEY],
                                   separator="|"))
-    # A load run twice on one GPU (two engine versions) is one result of that GPU, or it would
-    # pair twice with every other GPU's run.
+    # A load run more than once on one GPU (repeated runs, another engine version, or one
+    # target per request) is one result of that GPU, or it would pair with every other GPU's
+    # run once per repeat.
     tpot = runs.group_by("predictor", "workload_id", "sku", "split").agg(
         pl.col("gt_ms").mean(), pl.col("pred_ms").mean(), runs=pl.len())
     repeated = tpot.filter(pl.col("runs") > 1).select("workload_id", "sku").unique().height
@@ -131,9 +132,10 @@ def sku_ranking(predictions: pl.DataFrame) -> list[str]:
     lines = [f"Same model, precision, TP, expert placement, backend and load (isl, osl, "
              f"concurrency) on two GPUs: which gives "
              f"the lower TPOT, measured against predicted (ties within {ranking.TOLERANCE:.0%}). "
-             f"Loads measured on more than one GPU: {len(n_loads)}. A load run more than once on "
-             f"one GPU (another engine version) counts once, at the mean of its runs, measured "
-             f"and predicted: {repeated} such.", ""]
+             f"Loads measured on more than one GPU: {len(n_loads)}. A load with more than one "
+             f"target on one GPU (repeated runs, another engine version, or one target per "
+             f"request) counts once, at the mean of its targets, measured and predicted: "
+             f"{repeated} such.", ""]
     if ranks.is_empty():
         return lines + ["No pair to rank: no load of the usable runs was measured on two GPUs "
                         "(the BF16 runs are H100 at isl 1024/2048/4096 and GB200 at 2000/4000; "
