@@ -44,6 +44,7 @@ CFG = yaml.safe_load((paths.CONF_DIR / "cells" / "vidur.yaml").read_text())
 MIN_PROMPT = 16  # "a neighbouring measured prompt length (at least 16 tokens)"
 UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization, the limit docs/design.md states
 PHASES = ("prefill", "decode", "mixed")
+pytestmark = pytest.mark.long  # the module fixture replays every trace (about 85 s)
 FAMILIES = ["vidur", "vidur19", "vidur_fp8", "vidur_moe", "vidur_moe_powerlaw"]
 _shapes = cache(_model)  # each model yaml read once; the tests only read the dicts
 

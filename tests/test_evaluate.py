@@ -138,7 +138,7 @@ def test_landlock_refuses_the_raw_upstream_files(probes, tmp_path):
 @pytest.mark.parametrize("predictor, dataset, attempt", [
     ("quiet_store", "h100_splitwise", "open the store during the sandboxed fit and predict"),
     ("quiet_upstream", "h100_splitwise", "open .*perf_model.csv"),
-    ("quiet_store", "h100_silicon", "open the store during"),  # serving: a replay, no predict
+    ("quiet_store", "gb200_silicon", "open the store during"),  # serving: a replay, no predict
 ])
 def test_a_predictor_that_swallows_the_refusal_is_still_invalid(probes, tmp_path, predictor,
                                                                 dataset, attempt):

@@ -21,7 +21,7 @@ from leaderboard_core.contract import PredictorCard
 from predictors import registry
 from predictors.base import Predictor
 
-ONLY = ["h200_vidur", "h100_splitwise", "h200_sxm_ops", "h100_silicon"]
+ONLY = ["h200_vidur", "h100_splitwise", "h200_sxm_ops", "gb200_silicon"]
 HOMES = ["a100_vidur", "a100_splitwise", "a100_sxm_ops"]  # added by --only, to fit on
 @pytest.fixture(scope="module")
 def exported(real_store, tmp_path_factory) -> Path:
@@ -70,7 +70,7 @@ def test_card_lists_every_config_with_version_and_license(exported, real_store):
     assert set(listed) == {*ONLY, *HOMES, *(f"{n}_lineage" for n in cells), "coefficients",
                            "catalog", *(n.replace("_ops", "_collectives") for n in ops)}
     assert listed["h200_vidur_lineage"] == {"split": "lineage", "path": "h200_vidur/lineage.parquet"}
-    assert listed["h100_silicon"] == {"split": "targets", "path": "h100_silicon/targets.parquet"}
+    assert listed["gb200_silicon"] == {"split": "targets", "path": "gb200_silicon/targets.parquet"}
     assert meta["license"] == ["apache-2.0", "mit"]
     body = (exported / "README.md").read_text()
     (version,), = real_store.sql("SELECT version FROM datasets WHERE name = 'h200_vidur'")
@@ -228,7 +228,7 @@ def test_hub_help_lists_its_overrides(capsys):
 
 def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp_path,
                                                        monkeypatch):
-    spec = evaluate.RunSpec("ours", "h100_silicon", {}, runs_dir=tmp_path)
+    spec = evaluate.RunSpec("ours", "gb200_silicon", {}, runs_dir=tmp_path)
     local = evaluate.run(spec)
     monkeypatch.setattr(run_inputs, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
     from_hub = evaluate.run(spec)
@@ -243,8 +243,8 @@ def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp
 def test_a_serving_card_ends_with_its_oracle_or_says_how_to_make_one(exported):
     """The exported card of a serving set carries the replay's own error, as `data card` prints
     it: here no oracle run exists in runs_dir, so it names the command that makes one."""
-    card = (exported / "h100_silicon" / "card.md").read_text()
+    card = (exported / "gb200_silicon" / "card.md").read_text()
     assert "## The replay's own error, measured" in card
-    assert "No current oracle run of h100_silicon" in card and "split.home_points=every_shape" in card
+    assert "No current oracle run of gb200_silicon" in card and "split.home_points=every_shape" in card
     homes = list(exported.glob("*_vidur*/card.md"))  # step sets carry no oracle section
     assert homes and all("The replay's own error" not in p.read_text() for p in homes)

@@ -161,8 +161,8 @@ def test_clearing_the_record_in_the_child_erases_nothing(seal_probe_runs):
 def test_the_replay_runs_in_the_harness(seal_probe_runs):
     """A predictor that replaces the replay in its own process changes nothing: its 2 ms steps
     give the TTFT/TPOT the harness's replay gives 2 ms steps."""
-    cheat = seal_probe_runs("replaces_replay", "h100_silicon")
-    honest = run(RunSpec("two_ms_steps", "h100_silicon", {}, runs_dir=cheat.folder.parent)
+    cheat = seal_probe_runs("replaces_replay", "gb200_silicon")
+    honest = run(RunSpec("two_ms_steps", "gb200_silicon", {}, runs_dir=cheat.folder.parent)
                  ) if "two_ms_steps" in registry.names() else None
     assert cheat.metrics["valid"], cheat.metrics["invalid_reasons"]
     assert (cheat.predictions["pred_ms"] != 1.0).all()
@@ -303,7 +303,7 @@ def test_a_reading_kept_in_an_xattr_is_undone(seal_probe_runs, store_home):
 
 
 def test_a_serving_run_that_skips_the_replay_is_invalid(seal_probe_runs):
-    result = seal_probe_runs("skips_replay", "h100_silicon")
+    result = seal_probe_runs("skips_replay", "gb200_silicon")
     assert not result.metrics["valid"]
     assert any("never let the harness replay" in r for r in result.metrics["invalid_reasons"])
     assert result.metrics["predict_cells_per_s"] != 1e12  # its own timings are not taken

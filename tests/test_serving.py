@@ -226,6 +226,7 @@ def constant(monkeypatch, store_home):
     registry.register("two_ms_steps")(probe_predictors.TwoMsSteps)
 
 
+@pytest.mark.long  # replays all 288 loads of h100_silicon's three backends (about 20 s)
 def test_a_serving_run_scores_ttft_and_tpot(constant, tmp_path):
     result = run(RunSpec("two_ms_steps", "h100_silicon", {}, runs_dir=tmp_path / "runs"))
     assert result.metrics["level"] == "serving" and result.metrics["valid"]
