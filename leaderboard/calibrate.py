@@ -1,8 +1,8 @@
 """``python -m leaderboard.calibrate predictor=<name>``: refit a predictor's frozen constants.
 
-The harness builds the home the predictor asks for (``calibration_home``: its dataset and which
-op points) exactly as a leaderboard run does, and hands it to the predictor's
-``calibrate_constants``, which writes the constants and returns them (printed as JSON). The
+The harness builds the homes the predictor asks for (``calibration_homes``: by role, each its
+dataset and which op points) exactly as a leaderboard run does, and hands them to the
+predictor's ``calibrate_constants``, which writes the constants and returns them (printed as JSON). The
 predictor never opens the store; a predictor without frozen constants says so.
 """
 
@@ -19,13 +19,14 @@ from predictors import registry
 
 def calibrate(name: str) -> dict:
     cls = registry.get(name)
-    wanted = cls.calibration_home()
+    wanted = cls.calibration_homes()
     if wanted is None:
         raise InputError(f"predictor '{name}' has no frozen constants to calibrate; "
                          "ours has (predictor=ours)")
-    home = load_inputs(RunSpec(name, wanted["dataset"], {}, **{
-        k: v for k, v in wanted.items() if k != "dataset"})).home
-    return cls.calibrate_constants(home)
+    homes = {role: load_inputs(RunSpec(name, fields["dataset"], {}, **{
+        k: v for k, v in fields.items() if k != "dataset"})).home
+        for role, fields in wanted.items()}
+    return cls.calibrate_constants(homes)
 
 
 def main(argv: list[str]) -> None:

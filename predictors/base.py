@@ -89,15 +89,16 @@ class Predictor:
         return []
 
     @classmethod
-    def calibration_home(cls) -> dict[str, str] | None:
-        """The home ``calibrate_constants`` fits on, as run fields (``dataset``,
+    def calibration_homes(cls) -> dict[str, dict[str, str]] | None:
+        """The homes ``calibrate_constants`` fits on, by role, each as run fields (``dataset``,
         ``home_points``); None (the default) for a predictor without frozen constants."""
         return None
 
     @classmethod
-    def calibrate_constants(cls, home: Home) -> dict[str, Any]:
-        """Refit the predictor's frozen constants on ``home`` and write them where ``fit`` reads
-        them (``python -m leaderboard.calibrate predictor=<name>``); returns the fitted values."""
+    def calibrate_constants(cls, homes: dict[str, Home]) -> dict[str, Any]:
+        """Refit the predictor's frozen constants on ``homes`` (by the roles
+        ``calibration_homes`` names) and write them where ``fit`` reads them (``python -m
+        leaderboard.calibrate predictor=<name>``); returns the fitted values."""
         raise NotSupported(f"predictor '{cls.name}' has no constants to calibrate")
 
     def __repr__(self) -> str:

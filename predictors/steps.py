@@ -129,11 +129,9 @@ class Steps:
         every GPU still receives all the step's tokens and routes them, but holds experts / EP
         whole experts and, routing balanced, computes 1 / EP of the rows: the rows of
         tokens / EP tokens over experts / EP experts at full width. The routing and the top-k
-        sum over all the tokens are not in this share. ``skew``: the power-law exponent of the
-        routing (0: balanced)."""
+        sum over all the tokens are not in this share."""
         return {"tokens": self.tokens / self.moe_ep, "experts": self.experts / self.moe_ep,
-                "width": self.moe_ffn * self.moe_ep / self.tp,
-                "skew": self.routing_alpha}
+                "width": self.moe_ffn * self.moe_ep / self.tp}
 
     def sharded(self) -> dict[str, np.ndarray]:
         """Per-GPU widths under Megatron TP: heads, KV heads (at least one) and FFN."""

@@ -80,13 +80,33 @@ def test_ours_fp8_gemm_by_hand():
     """Every factor off: max(FLOP / peak, bytes / bandwidth) on H100's datasheet."""
     h100 = load_gpu_specs()["h100_sxm"]
     dev, c = config.Device.of(h100, config.load_constants()), config.load_constants()
-    off = Switches(*(False,) * 7)
+    off = Switches(**dict.fromkeys(Switches.__dataclass_fields__, False))
     m, n, k = np.array([4096.0, 1.0]), np.array([4096.0, 4096.0]), np.array([4096.0, 4096.0])
     fp8 = ops.gemm(m, n, k, dev, c, off, np.array([True, True]))["seconds"]
     bf16 = ops.gemm(m, n, k, dev, c, off)["seconds"]
     # 2*4096^3 FLOP at 1978.9 TF/s; one token: (4096 + 4096^2) bytes in, 2*4096 out at 3.35 TB/s
     assert fp8 == pytest.approx([2 * 4096**3 / 1978.9e12, (4096 + 4096**2 + 2 * 4096) / 3.35e12])
     assert bf16 == pytest.approx([2 * 4096**3 / 989.4e12, 2 * (4096 + 4096**2 + 4096) / 3.35e12])
+
+
+def test_ours_fp8_switch_slows_the_tensor_cores_and_adds_the_quantization_floor():
+    """With only ``fp8`` (and ``floors``) on: an FP8 GEMM's compute is FLOP / (peak x
+    fp8.gemm_eta), its floor the GEMM floor plus fp8.quant_floor_s, both scaled by the clock
+    ratio; a BF16 GEMM is untouched by the switch."""
+    h100 = load_gpu_specs()["h100_sxm"]
+    c = config.load_constants()
+    dev = config.Device.of(h100, c)
+    only = dict.fromkeys(Switches.__dataclass_fields__, False)
+    m, n, k = np.array([8192.0]), np.array([8192.0]), np.array([8192.0])
+    on = ops.gemm(m, n, k, dev, c, Switches(**{**only, "fp8": True, "floors": True}), True)
+    assert on["compute_s"][0] == pytest.approx(2 * 8192**3 / (1978.9e12 * c["fp8"]["gemm_eta"]))
+    scale = c["clock"]["home_boost_mhz"] / 1980  # the floors' clock ratio, home over H100 boost
+    assert on["floor_s"][0] == pytest.approx((c["gemm"]["floor_s"] + c["fp8"]["quant_floor_s"])
+                                             * scale)
+    bf16_on = ops.gemm(m, n, k, dev, c, Switches(**{**only, "fp8": True, "floors": True}))
+    bf16_off = ops.gemm(m, n, k, dev, c, Switches(**{**only, "floors": True}))
+    assert bf16_on["seconds"][0] == bf16_off["seconds"][0]
+    assert 0.3 < c["fp8"]["gemm_eta"] < 1.2 and 0 <= c["fp8"]["quant_floor_s"] < 2e-5
 
 
 def _fp8_cell() -> pl.DataFrame:

@@ -131,3 +131,25 @@ def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
         Ours().fit(home({k: v for k, v in points.items() if k != "allreduce"}, HELD_OUT_SHAPES))
     with pytest.raises(ValueError, match="home points 'shapes'"):
         home(points, "shapes")
+
+
+def test_fit_fp8_recovers_the_fp8_gemm_leaves_and_reads_only_fp8_points():
+    """FP8 GEMMs on the H100 generated at known fp8.* values (the other constants held), with
+    BF16 points beside them timed far off: the fit returns the known values and counts only
+    the FP8 points."""
+    h100 = load_gpu_specs()["h100_sxm"]
+    truth = copy.deepcopy(config.load_constants())
+    truth["fp8"].update(gemm_eta=0.55, quant_floor_s=3e-6)
+    dev = config.Device.of(h100, truth)
+    g = pl.DataFrame([{"m": 2**i, "n": n, "k": k, "dtype": "fp8"} for i in range(15)
+                      for n, k in ((6144, 4096), (4096, 14336))])
+    m, n, k = (g[x].to_numpy().astype(float) for x in "mnk")
+    fp8 = _timed(g, ops.gemm(m, n, k, dev, truth, calibrate.FULL, fp8=True)["seconds"])
+    bf16 = fp8.with_columns(dtype=pl.lit("bfloat16"), latency_ms=pl.col("latency_ms") * 5)
+    home = Home(sku="h100_sxm", gpu=h100, dataset="synthetic_fp8", cells=pl.DataFrame())
+    fitted = copy.deepcopy(config.load_constants())
+    assert calibrate.fit_fp8([pl.concat([fp8, bf16])], fitted, home) == len(fp8)
+    assert fitted["fp8"]["gemm_eta"] == pytest.approx(0.55, rel=1e-3)
+    assert fitted["fp8"]["quant_floor_s"] == pytest.approx(3e-6, rel=1e-3)
+    with pytest.raises(ValueError, match="no FP8 GEMM points"):
+        calibrate.fit_fp8([bf16], fitted, home)

@@ -5,10 +5,10 @@ per-op rooflines, each slowed by named factors (predictors/ours/factors.py) whos
 physical or were fitted once on the home A100's op points and frozen in conf/ours/constants.yaml
 (``python -m leaderboard.calibrate predictor=ours`` re-derives them). ``fit`` reads no rows.
 
-The ladder ``ours_r0_roofline`` ... ``ours_r8_routing`` switches the factors on one rung at
+The ladder ``ours_r0_roofline`` ... ``ours_r9_fp8`` switches the factors on one rung at
 a time; ``ours`` is the last rung plus the wall-clock terms. On ``gpu_block`` targets (the
 ``_vidur`` sets) the wall-clock terms are off: that ground truth has no light kernels, LM head or
-host time, so ``ours`` equals ``ours_r8_routing`` there.
+host time, so ``ours`` equals ``ours_r9_fp8`` there.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from predictors.registry import register
 from predictors.steps import Steps
 
 FACTORS = ("clock", "waves", "delivery", "l2_memory", "floors", "attention", "collectives",
-           "routing", "wall_clock")
+           "routing", "fp8", "wall_clock")
 # What wall_clock_extras adds, then S(N): in this order after the block terms.
 WALL_CLOCK_TERMS = ("light_kernels", "lm_head", "host_floor")
 # The block terms a layer-op ground truth (LAYER_OP_SOURCES) does not hold.
 NOT_IN_LAYER_OPS = ("attn_prefill", "attn_decode", "allreduce")
 LADDER = ("r0_roofline", "r1_clock", "r2_waves", "r3_delivery", "r4_l2_memory", "r5_floors",
-          "r6_attention", "r7_collectives", "r8_routing")
+          "r6_attention", "r7_collectives", "r8_routing", "r9_fp8")
 
 
 @register("ours")
@@ -54,16 +54,19 @@ class Ours(Predictor):
                     "duty cycle, L2-reuse memory law, floors, attention, collectives, MoE "
                     "routing skew); constants physical or frozen from the home A100's op "
                     "points; S(N) from one deploy reading on wall-clock targets; FP8 GEMMs at "
-                    "the FP8 dense peak with 1-byte inputs; MoE layers as one fused-MoE op over "
+                    "the FP8 dense peak with 1-byte inputs, their efficiency and quantization "
+                    "floor frozen from the FP8 home H100's GEMMs; MoE layers as one fused-MoE op over "
                     "the routed rows",
         needs_profiled_rows=False, precisions=("bf16", "fp8"), layers=("dense", "moe", "moe_ep"))
 
     def __init__(self, clock: bool = True, waves: bool = True, delivery: bool = True,
                  l2_memory: bool = True, floors: bool = True, attention: bool = True,
-                 collectives: bool = True, routing: bool = True, wall_clock: bool = True):
+                 collectives: bool = True, routing: bool = True, fp8: bool = True,
+                 wall_clock: bool = True):
         self.clock, self.waves, self.delivery = clock, waves, delivery
         self.l2_memory, self.floors, self.attention = l2_memory, floors, attention
-        self.collectives, self.routing, self.wall_clock = collectives, routing, wall_clock
+        self.collectives, self.routing, self.fp8 = collectives, routing, fp8
+        self.wall_clock = wall_clock
 
     @property
     def switches(self) -> Switches:
@@ -218,13 +221,16 @@ class Ours(Predictor):
         return sections(runs)
 
     @classmethod
-    def calibration_home(cls) -> dict[str, str]:
+    def calibration_homes(cls) -> dict[str, dict[str, str]]:
         # The points behind the training cells: the protocol the frozen constants were fitted under.
-        return {"dataset": config.load_constants()["home"]["dataset"], "home_points": "behind_cells"}
+        c = config.load_constants()
+        return {role: {"dataset": c[section]["dataset" if role == "home" else "home_dataset"],
+                       "home_points": "behind_cells"}
+                for role, section in (("home", "home"), ("fp8", "fp8"))}
 
     @classmethod
-    def calibrate_constants(cls, home: Home) -> dict:
-        return calibrate.calibrate(home)
+    def calibrate_constants(cls, homes: dict[str, Home]) -> dict:
+        return calibrate.calibrate(homes)
 
 
 def _rung(name: str, enabled: tuple[str, ...]) -> type[Ours]:

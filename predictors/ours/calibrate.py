@@ -1,12 +1,14 @@
-"""Re-derive the fitted constants of ``ours`` from the home GPU's op points, and freeze them.
+"""Re-derive the fitted constants of ``ours`` from the home GPUs' op points, and freeze them.
 
-``python -m leaderboard.calibrate predictor=ours`` builds the home exactly as a leaderboard run
-does (the a100_vidur training split, seed 0, 30 % held out, the points behind its cells) and
-calls ``Ours.calibrate_constants``, which fits each family's few constants by least
-squares on log time over the home's measured op points (GEMMs, prefill and decode attention,
-all-reduce), and rewrites the ``fitted on home`` leaves of conf/ours/constants.yaml. No cell
-step time and no other GPU is read. ``fit_constants`` is the pure part (no file written).
-This module never imports the harness: the harness hands it the home.
+``python -m leaderboard.calibrate predictor=ours`` builds two homes exactly as a leaderboard run
+does (the training split, seed 0, 30 % held out, the points behind its cells): a100_vidur, the
+home of every BF16 constant, and h100_vidur_fp8, the FP8 family's home (the A100 has no FP8).
+``Ours.calibrate_constants`` fits each op family's few constants by least squares on log time
+over the A100 home's measured op points (GEMMs, prefill and decode attention, all-reduce), then
+the two FP8 GEMM constants over the FP8 home's FP8 GEMMs at those, and rewrites the ``fitted on
+home`` leaves of conf/ours/constants.yaml. No cell step time and no other GPU is read.
+``fit_constants`` and ``fit_fp8`` are the pure parts (no file written). This module never
+imports the harness: the harness hands it the homes.
 """
 
 from __future__ import annotations
@@ -119,6 +121,27 @@ def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
     _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
 
 
+def fit_fp8(frames: list[pl.DataFrame], c: dict, home: Home) -> int:
+    """``fp8.gemm_eta`` and ``fp8.quant_floor_s`` over the FP8 GEMMs of ``frames``, with every
+    other constant held; returns how many points it fitted."""
+    g = pl.concat([f.filter(pl.col("dtype") == "fp8").select(
+        *({"sku"} & set(f.columns)), "m", "n", "k", "latency_ms") for f in frames])
+    if g.is_empty():
+        raise ValueError(f"home {home.dataset} holds no FP8 GEMM points to fit fp8.* on")
+
+    def seconds(rows, dev):
+        return ops.gemm(*_columns(rows, ("m", "n", "k")), dev, c, FULL, fp8=True)["seconds"]
+
+    def residual(x):
+        c["fp8"]["gemm_eta"], c["fp8"]["quant_floor_s"] = x
+        return _per_gpu(home, g, c, seconds)
+
+    # An FP8 kernel is no more efficient than the BF16 one at its own peak by more than a
+    # little, and the quantization before it is one or two short kernels (at most 20 us).
+    _fit(residual, [0.7, 2e-6], [0.1, 0.0], [1.2, 2e-5])
+    return len(g)
+
+
 def fit_constants(home: Home, constants: dict) -> dict:
     """The constants with every ``fitted on home`` value re-derived from ``home.ops``."""
     c = copy.deepcopy(constants)
@@ -139,6 +162,7 @@ FITTED_LEAVES = [("clock", "home_f_clk"), ("gemm", "duty_c"), ("gemm", "floor_s"
                  ("attention", "decode_cta_s"), ("collectives", "custom_floor_s"),
                  ("collectives", "custom_eta"), ("collectives", "nccl_step_s"),
                  ("collectives", "nccl_eta"), ("home", "op_rows")]
+FP8_LEAVES = [("fp8", "gemm_eta"), ("fp8", "quant_floor_s"), ("fp8", "op_rows")]
 
 
 def _leaf_lines(node: dict, indent: int) -> list[str]:
@@ -158,11 +182,13 @@ def write(fitted: dict, command: str) -> None:
     raw = yaml.safe_load(config.CONSTANTS_PATH.read_text())
     header = [line for line in config.CONSTANTS_PATH.read_text().splitlines()
               if line.startswith("#")]
-    for section, key in FITTED_LEAVES:
+    where = {leaf: "a100_sxm (a100_vidur train split, home op points)" for leaf in FITTED_LEAVES}
+    where.update({leaf: "h100_sxm (h100_vidur_fp8 train split, its FP8 GEMM points)"
+                  for leaf in FP8_LEAVES})
+    for (section, key), home in where.items():
         value = fitted[section][key]
         raw[section][key] = {"value": float(f"{value:.6g}") if key != "op_rows" else value,
-                             "provenance": f"fitted on home a100_sxm (a100_vidur train split, "
-                                           f"home op points) by `{command}`"}
+                             "provenance": f"fitted on home {home} by `{command}`"}
     config.CONSTANTS_PATH.write_text("\n".join(header + _leaf_lines(raw, 0)) + "\n")
     config.load_constants.cache_clear()
 
@@ -170,12 +196,15 @@ def write(fitted: dict, command: str) -> None:
 COMMAND = "python -m leaderboard.calibrate predictor=ours"
 
 
-def calibrate(home: Home) -> dict[str, float]:
-    """Fit the constants on ``home``, rewrite conf/ours/constants.yaml, return the fitted leaves."""
-    fitted = fit_constants(home, config.load_constants())
+def calibrate(homes: dict[str, Home]) -> dict[str, float]:
+    """Fit the constants on ``homes`` (``home``: every BF16 constant; ``fp8``: the FP8 GEMM
+    ones), rewrite conf/ours/constants.yaml, return the fitted leaves."""
+    fitted = fit_constants(homes["home"], config.load_constants())
+    fitted["fp8"]["op_rows"] = fit_fp8([homes["fp8"].ops[o] for o in GEMM_OPS], fitted,
+                                       homes["fp8"])
     write(fitted, COMMAND)
-    return {f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES}
+    return {f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES + FP8_LEAVES}
 
 
 if __name__ == "__main__":
-    raise SystemExit(f"The calibration needs the home, which the harness builds: run `{COMMAND}`")
+    raise SystemExit(f"The calibration needs the homes, which the harness builds: run `{COMMAND}`")

@@ -16,7 +16,7 @@ from predictors.ours.config import Device
 from predictors.ours.step import FFN_GEMMS, allreduce_bytes, decode_kernel, gemm_shapes, prefill_kernel
 from predictors.steps import Steps
 
-FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_kernel", "eta_mem")
+FACTOR_COLUMNS = ("f_clk", "eta_cl", "eta_act", "eta_duty", "eta_fp8", "eta_kernel", "eta_mem")
 
 
 def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
@@ -31,13 +31,13 @@ def op_rows(model, cell: pl.DataFrame, gpu: GpuSpec) -> list[dict]:
                      ops.gemm(s.tokens, n, k, dev, c, sw, s.fp8)))
     if s.moe_layers[0]:
         share = s.experts_per_gpu()  # this GPU's experts and routed tokens
-        routing = (f"power-law {share['skew'][0]:g} routing" if share["skew"][0] and sw.routing
-                   else "balanced routing")
+        alpha = s.routing_alpha[0]
+        routing = f"power-law {alpha:g} routing" if alpha and sw.routing else "balanced routing"
         rows.append((f"moe tokens={share['tokens'][0]:g} top-{s.topk[0]:.0f} of "
                      f"{share['experts'][0]:g} experts, width {share['width'][0]:.0f}, {routing} "
                      "(one fused-MoE layer, this GPU's share)", 1,
                      ops.fused_moe(share["tokens"], s.topk, share["experts"], s.hidden,
-                                   share["width"], dev, c, sw, s.fp8, share["skew"])))
+                                   share["width"], dev, c, sw, s.fp8, s.routing_alpha)))
     sharded = s.sharded()
     cells, n, q, ctx = prefill_kernel(s)
     if len(cells):

@@ -27,11 +27,15 @@ class Switches:
     attention: bool = True  # attention's own efficiencies, GT-style kernel split
     collectives: bool = True  # all-reduce floors, link efficiency, regimes by topology
     routing: bool = True  # MoE experts' loads under the cell's stated power-law routing
+    fp8: bool = True  # FP8 GEMMs at the FP8 home's kernel efficiency, plus its quantization floor
 
 
 def gemm(m, n, k, dev: Device, c: dict, sw: Switches, fp8=False) -> dict[str, np.ndarray]:
     """One GEMM (m x k) @ (k x n): max(compute, memory) + floor. Where ``fp8`` (per GEMM): FP8
-    inputs (1 byte each) at the FP8 dense peak, the output written in bf16; else all bf16."""
+    inputs (1 byte each) at the FP8 dense peak, the output written in bf16; else all bf16. With
+    the ``fp8`` switch on, an FP8 GEMM's tensor cores run at ``fp8.gemm_eta`` of a BF16 GEMM's
+    efficiency and it pays ``fp8.quant_floor_s`` more floor (the activation's quantization
+    before it), both fitted on the FP8 family's home."""
     g = c["gemm"]
     flops = 2.0 * m * n * k
     in_bytes = np.where(fp8, FP8_BYTES, BF16_BYTES)
@@ -46,14 +50,16 @@ def gemm(m, n, k, dev: Device, c: dict, sw: Switches, fp8=False) -> dict[str, np
     eta_duty = factors.duty_cycle(k, g["duty_c"], g["tile_k"]) if sw.delivery else one
     eta_mem = (factors.l2_memory_efficiency(moved, dev.l2_bytes, c["memory_law"])
                if sw.l2_memory else one)
-    eta_c = f_clk * eta_cl * eta_act * eta_duty
+    eta_fp8 = np.where(fp8, c["fp8"]["gemm_eta"], 1.0) * one if sw.fp8 else one
+    eta_c = f_clk * eta_cl * eta_act * eta_duty * eta_fp8
     compute_s = flops / (peak * eta_c)
     memory_s = moved / (dev.mem_bw * eta_mem)
-    floor_s = g["floor_s"] * dev.floor_scale * one if sw.floors else 0.0 * one
+    quant_s = np.where(fp8, c["fp8"]["quant_floor_s"], 0.0) if sw.fp8 else 0.0
+    floor_s = (g["floor_s"] + quant_s) * dev.floor_scale * one if sw.floors else 0.0 * one
     return {"seconds": np.maximum(compute_s, memory_s) + floor_s, "compute_s": compute_s,
             "memory_s": memory_s, "floor_s": floor_s, "f_clk": f_clk, "eta_cl": eta_cl,
-            "eta_act": eta_act, "eta_duty": eta_duty, "eta_mem": eta_mem, "flops": flops,
-            "bytes": moved}
+            "eta_act": eta_act, "eta_duty": eta_duty, "eta_fp8": eta_fp8, "eta_mem": eta_mem,
+            "flops": flops, "bytes": moved}
 
 
 def prefill_attention(q, ctx, heads, kv_heads, head_dim, dev: Device, c: dict,

@@ -87,7 +87,7 @@ def block_times(s: Steps, dev: Device, c: dict, sw: Switches) -> dict[str, np.nd
         share = {k: v[routed] for k, v in s.experts_per_gpu().items()}
         out["moe"][routed] = ops.fused_moe(
             share["tokens"], s.topk[routed], share["experts"], s.hidden[routed], share["width"],
-            dev, c, sw, s.fp8[routed], share["skew"])["seconds"] * s.moe_layers[routed]
+            dev, c, sw, s.fp8[routed], s.routing_alpha[routed])["seconds"] * s.moe_layers[routed]
     out["attn_prefill"] = prefill_attention_seconds(s, dev, c, sw) * s.layers
     out["attn_decode"] = decode_attention_seconds(s, dev, c, sw) * s.layers
     ar = ops.allreduce(allreduce_bytes(s), s.tp, dev, c, sw)["seconds"]
