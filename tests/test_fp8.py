@@ -121,9 +121,48 @@ def test_ours_refuses_fp8_on_a_gpu_without_an_fp8_peak():
     model = Ours().fit(Home("a100_sxm", gpus["a100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
     with pytest.raises(NotSupported, match="a100_sxm has no fp8_dense_tflops"):
         model.predict(_fp8_cell(), gpus["a100_sxm"])
-    on_h100 = model.predict(_fp8_cell(), gpus["h100_sxm"])
-    bf16 = model.predict(_fp8_cell().with_columns(gemm_dtype=pl.lit("bf16")), gpus["h100_sxm"])
-    assert 0 < on_h100[0] < bf16[0]  # decode GEMMs stream half the weight bytes
+    on_h200 = model.predict(_fp8_cell(), gpus["h200_sxm"])
+    bf16 = model.predict(_fp8_cell().with_columns(gemm_dtype=pl.lit("bf16")), gpus["h200_sxm"])
+    assert 0 < on_h200[0] < bf16[0]  # decode GEMMs stream half the weight bytes
+
+
+def test_ours_never_scores_the_gpu_its_fp8_constants_came_from_as_unseen():
+    """The FP8 constants are fitted on the H100: FP8 cells on an H100 that is not the run's home
+    are refused (BF16 cells there, or the switch off, are not), and a several-GPU home holding
+    FP8 GEMM points is refused rather than refitted as BF16."""
+    gpus = load_gpu_specs()
+    cell = _fp8_cell()
+    model = Ours().fit(Home("a100_sxm", gpus["a100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
+    with pytest.raises(NotSupported, match="fitted on h100_sxm"):
+        model.predict(cell, gpus["h100_sxm"])
+    assert model.predict(cell.with_columns(gemm_dtype=pl.lit("bf16")), gpus["h100_sxm"])[0] > 0
+    off = Ours(fp8=False).fit(Home("a100_sxm", gpus["a100_sxm"], "x",
+                                   pl.DataFrame(schema=CELL_SCHEMA)))
+    assert off.predict(cell, gpus["h100_sxm"])[0] > 0
+    as_home = Ours().fit(Home("h100_sxm", gpus["h100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
+    assert as_home.predict(cell, gpus["h100_sxm"])[0] > 0
+    gemm = pl.DataFrame({"m": [1], "n": [4096], "k": [4096], "dtype": ["fp8"], "latency_ms": [0.01],
+                         "sku": ["h100_sxm"]})
+    two = Home("h100_sxm", gpus["h100_sxm"], "x+y", pl.DataFrame(schema=CELL_SCHEMA),
+               ops={op: gemm for op in ("gemm_qkv", "gemm_o", "gemm_gate_up", "gemm_down",
+                                        "attn_prefill", "attn_decode", "allreduce")},
+               gpus={"h100_sxm": gpus["h100_sxm"], "h200_sxm": gpus["h200_sxm"]})
+    with pytest.raises(NotSupported, match="holds FP8 GEMM points"):
+        Ours().fit(two)
+
+
+def test_ours_fp8_switch_off_prices_an_fp8_gemm_as_before():
+    """With ``fp8`` off, an FP8 GEMM is the BF16 formula at the FP8 peak: the same as with it on
+    at gemm_eta 1 and no quantization floor."""
+    h100 = load_gpu_specs()["h100_sxm"]
+    c = config.load_constants()
+    neutral = {**c, "fp8": {**c["fp8"], "gemm_eta": 1.0, "quant_floor_s": 0.0}}
+    dev = config.Device.of(h100, c)
+    m = np.array([1.0, 64.0, 1024.0, 8192.0])
+    n, k = np.full(4, 6144.0), np.full(4, 4096.0)
+    off = ops.gemm(m, n, k, dev, c, Switches(fp8=False), True)["seconds"]
+    np.testing.assert_array_equal(off, ops.gemm(m, n, k, dev, neutral, Switches(), True)["seconds"])
+    assert (ops.gemm(m, n, k, dev, c, Switches(), True)["seconds"] > off).all()
 
 
 @requires_shared

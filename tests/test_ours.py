@@ -48,6 +48,9 @@ def test_ours_and_every_rung_are_registered_with_their_switches():
     assert [f for f, on in r3.get_params().items() if on] == list(FACTORS[:3])
     assert all(registry.build("ours").get_params().values())
     assert registry.build("ours_r2_waves", {"l2_memory": True}).l2_memory
+    r8, r9 = (registry.build(f"ours_{r}").get_params() for r in ("r8_routing", "r9_fp8"))
+    assert not r8["fp8"] and {f for f in r8 if r8[f] != r9[f]} == {"fp8"}
+    assert not any(registry.build(f"ours_{r}").fp8 for r in LADDER[:-1])
 
 
 def test_every_constant_has_a_provenance():

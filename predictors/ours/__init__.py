@@ -2,8 +2,9 @@
 
 Step time = T_blocks (+ light kernels + LM head + S(N) on wall-clock targets). T_blocks sums
 per-op rooflines, each slowed by named factors (predictors/ours/factors.py) whose constants are
-physical or were fitted once on the home A100's op points and frozen in conf/ours/constants.yaml
-(``python -m leaderboard.calibrate predictor=ours`` re-derives them). ``fit`` reads no rows.
+physical or were fitted once on the home A100's op points (the FP8 GEMM ones on the FP8 family's
+home, the H100) and frozen in conf/ours/constants.yaml (``python -m leaderboard.calibrate
+predictor=ours`` re-derives them). ``fit`` reads no rows.
 
 The ladder ``ours_r0_roofline`` ... ``ours_r9_fp8`` switches the factors on one rung at
 a time; ``ours`` is the last rung plus the wall-clock terms. On ``gpu_block`` targets (the
@@ -86,9 +87,15 @@ class Ours(Predictor):
                 raise NotSupported(f"refitting ours's home constants on home {home.dataset} "
                                    f"({home.points}) needs its points of {', '.join(missing)}; it "
                                    f"holds {', '.join(sorted(home.ops)) or 'none'}")
+            if calibrate.holds_fp8_gemms(home):
+                raise NotSupported(f"home {home.dataset} ({home.points}) holds FP8 GEMM points: "
+                                   "ours refits only its BF16 constants on several homes or "
+                                   "held-out shapes, and its FP8 ones are frozen from one home")
             self.constants_ = calibrate.fit_constants(home, self.constants_)
         self.trained_on_ = "+".join(home.gpus) if len(home.gpus) > 1 else self.constants_["home"]["sku"]
-        self.profiled_rows_ = int(self.constants_["home"]["op_rows"])
+        self.home_gpus_ = tuple(home.gpus)
+        # Every point the constants in use were fitted on: the BF16 home's and the FP8 home's.
+        self.profiled_rows_ = int(self.constants_["home"]["op_rows"] + self.constants_["fp8"]["op_rows"])
         self.host_floor_, self.alpha_ = (0.0, 0.0), 1.0
         wall = home.cells.filter(pl.col("gt_kind") == "wall_clock")
         if self.wall_clock and len(wall) >= 3:
@@ -109,8 +116,13 @@ class Ours(Predictor):
     def components(self, cells: pl.DataFrame, gpu: GpuSpec) -> dict[str, np.ndarray]:
         """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
         dev = self.device(gpu)
-        if dev.fp8_peak_flops is None and "gemm_dtype" in cells.columns and (
-                cells["gemm_dtype"] == "fp8").any():
+        fp8 = "gemm_dtype" in cells.columns and (cells["gemm_dtype"] == "fp8").any()
+        if fp8 and self.fp8 and gpu.sku == self.constants_["fp8"]["home_sku"] \
+                and gpu.sku not in self.home_gpus_:
+            raise NotSupported(f"ours's FP8 constants were fitted on {gpu.sku} "
+                               f"({self.constants_['fp8']['home_dataset']}); scored as unseen here "
+                               "it would be in-sample (run it as the home, or predictor.fp8=false)")
+        if dev.fp8_peak_flops is None and fp8:
             raise NotSupported(f"{gpu.sku} has no fp8_dense_tflops in its spec: ours cannot price "
                                "its FP8 GEMMs (add the datasheet FP8 dense peak)")
         parts = [self._block_components(cells.slice(lo, hi - lo), dev)

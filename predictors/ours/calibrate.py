@@ -121,6 +121,11 @@ def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
     _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
 
 
+def holds_fp8_gemms(home: Home) -> bool:
+    return any("dtype" in home.ops[o].columns and (home.ops[o]["dtype"] == "fp8").any()
+               for o in GEMM_OPS if o in home.ops)
+
+
 def fit_fp8(frames: list[pl.DataFrame], c: dict, home: Home) -> int:
     """``fp8.gemm_eta`` and ``fp8.quant_floor_s`` over the FP8 GEMMs of ``frames``, with every
     other constant held; returns how many points it fitted."""
