@@ -151,6 +151,26 @@ def test_ours_never_scores_the_gpu_its_fp8_constants_came_from_as_unseen():
         Ours().fit(two)
 
 
+def test_ours_never_scores_the_gpu_its_home_constants_came_from_as_unseen():
+    """The frozen BF16 constants are fitted on the A100: with another GPU as the run's home, an
+    A100 target is refused on steps and on op points alike (refitted on another GPU's points,
+    it is scored: tests/test_ours_calibrate.py)."""
+    gpus = load_gpu_specs()
+    bf16 = _fp8_cell().with_columns(gemm_dtype=pl.lit("bf16"))
+    on_h100 = Ours().fit(Home("h100_sxm", gpus["h100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
+    with pytest.raises(NotSupported, match=r"home constants were fitted on a100_sxm \(a100_vidur\)"):
+        on_h100.predict(bf16, gpus["a100_sxm"])
+    point = pl.DataFrame({"op_family": ["gemm"], "phase": ["gemm"], "m": [64], "n": [4096],
+                          "k": [4096], "batch": [None], "q_len": [None], "kv_len": [None],
+                          "num_heads": [None], "num_kv_heads": [None], "head_dim": [None]})
+    with pytest.raises(NotSupported, match="fitted on a100_sxm"):
+        on_h100.predict_ops(point, gpus["a100_sxm"])
+    assert on_h100.predict(bf16, gpus["h200_sxm"])[0] > 0
+    at_home = Ours().fit(Home("a100_sxm", gpus["a100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
+    assert at_home.predict(bf16, gpus["a100_sxm"])[0] > 0
+    assert at_home.predict_ops(point, gpus["a100_sxm"])[0] > 0
+
+
 def test_ours_fp8_switch_off_prices_an_fp8_gemm_as_before():
     """With ``fp8`` off, an FP8 GEMM is the BF16 formula at the FP8 peak: the same as with it on
     at gemm_eta 1 and no quantization floor."""

@@ -174,17 +174,18 @@ def test_a_dense_card_is_not_supported_on_moe_models():
 def test_ours_moe_op_within_its_band_on_the_home(real_store):
     """ours prices the fused-MoE kernel from physics only: on the H100 cells its median
     predicted/measured MoE time per cell lies within x0.8-x1.25 (measured: 1.04)."""
+    from leaderboard.cells.schema import CELL_SCHEMA
+    from leaderboard_core.contract import Home
     from leaderboard_core.specs import load_gpu_specs
     from predictors.ours import Ours
-    from predictors.ours.config import load_constants
 
     cells = _cells(real_store, "h100_vidur_moe")
     lineage = pl.DataFrame(real_store.sql(
         "SELECT cell_id, latency_ms * count FROM cell_lineage WHERE dataset = 'h100_vidur_moe' "
         "AND op = 'moe'"), schema=["cell_id", "ms"], orient="row")
-    model = Ours()
-    model.constants_ = load_constants()
-    predicted = model.predict_by_op(cells.drop("gt_ms"), load_gpu_specs()["h100_sxm"])["moe"]
+    gpus = load_gpu_specs()
+    model = Ours().fit(Home("a100_sxm", gpus["a100_sxm"], "a100_vidur", pl.DataFrame(schema=CELL_SCHEMA)))
+    predicted = model.predict_by_op(cells.drop("gt_ms"), gpus["h100_sxm"])["moe"]
     ratio = pl.DataFrame({"cell_id": cells["cell_id"], "p": predicted}).join(lineage, on="cell_id")
     assert 0.8 < float(np.median(ratio["p"] / ratio["ms"])) < 1.25
 

@@ -8,12 +8,20 @@ import polars as pl
 import pytest
 from test_rooflines import cells as _cells
 
+from leaderboard.cells.schema import CELL_SCHEMA
+from leaderboard_core.contract import Home
 from leaderboard_core.specs import load_gpu_specs
 from predictors.ours import Ours
 from predictors.ours.config import load_constants
 from predictors.ours.factors import power_law_loads
 
 SPAN = {"many_lo": 1.0, "many_hi_share": 0.8, "few_lo": 0.01, "few_hi": 2.0}
+
+
+def _fitted(model: Ours) -> Ours:
+    """``model`` fitted on the default home, the A100 (fit reads no rows)."""
+    a100 = load_gpu_specs()["a100_sxm"]
+    return model.fit(Home("a100_sxm", a100, "a100_vidur", pl.DataFrame(schema=CELL_SCHEMA)))
 
 
 def _quantile_draw(u: float, alpha: float, lo: float, hi: float) -> float:
@@ -58,8 +66,7 @@ def test_ours_reads_fewer_expert_weights_under_skewed_routing():
     h100 = load_gpu_specs()["h100_sxm"]
 
     def moe_ms(frame, **switches):
-        model = Ours(**switches)
-        model.constants_ = load_constants()
+        model = _fitted(Ours(**switches))
         return float(model.predict_by_op(frame, h100)["moe"][0])
 
     balanced = moe_ms(steps)
@@ -103,8 +110,7 @@ def test_spread_experts_under_skewed_routing_are_not_supported():
 
     steps = _cells(("qwen3-30b-a3b", 2, [1] * 16, [512] * 16)).drop("gt_ms").with_columns(
         moe_routing=pl.lit("power_law_1.01"), moe_ep=pl.lit(2))
-    model = Ours()
-    model.constants_ = load_constants()
+    model = _fitted(Ours())
     with pytest.raises(NotSupported, match="heaviest"):
         model.predict(steps, load_gpu_specs()["h100_sxm"])
     with pytest.raises(ValueError, match="neither 'balanced'"):

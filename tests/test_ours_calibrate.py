@@ -108,7 +108,9 @@ def test_allreduce_fit_prices_the_homes_nccl_points_as_simple_only(monkeypatch):
 def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
     """On a held_out_shapes home fit recovers the constants of the points it is given (here
     generated at known values), never the frozen file's; on any other one-GPU home it keeps the
-    file's; without an op it needs, NotSupported names it."""
+    file's; without an op it needs, NotSupported names it. Refitted on another GPU's points
+    (held-out shapes, or several homes without the A100) it scores the A100; reading the frozen
+    A100 constants from another one-GPU home, it refuses to."""
     from leaderboard_core.contract import HELD_OUT_SHAPES, NotSupported
     from predictors.ours import Ours
 
@@ -127,6 +129,24 @@ def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
     assert held_out.profiled_rows_ == sum(len(f) for f in points.values()) + frozen["fp8"]["op_rows"]
     kept = Ours().fit(home(points, "full_grid"))
     assert kept.constants_["gemm"]["duty_c"] == frozen["gemm"]["duty_c"]
+    # Refitted on another GPU's points, no constant in use came from the A100: it is scored.
+    gemm_point = pl.DataFrame({"op_family": ["gemm"], "phase": ["gemm"], "m": [64], "n": [4096],
+                               "k": [4096], "batch": [None], "q_len": [None], "kv_len": [None],
+                               "num_heads": [None], "num_kv_heads": [None], "head_dim": [None]})
+    gpus = load_gpu_specs()
+    elsewhere = Ours().fit(Home(sku="h100_sxm", gpu=gpus["h100_sxm"], dataset="synthetic",
+                                cells=pl.DataFrame({"gt_kind": ["gpu_block"]}), ops=points,
+                                points=HELD_OUT_SHAPES))
+    assert elsewhere.predict_ops(gemm_point, A100)[0] > 0
+    tagged = {op: f.with_columns(sku=pl.lit("h100_sxm")) for op, f in points.items()}
+    two_homes = Ours().fit(Home(sku="h100_sxm", gpu=gpus["h100_sxm"], dataset="synthetic+other",
+                                cells=pl.DataFrame({"gt_kind": ["gpu_block"]}), ops=tagged,
+                                gpus={"h100_sxm": gpus["h100_sxm"], "h200_sxm": gpus["h200_sxm"]}))
+    assert two_homes.predict_ops(gemm_point, A100)[0] > 0
+    with pytest.raises(NotSupported, match="fitted on a100_sxm"):
+        Ours().fit(Home(sku="h100_sxm", gpu=gpus["h100_sxm"], dataset="synthetic",
+                        cells=pl.DataFrame({"gt_kind": ["gpu_block"]}), ops=points)
+                   ).predict_ops(gemm_point, A100)
     with pytest.raises(NotSupported, match="allreduce"):
         Ours().fit(home({k: v for k, v in points.items() if k != "allreduce"}, HELD_OUT_SHAPES))
     with pytest.raises(ValueError, match="home points 'shapes'"):
@@ -146,10 +166,17 @@ def test_fit_fp8_recovers_the_fp8_gemm_leaves_and_reads_only_fp8_points():
     m, n, k = (g[x].to_numpy().astype(float) for x in "mnk")
     fp8 = _timed(g, ops.gemm(m, n, k, dev, truth, calibrate.FULL, fp8=True)["seconds"])
     bf16 = fp8.with_columns(dtype=pl.lit("bfloat16"), latency_ms=pl.col("latency_ms") * 5)
-    home = Home(sku="h100_sxm", gpu=h100, dataset="synthetic_fp8", cells=pl.DataFrame())
+    def home(gemm_qkv: pl.DataFrame) -> Home:
+        return Home(sku="h100_sxm", gpu=h100, dataset="synthetic_fp8", cells=pl.DataFrame(),
+                    ops={"gemm_qkv": gemm_qkv, "gemm_o": bf16, "gemm_gate_up": bf16,
+                         "gemm_down": bf16})
+
     fitted = copy.deepcopy(config.load_constants())
-    assert calibrate.fit_fp8([pl.concat([fp8, bf16])], fitted, home) == len(fp8)
+    assert calibrate.fit_fp8(home(pl.concat([fp8, bf16])), fitted) == len(fp8)
     assert fitted["fp8"]["gemm_eta"] == pytest.approx(0.55, rel=1e-3)
     assert fitted["fp8"]["quant_floor_s"] == pytest.approx(3e-6, rel=1e-3)
     with pytest.raises(ValueError, match="no FP8 GEMM points"):
-        calibrate.fit_fp8([bf16], fitted, home)
+        calibrate.fit_fp8(home(bf16), fitted)
+    with pytest.raises(ValueError, match="no gemm_down points"):
+        calibrate.fit_fp8(Home(sku="h100_sxm", gpu=h100, dataset="synthetic_fp8", cells=pl.DataFrame(),
+                               ops={o: fp8 for o in ("gemm_qkv", "gemm_o", "gemm_gate_up")}), fitted)

@@ -82,18 +82,22 @@ class Ours(Predictor):
         on the home's training steps only (with a home S(N) that is then discarded: each target
         calibrates its own from its deploy reading)."""
         self.constants_ = config.load_constants()
-        if len(home.gpus) > 1 or home.points == HELD_OUT_SHAPES:
+        refit = len(home.gpus) > 1 or home.points == HELD_OUT_SHAPES
+        if refit:
             if missing := sorted(set(calibrate.FITTED_OPS) - set(home.ops)):
                 raise NotSupported(f"refitting ours's home constants on home {home.dataset} "
                                    f"({home.points}) needs its points of {', '.join(missing)}; it "
                                    f"holds {', '.join(sorted(home.ops)) or 'none'}")
-            if calibrate.holds_fp8_gemms(home):
+            if not calibrate.fp8_gemm_points(home).is_empty():
                 raise NotSupported(f"home {home.dataset} ({home.points}) holds FP8 GEMM points: "
                                    "ours refits only its BF16 constants on several homes or "
                                    "held-out shapes, and its FP8 ones are frozen from one home")
             self.constants_ = calibrate.fit_constants(home, self.constants_)
         self.trained_on_ = "+".join(home.gpus) if len(home.gpus) > 1 else self.constants_["home"]["sku"]
         self.home_gpus_ = tuple(home.gpus)
+        # The GPU each frozen set of constants was fitted on (none: refitted on this home).
+        self.frozen_from_ = {"home": None if refit else self.constants_["home"]["sku"],
+                             "fp8": self.constants_["fp8"]["home_sku"]}
         # Every point the constants in use were fitted on: the BF16 home's and the FP8 home's.
         self.profiled_rows_ = int(self.constants_["home"]["op_rows"] + self.constants_["fp8"]["op_rows"])
         self.host_floor_, self.alpha_ = (0.0, 0.0), 1.0
@@ -117,17 +121,26 @@ class Ours(Predictor):
         """Seconds per cell of each term that ``predict`` sums (``explain`` prints them)."""
         dev = self.device(gpu)
         fp8 = "gemm_dtype" in cells.columns and (cells["gemm_dtype"] == "fp8").any()
-        if fp8 and self.fp8 and gpu.sku == self.constants_["fp8"]["home_sku"] \
-                and gpu.sku not in self.home_gpus_:
-            raise NotSupported(f"ours's FP8 constants were fitted on {gpu.sku} "
-                               f"({self.constants_['fp8']['home_dataset']}); scored as unseen here "
-                               "it would be in-sample (run it as the home, or predictor.fp8=false)")
+        self._refuse_in_sample(gpu, ("home", "fp8") if fp8 and self.fp8 else ("home",))
         if dev.fp8_peak_flops is None and fp8:
             raise NotSupported(f"{gpu.sku} has no fp8_dense_tflops in its spec: ours cannot price "
                                "its FP8 GEMMs (add the datasheet FP8 dense peak)")
         parts = [self._block_components(cells.slice(lo, hi - lo), dev)
                  for lo, hi in blocks(cells["num_requests"].to_numpy())]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def _refuse_in_sample(self, gpu: GpuSpec, sections: tuple[str, ...]) -> None:
+        """NotSupported on a GPU that is not this run's home but fitted constants in use
+        (``sections`` of the constants): scored as unseen, it would be scored in-sample."""
+        hit = [s for s in sections if self.frozen_from_[s] == gpu.sku and gpu.sku not in self.home_gpus_]
+        if hit:
+            c = self.constants_
+            what = " and ".join({"home": "home", "fp8": "FP8"}[s] for s in hit)
+            datasets = ", ".join(c[s]["dataset" if s == "home" else "home_dataset"] for s in hit)
+            fixes = ("run it as the home, or predictor.fp8=false" if hit == ["fp8"] else
+                     "run it as the home, or with several homes, on whose points they are refitted")
+            raise NotSupported(f"ours's {what} constants were fitted on {gpu.sku} ({datasets}); "
+                               f"scored as unseen here it would be in-sample ({fixes})")
 
     def _block_components(self, cells: pl.DataFrame, dev: Device) -> dict[str, np.ndarray]:
         """The block terms, then ``light_kernels`` (and, with the wall-clock terms on, the LM
@@ -171,6 +184,7 @@ class Ours(Predictor):
     def predict_ops(self, points: pl.DataFrame, gpu: GpuSpec) -> np.ndarray:
         """One measured kernel per point (``<sku>_ops``): a GEMM, or an attention kernel over
         ``batch`` equal requests, timed by the same op functions a step sums."""
+        self._refuse_in_sample(gpu, ("home",))
         return self.op_seconds(points, self.device(gpu)) * 1e3
 
     def op_seconds(self, points: pl.DataFrame, dev: Device) -> np.ndarray:
@@ -236,9 +250,8 @@ class Ours(Predictor):
     def calibration_homes(cls) -> dict[str, dict[str, str]]:
         # The points behind the training cells: the protocol the frozen constants were fitted under.
         c = config.load_constants()
-        return {role: {"dataset": c[section]["dataset" if role == "home" else "home_dataset"],
-                       "home_points": "behind_cells"}
-                for role, section in (("home", "home"), ("fp8", "fp8"))}
+        return {"home": {"dataset": c["home"]["dataset"], "home_points": "behind_cells"},
+                "fp8": {"dataset": c["fp8"]["home_dataset"], "home_points": "behind_cells"}}
 
     @classmethod
     def calibrate_constants(cls, homes: dict[str, Home]) -> dict:

@@ -121,16 +121,21 @@ def fit_allreduce(a: pl.DataFrame, c: dict, home: Home) -> None:
     _fit(residual, [5e-6, 0.6, 2e-5, 0.6], [0.0, 0.05, 0.0, 0.05], [5e-5, 2.0, 2e-4, 2.0])
 
 
-def holds_fp8_gemms(home: Home) -> bool:
-    return any("dtype" in home.ops[o].columns and (home.ops[o]["dtype"] == "fp8").any()
-               for o in GEMM_OPS if o in home.ops)
+def fp8_gemm_points(home: Home) -> pl.DataFrame:
+    """The home's FP8 GEMM points, every GEMM op's together (empty where it holds none)."""
+    gemms = [home.ops[o] for o in GEMM_OPS if o in home.ops and "dtype" in home.ops[o].columns]
+    frames = [f.filter(pl.col("dtype") == "fp8").select(*({"sku"} & set(f.columns)), "m", "n", "k",
+                                                         "latency_ms") for f in gemms]
+    return pl.concat(frames, how="diagonal") if frames else pl.DataFrame()
 
 
-def fit_fp8(frames: list[pl.DataFrame], c: dict, home: Home) -> int:
-    """``fp8.gemm_eta`` and ``fp8.quant_floor_s`` over the FP8 GEMMs of ``frames``, with every
-    other constant held; returns how many points it fitted."""
-    g = pl.concat([f.filter(pl.col("dtype") == "fp8").select(
-        *({"sku"} & set(f.columns)), "m", "n", "k", "latency_ms") for f in frames])
+def fit_fp8(home: Home, c: dict) -> int:
+    """``fp8.gemm_eta`` and ``fp8.quant_floor_s`` over the home's FP8 GEMMs, with every other
+    constant held; returns how many points it fitted."""
+    if missing := [o for o in GEMM_OPS if o not in home.ops]:
+        raise ValueError(f"home {home.dataset} has no {', '.join(missing)} points: fp8.* is "
+                         "fitted over every GEMM op's FP8 points")
+    g = fp8_gemm_points(home)
     if g.is_empty():
         raise ValueError(f"home {home.dataset} holds no FP8 GEMM points to fit fp8.* on")
 
@@ -205,8 +210,7 @@ def calibrate(homes: dict[str, Home]) -> dict[str, float]:
     """Fit the constants on ``homes`` (``home``: every BF16 constant; ``fp8``: the FP8 GEMM
     ones), rewrite conf/ours/constants.yaml, return the fitted leaves."""
     fitted = fit_constants(homes["home"], config.load_constants())
-    fitted["fp8"]["op_rows"] = fit_fp8([homes["fp8"].ops[o] for o in GEMM_OPS], fitted,
-                                       homes["fp8"])
+    fitted["fp8"]["op_rows"] = fit_fp8(homes["fp8"], fitted)
     write(fitted, COMMAND)
     return {f"{s}.{k}": fitted[s][k] for s, k in FITTED_LEAVES + FP8_LEAVES}
 
