@@ -109,6 +109,11 @@ def test_ours_fp8_switch_slows_the_tensor_cores_and_adds_the_quantization_floor(
     assert 0.3 < c["fp8"]["gemm_eta"] < 1.2 and 0 <= c["fp8"]["quant_floor_s"] < 2e-5
 
 
+# One op-level GEMM point (``<sku>_ops`` rows), for the guards on op-level predictions.
+GEMM_POINT = pl.DataFrame({"op_family": ["gemm"], "phase": ["gemm"], "m": [64], "n": [4096],
+                           "k": [4096], "batch": [None], "q_len": [None], "kv_len": [None],
+                           "num_heads": [None], "num_kv_heads": [None], "head_dim": [None]})
+
 def _fp8_cell() -> pl.DataFrame:
     return derive(pl.DataFrame({"cell_id": ["c"], "model": ["qwen3-8b"], "tp": [1],
                                 "q_lens": [[1] * 8], "ctx_lens": [[512] * 8],
@@ -160,15 +165,12 @@ def test_ours_never_scores_the_gpu_its_home_constants_came_from_as_unseen():
     on_h100 = Ours().fit(Home("h100_sxm", gpus["h100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
     with pytest.raises(NotSupported, match=r"home constants were fitted on a100_sxm \(a100_vidur\)"):
         on_h100.predict(bf16, gpus["a100_sxm"])
-    point = pl.DataFrame({"op_family": ["gemm"], "phase": ["gemm"], "m": [64], "n": [4096],
-                          "k": [4096], "batch": [None], "q_len": [None], "kv_len": [None],
-                          "num_heads": [None], "num_kv_heads": [None], "head_dim": [None]})
     with pytest.raises(NotSupported, match="fitted on a100_sxm"):
-        on_h100.predict_ops(point, gpus["a100_sxm"])
+        on_h100.predict_ops(GEMM_POINT, gpus["a100_sxm"])
     assert on_h100.predict(bf16, gpus["h200_sxm"])[0] > 0
     at_home = Ours().fit(Home("a100_sxm", gpus["a100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))
     assert at_home.predict(bf16, gpus["a100_sxm"])[0] > 0
-    assert at_home.predict_ops(point, gpus["a100_sxm"])[0] > 0
+    assert at_home.predict_ops(GEMM_POINT, gpus["a100_sxm"])[0] > 0
 
 
 def test_ours_fp8_switch_off_prices_an_fp8_gemm_as_before():

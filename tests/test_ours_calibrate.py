@@ -130,9 +130,7 @@ def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
     kept = Ours().fit(home(points, "full_grid"))
     assert kept.constants_["gemm"]["duty_c"] == frozen["gemm"]["duty_c"]
     # Refitted on another GPU's points, no constant in use came from the A100: it is scored.
-    gemm_point = pl.DataFrame({"op_family": ["gemm"], "phase": ["gemm"], "m": [64], "n": [4096],
-                               "k": [4096], "batch": [None], "q_len": [None], "kv_len": [None],
-                               "num_heads": [None], "num_kv_heads": [None], "head_dim": [None]})
+    from test_fp8 import GEMM_POINT as gemm_point
     gpus = load_gpu_specs()
     elsewhere = Ours().fit(Home(sku="h100_sxm", gpu=gpus["h100_sxm"], dataset="synthetic",
                                 cells=pl.DataFrame({"gt_kind": ["gpu_block"]}), ops=points,
