@@ -18,8 +18,23 @@ from leaderboard_core.specs import GpuSpec
 
 
 def write_frame(frame: pl.DataFrame, path: Path) -> None:
+    """``frame`` as Arrow IPC, the same bytes for the same rows: a home bundle's bytes name its
+    predictor cache (``sandbox.predictor_cache``), so a fit is reused only if they repeat. The
+    values under nulls are whatever memory held, so they are rebuilt; strings go in the oldest
+    Arrow layout, one plain buffer per column, with no string-view buffers to lay out."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame.write_ipc(path)
+    with_clean_nulls(frame).write_ipc(path, compat_level=pl.CompatLevel.oldest())
+
+
+def with_clean_nulls(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the same value under every top-level null. Setting the nulls again is not
+    enough: polars keeps what lay under them unless they are filled first."""
+    def clean(column: pl.Expr) -> pl.Expr:
+        filled = column.fill_null(column.drop_nulls().first())
+        return pl.when(column.is_null()).then(None).otherwise(filled)
+
+    return frame.with_columns(clean(pl.col(name)).alias(name)
+                              for name in frame.columns if frame[name].null_count())
 
 
 def read_frame(path: Path) -> pl.DataFrame:

@@ -3,9 +3,11 @@ the predictor cache's snapshot around a reading. ``leaderboard.sandbox`` starts 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import select
 import shutil
 import subprocess
 import uuid
@@ -22,17 +24,46 @@ from leaderboard_core.contract import Home, NotSupported, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 
 UNSNAPSHOTTED = "unsnapshotted"
-MAX_MESSAGE = 1 << 20  # characters; a reading request of every cell fits many times over
+MAX_MESSAGE = 1 << 20  # bytes; a reading request of every cell fits many times over
+# How long the harness waits on a silent child before Python may run a signal handler: Ctrl-C
+# that the kernel hands to another of its threads is only acted on between these waits.
+WAKE_SECONDS = 0.25
 
 
 class ChildGone(RuntimeError):
     """The child closed its pipe while the harness waited for an answer."""
 
 
+class PipeLines:
+    """Lines (bytes, ending in a newline unless cut at ``limit`` or by the end of the pipe) from
+    a pipe's read end, waited for in slices of ``WAKE_SECONDS``, so that Ctrl-C stops the run
+    during a long silent fit."""
+
+    def __init__(self, fd: int):
+        self.fd, self.pending = fd, b""
+
+    def readline(self, limit: int) -> bytes:
+        while b"\n" not in self.pending and len(self.pending) < limit:
+            if not select.select([self.fd], [], [], WAKE_SECONDS)[0]:
+                continue
+            if not (chunk := os.read(self.fd, 1 << 16)):
+                break
+            self.pending += chunk
+        end = self.pending.find(b"\n", 0, limit)
+        cut = end + 1 if end >= 0 else min(limit, len(self.pending))
+        line, self.pending = self.pending[:cut], self.pending[cut:]
+        return line
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class Channel:
-    """This process's side of the child's pipes. Attempts are taken as they arrive, so nothing
-    the child does to its own memory erases them; the child's last message is ``done``. A
-    message longer than ``MAX_MESSAGE`` or not a JSON object ends the conversation."""
+    """This process's side of the child's pipes: ``inbox`` has ``readline(limit)`` returning
+    bytes (``PipeLines``), ``outbox`` is an unbuffered binary writer, so nothing is left to
+    flush into a pipe the child closed. Attempts are taken as they arrive, so nothing the child
+    does to its own memory erases them; the child's last message is ``done``. A message longer
+    than ``MAX_MESSAGE`` or not a JSON object ends the conversation."""
 
     def __init__(self, inbox, outbox):
         self.inbox, self.outbox = inbox, outbox
@@ -43,11 +74,12 @@ class Channel:
     def receive(self) -> dict | None:
         """The next message that is not an attempt; None once the pipe closed, said done or
         broke the protocol."""
-        while line := self.inbox.readline(MAX_MESSAGE):
-            if not line.endswith("\n") and len(line) >= MAX_MESSAGE:
+        while raw := self.inbox.readline(MAX_MESSAGE):
+            if not raw.endswith(b"\n") and len(raw) >= MAX_MESSAGE:
                 self.problems.append(f"the predictor sent a message over {MAX_MESSAGE:,} "
-                                     "characters on the harness pipe")
+                                     "bytes on the harness pipe")
                 return None
+            line = raw.decode(errors="replace")
             try:
                 message = json.loads(line)
             except Exception:  # noqa: BLE001 - ValueError, or RecursionError on deep nesting
@@ -66,9 +98,10 @@ class Channel:
         return None
 
     def send(self, message: dict) -> None:
+        data = (json.dumps(message) + "\n").encode()
         try:
-            self.outbox.write(json.dumps(message) + "\n")
-            self.outbox.flush()
+            while data:  # a raw write to a pipe may take part of it
+                data = data[self.outbox.write(data):]
         except (BrokenPipeError, ValueError):
             pass  # the child is gone; the missing "done" says so
 
@@ -135,8 +168,8 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
     unscored, reasons, before = [], [], None
     snapshot = folder / "cache-before-reading"
     try:
-        with (os.fdopen(from_child_r, errors="replace") as inbox,
-              os.fdopen(to_child_w, "w") as outbox):
+        with (contextlib.closing(PipeLines(from_child_r)) as inbox,
+              os.fdopen(to_child_w, "wb", buffering=0) as outbox):
             channel = Channel(inbox, outbox)
             while (message := channel.receive()) is not None:
                 if message.get("replay") and serve is not None:

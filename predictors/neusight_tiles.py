@@ -118,7 +118,9 @@ class NeuSightTiles(Predictor):
             if family not in FAMILIES or frame.is_empty():
                 continue
             frame = frame.fill_null(0)
-            for sku, rows in (frame.group_by("sku") if "sku" in frame.columns and len(gpus) > 1
+            # in the frame's order: the network's fit depends on the order of its rows
+            for sku, rows in (frame.group_by("sku", maintain_order=True)
+                              if "sku" in frame.columns and len(gpus) > 1
                               else [((home.sku,), frame)]):
                 x, tiled, _ = features(family, rows, _gpu_row(gpus[sku[0]]), self.device_inputs_)
                 y = np.log(rows["latency_ms"].to_numpy() * 1e-3 / tiled)

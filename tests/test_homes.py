@@ -236,3 +236,32 @@ def test_a_home_keeps_which_points_it_holds_through_the_sandbox_and_a_merge(tmp_
     h100 = Home(sku="h100_sxm", gpu=load_gpu_specs()["h100_sxm"], dataset="other",
                 cells=pl.DataFrame({"model": ["m"]}), points="held_out_shapes")
     assert homes.merge([home, h100]).points == "held_out_shapes"
+
+
+def test_a_bundle_frame_is_the_same_bytes_whatever_memory_lay_under_its_nulls(tmp_path):
+    """A home bundle's bytes name its predictor cache: the same rows must give the same file,
+    or a run refits what it had cached (the values under nulls used to vary by process)."""
+    import pyarrow as pa
+
+    from leaderboard.sandbox_bundle import read_frame, write_frame
+
+    def with_under_null(value: float, text: str) -> pl.DataFrame:
+        validity = pa.py_buffer(bytes([0b101]))  # rows 0 and 2 valid, row 1 null
+        data = pa.py_buffer(np.array([1.0, value, 3.0]).tobytes())
+        offsets = np.array([0, 3, 3 + len(text), 6 + len(text)], dtype=np.int32).tobytes()
+        return pl.from_arrow(pa.table({
+            "x": pa.Array.from_buffers(pa.float64(), 3, [validity, data]),
+            "name": pa.Array.from_buffers(pa.string(), 3, [validity, pa.py_buffer(offsets),
+                                                           pa.py_buffer(f"abc{text}def".encode())]),
+            "none": pa.Array.from_buffers(pa.float64(), 3, [pa.py_buffer(bytes([0])), data])}))
+
+    one, other = with_under_null(7.0, "zz"), with_under_null(-9.0, "yyyyyy")
+    assert one.equals(other)
+    one.write_ipc(tmp_path / "raw-one.arrow")
+    other.write_ipc(tmp_path / "raw-other.arrow")
+    # polars writes what lies under a null as it is: without the cleaning the files differ
+    assert (tmp_path / "raw-one.arrow").read_bytes() != (tmp_path / "raw-other.arrow").read_bytes()
+    write_frame(one, tmp_path / "one.arrow")
+    write_frame(other, tmp_path / "other.arrow")
+    assert (tmp_path / "one.arrow").read_bytes() == (tmp_path / "other.arrow").read_bytes()
+    assert read_frame(tmp_path / "one.arrow").equals(one)

@@ -67,3 +67,26 @@ def test_fit_learns_only_trailing_underscore_state_and_refuses_fp8():
                           "gemm_dtype": ["fp8"], "gt_kind": ["gpu_block"]})
     with pytest.raises(NotSupported, match="BF16 GEMMs only"):
         fitted.predict(cells, load_gpu_specs()["h100_sxm"])
+
+
+@pytest.mark.parametrize("first", ["a100_sxm", "h100_sxm"])
+def test_a_several_gpu_home_trains_in_its_rows_order(first, monkeypatch):
+    # The network's fit depends on the order of its training rows; grouped in hash order, a
+    # several-GPU home's rows came in an order that changed between processes, and so did the
+    # rows it scored.
+    import predictors.neusight_tiles as module
+
+    specs = load_gpu_specs()
+    order = [first, *({"a100_sxm", "h100_sxm"} - {first})]
+    grid = _grid_home(law=2.0).ops["gemm_qkv"]
+    frame = pl.concat([grid.with_columns(sku=pl.lit(sku)) for sku in order])
+    home = Home(sku=order[0], gpu=specs[order[0]], dataset="grid", cells=pl.DataFrame(),
+                ops={"gemm_qkv": frame}, gpus={sku: specs[sku] for sku in order})
+    seen, features_of = [], module.features
+    by_sms = {float(specs[sku]["sm_count"]): sku for sku in order}
+    monkeypatch.setattr(module, "features", lambda family, rows, gpu, *rest: (
+        seen.append(by_sms[gpu["sms"]]), features_of(family, rows, gpu, *rest))[1])
+    for _ in range(8):  # hash order changes from call to call: one fit could pass by chance
+        seen.clear()
+        NeuSightTiles(hidden=4).fit(home)
+        assert seen == order

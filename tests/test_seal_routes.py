@@ -357,7 +357,7 @@ def test_child_outputs_that_would_hang_or_exhaust_the_harness_are_refused(tmp_pa
         child_files.load_array(tmp_path / "huge.npy")
     assert child_files.read_file(tmp_path / "missing") is None
     import io
-    channel = sandbox_talk.Channel(io.StringIO("[" * 200_000 + "\n"), io.StringIO())
+    channel = sandbox_talk.Channel(io.BytesIO(b"[" * 200_000 + b"\n"), io.BytesIO())
     assert channel.receive() is None and "malformed" in channel.problems[0]
 
 
