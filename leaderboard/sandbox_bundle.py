@@ -20,8 +20,9 @@ from leaderboard_core.specs import GpuSpec
 def write_frame(frame: pl.DataFrame, path: Path) -> None:
     """``frame`` as Arrow IPC, the same bytes for the same rows: a home bundle's bytes name its
     predictor cache (``sandbox.predictor_cache``), so a fit is reused only if they repeat. The
-    values under nulls are whatever memory held, so they are rebuilt; strings go in the oldest
-    Arrow layout, one plain buffer per column, with no string-view buffers to lay out."""
+    values under top-level nulls are whatever memory held, so they are rebuilt (the frames here
+    hold no null inside a list); strings go in the oldest Arrow layout, one plain buffer per
+    column, with no string-view buffers to lay out."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with_clean_nulls(frame).write_ipc(path, compat_level=pl.CompatLevel.oldest())
 

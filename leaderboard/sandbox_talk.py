@@ -40,18 +40,20 @@ class PipeLines:
     during a long silent fit."""
 
     def __init__(self, fd: int):
-        self.fd, self.pending = fd, b""
+        self.fd, self.pending = fd, bytearray()
+        self.ready = select.poll()  # not select.select, which refuses descriptors from 1024 on
+        self.ready.register(fd, select.POLLIN)
 
     def readline(self, limit: int) -> bytes:
-        while b"\n" not in self.pending and len(self.pending) < limit:
-            if not select.select([self.fd], [], [], WAKE_SECONDS)[0]:
+        while (end := self.pending.find(b"\n", 0, limit)) < 0 and len(self.pending) < limit:
+            if not self.ready.poll(WAKE_SECONDS * 1000):
                 continue
             if not (chunk := os.read(self.fd, 1 << 16)):
                 break
             self.pending += chunk
-        end = self.pending.find(b"\n", 0, limit)
         cut = end + 1 if end >= 0 else min(limit, len(self.pending))
-        line, self.pending = self.pending[:cut], self.pending[cut:]
+        line = bytes(self.pending[:cut])
+        del self.pending[:cut]
         return line
 
     def close(self) -> None:
@@ -98,7 +100,7 @@ class Channel:
         return None
 
     def send(self, message: dict) -> None:
-        data = (json.dumps(message) + "\n").encode()
+        data = memoryview((json.dumps(message) + "\n").encode())
         try:
             while data:  # a raw write to a pipe may take part of it
                 data = data[self.outbox.write(data):]
