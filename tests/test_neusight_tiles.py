@@ -84,8 +84,12 @@ def test_a_several_gpu_home_trains_in_its_rows_order(first, monkeypatch):
                 ops={"gemm_qkv": frame}, gpus={sku: specs[sku] for sku in order})
     seen, features_of = [], module.features
     by_sms = {float(specs[sku]["sm_count"]): sku for sku in order}
-    monkeypatch.setattr(module, "features", lambda family, rows, gpu, *rest: (
-        seen.append(by_sms[gpu["sms"]]), features_of(family, rows, gpu, *rest))[1])
+
+    def noting_the_gpu(family, rows, gpu, *rest):
+        seen.append(by_sms[gpu["sms"]])
+        return features_of(family, rows, gpu, *rest)
+
+    monkeypatch.setattr(module, "features", noting_the_gpu)
     for _ in range(8):  # hash order changes from call to call: one fit could pass by chance
         seen.clear()
         NeuSightTiles(hidden=4).fit(home)
