@@ -72,8 +72,8 @@ def test_fit_learns_only_trailing_underscore_state_and_refuses_fp8():
 @pytest.mark.parametrize("first", ["a100_sxm", "h100_sxm"])
 def test_a_several_gpu_home_trains_in_its_rows_order(first, monkeypatch):
     # The network's fit depends on the order of its training rows; grouped in hash order, a
-    # several-GPU home's rows came in an order that changed between processes, and so did the
-    # rows it scored.
+    # several-GPU home's rows came in an order that changed from call to call, and so did the
+    # numbers it scored.
     import predictors.neusight_tiles as module
 
     specs = load_gpu_specs()
