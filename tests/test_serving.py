@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest.base import IngestContext
 from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
-from leaderboard.serving.replay import closed_loop, recorded_arrivals
+from leaderboard.serving.replay import closed_loop, recorded_arrivals, step_cells, step_times
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
 from leaderboard.sources import SourceFile
 from leaderboard_core.specs import load_gpu_specs, load_models, model_by_alias
@@ -46,6 +46,34 @@ def test_two_request_toy_load_matches_the_hand_computation():
     np.testing.assert_allclose(c.arrival, [0.0, 22.0])
     np.testing.assert_allclose(c.ttft, [20.0, 20.0])
     np.testing.assert_allclose(c.tpot, [1.0, 1.0])
+
+
+def test_a_step_shape_seen_before_is_priced_once_and_timed_the_same():
+    """Steps with the same (new, cached) tokens request by request are one cell to the
+    predictor; a step with the same tokens in another order, or another context, is not."""
+    log = StepLog()
+    for req, q, ctx in [([0, 1], [8, 1], [0, 5]), ([0, 1], [1, 1], [8, 6]),
+                        ([2, 3], [8, 1], [0, 5]),  # step 0's shape, other requests
+                        ([1, 0], [1, 8], [5, 0]),  # step 0's tokens in the other order
+                        ([2, 3], [1, 1], [8, 6]),  # step 1's shape
+                        ([2, 3], [1, 1], [9, 7]), ([2], [1], [9])]:  # step 1's tokens, later
+        log.add(req, q, ctx)
+    arrays = log.arrays()
+    seen: list[int] = []
+
+    def tokens_and_context(cells: pl.DataFrame) -> np.ndarray:
+        seen.append(len(cells))
+        q, ctx = cells["q_lens"].to_list(), cells["ctx_lens"].to_list()
+        # a price that depends on the order, so a wrong match would show
+        return np.array([sum((i + 1) * (a + 0.01 * b) for i, (a, b) in enumerate(zip(x, y, strict=True)))
+                         for x, y in zip(q, ctx, strict=True)])
+
+    every_step = tokens_and_context(step_cells(arrays, "llama-3.1-8b", 1))
+    seen.clear()
+    np.testing.assert_allclose(step_times(arrays, "llama-3.1-8b", 1, tokens_and_context),
+                               every_step)
+    assert seen == [5]  # seven steps, five shapes
+    assert every_step[3] != every_step[0]
 
 
 def test_a_staggered_closed_loop_matches_the_hand_computation():
@@ -86,6 +114,23 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     h2 = host["base_ms"] + 2 * host["per_request_ms"]
     np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0 + h2, 2.0 + h2, 5.0 + h2])
     assert np.isnan(service[0])  # closed loops have no recorded arrivals
+    # a timer whose steps already hold the host time (fitted on wall-clock steps) gets none
+    ttft, tpot, _, steady = predict_targets(
+        target, load_models(), load_gpu_specs()["h100_sxm"],
+        lambda cells: cells["total_tokens"].to_numpy().astype(np.float64), host_time=False)
+    np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0, 2.0, 5.0])
+
+
+@pytest.mark.parametrize("kinds, holds", [(["wall_clock"] * 2, True),
+                                          (["wall_clock", "gpu_block"], False),
+                                          (["gpu_block"], False), ([], False)])
+def test_only_a_home_of_wall_clock_steps_holds_the_host_time(kinds, holds):
+    from leaderboard.serving.scoring import steps_hold_host_time
+    from leaderboard_core.contract import Home
+
+    gpu = load_gpu_specs()["a100_sxm"]
+    home = Home("a100_sxm", gpu, "home", pl.DataFrame({"gt_kind": kinds}, schema={"gt_kind": pl.String}))
+    assert steps_hold_host_time(home) is holds
 
 
 def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():

@@ -87,6 +87,32 @@ def step_cells(log: dict[str, np.ndarray], model: str, tp: int, gemm_dtype: str 
     return cells.select(typed_columns(cells.columns, GROUND_TRUTH_COLUMNS))
 
 
+def step_times(log: dict[str, np.ndarray], model: str, tp: int, timer: StepTimer,
+               gemm_dtype: str = "bf16") -> np.ndarray:
+    """Predicted ms per step of ``log``. Steps that schedule the same new and cached tokens,
+    request by request in the same order, are one cell to the predictor and are priced once: a
+    closed loop's later waves repeat the steps of the earlier ones."""
+    step, q, ctx = log["step"], log["q"], log["ctx"]
+    n = int(step.max()) + 1 if len(step) else 0
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(step, minlength=n))])
+    shape_of: dict[tuple[bytes, bytes], int] = {}
+    first_steps: list[int] = []  # the first step of each distinct shape, in step order
+    inverse = np.empty(n, np.int64)
+    for i in range(n):
+        a, b = offsets[i], offsets[i + 1]
+        key = (q[a:b].tobytes(), ctx[a:b].tobytes())
+        if key not in shape_of:
+            shape_of[key] = len(first_steps)
+            first_steps.append(i)
+        inverse[i] = shape_of[key]
+    unique = np.asarray(first_steps, np.int64)
+    keep = np.isin(step, unique)
+    renumber = np.full(n, -1, np.int64)
+    renumber[unique] = np.arange(len(unique))
+    shapes = {"step": renumber[step[keep]], "q": q[keep], "ctx": ctx[keep]}
+    return timer(step_cells(shapes, model, tp, gemm_dtype))[inverse]
+
+
 def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
            n: int, step_start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """First-token time (end of the step finishing the prompt), last-token time and the start
@@ -143,7 +169,7 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
                 engine.arrive(sent)
                 sent += 1
     arrays = log.arrays()
-    step_end = np.cumsum(timer(step_cells(arrays, model, tp, gemm_dtype)))
+    step_end = np.cumsum(step_times(arrays, model, tp, timer, gemm_dtype))
     start_ms = np.concatenate([[0.0], step_end])
     first, last, scheduled = _times(arrays, step_end, prompt, requests, start_ms[:-1])
     return Timeline(start_ms[arrival_step], first, last, output, scheduled)
@@ -169,7 +195,7 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
         while ahead.busy and log.steps < LOOKAHEAD_STEPS:
             ahead.step(log, LOOKAHEAD_STEPS - log.steps)
         arrays = log.arrays()
-        ends = now + np.cumsum(timer(step_cells(arrays, model, tp, gemm_dtype)))
+        ends = now + np.cumsum(step_times(arrays, model, tp, timer, gemm_dtype))
         starts = np.concatenate([[now], ends[:-1]])
         next_arrival = arrival_ms[order[nxt]] if nxt < n else np.inf
         keep = int((starts < next_arrival).sum())
