@@ -19,7 +19,7 @@ import polars as pl
 from leaderboard import child_files, seal_walls
 from leaderboard.readings import ReadingRefused
 from leaderboard.sandbox_bundle import write_frame, write_reading
-from leaderboard.serving.scoring import replay_priced, steps_hold_host_time
+from leaderboard.serving.scoring import replay_priced
 from leaderboard_core.contract import Home, NotSupported, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 
@@ -141,8 +141,7 @@ def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: 
         return ms, seconds
 
     try:
-        served["pred"] = np.stack(replay_priced(blind, home.models, gpu, price, served,
-                                                 not steps_hold_host_time(home)))
+        served["pred"] = np.stack(replay_priced(blind, home.models, gpu, price, served))
     except NotSupported as exc:
         served["not_supported"] = str(exc)
         served["invalid_reasons"] = [f"NotSupported: {exc}"]

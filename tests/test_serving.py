@@ -74,6 +74,9 @@ def test_a_step_shape_seen_before_is_priced_once_and_timed_the_same():
                                every_step)
     assert seen == [5]  # seven steps, five shapes
     assert every_step[3] != every_step[0]
+    gap = {k: v[arrays["step"] != 2] for k, v in arrays.items()}  # step 2 holds no request
+    with pytest.raises(ValueError, match="step 2 of the log schedules no request"):
+        step_times(gap, "llama-3.1-8b", 1, tokens_and_context)
 
 
 def test_a_staggered_closed_loop_matches_the_hand_computation():
@@ -114,23 +117,6 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     h2 = host["base_ms"] + 2 * host["per_request_ms"]
     np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0 + h2, 2.0 + h2, 5.0 + h2])
     assert np.isnan(service[0])  # closed loops have no recorded arrivals
-    # a timer whose steps already hold the host time (fitted on wall-clock steps) gets none
-    ttft, tpot, _, steady = predict_targets(
-        target, load_models(), load_gpu_specs()["h100_sxm"],
-        lambda cells: cells["total_tokens"].to_numpy().astype(np.float64), host_time=False)
-    np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0, 2.0, 5.0])
-
-
-@pytest.mark.parametrize("kinds, holds", [(["wall_clock"] * 2, True),
-                                          (["wall_clock", "gpu_block"], False),
-                                          (["gpu_block"], False), ([], False)])
-def test_only_a_home_of_wall_clock_steps_holds_the_host_time(kinds, holds):
-    from leaderboard.serving.scoring import steps_hold_host_time
-    from leaderboard_core.contract import Home
-
-    gpu = load_gpu_specs()["a100_sxm"]
-    home = Home("a100_sxm", gpu, "home", pl.DataFrame({"gt_kind": kinds}, schema={"gt_kind": pl.String}))
-    assert steps_hold_host_time(home) is holds
 
 
 def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():

@@ -94,7 +94,10 @@ def step_times(log: dict[str, np.ndarray], model: str, tp: int, timer: StepTimer
     closed loop's later waves repeat the steps of the earlier ones."""
     step, q, ctx = log["step"], log["q"], log["ctx"]
     n = int(step.max()) + 1 if len(step) else 0
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(step, minlength=n))])
+    counts = np.bincount(step, minlength=n)
+    if (counts == 0).any():  # step_cells numbers cells by their entries' steps
+        raise ValueError(f"step {int(np.argmin(counts))} of the log schedules no request")
+    offsets = np.concatenate([[0], np.cumsum(counts)])
     shape_of: dict[tuple[bytes, bytes], int] = {}
     first_steps: list[int] = []  # the first step of each distinct shape, in step order
     inverse = np.empty(n, np.int64)

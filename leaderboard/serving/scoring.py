@@ -21,7 +21,6 @@ import polars as pl
 
 from leaderboard import families
 from leaderboard.serving.simulate import predict_targets
-from leaderboard_core.contract import Home
 
 # What the replay predicts, in predict_targets' order.
 METRICS = ("ttft", "tpot", "service", "ttft_steady")
@@ -40,20 +39,12 @@ def phases_of(dataset: str) -> tuple[str, ...]:
     return families.of(dataset).phases
 
 
-def steps_hold_host_time(home: Home) -> bool:
-    """Whether what a predictor learns from ``home`` already holds the engine's host time: its
-    steps are measured wall clock (the splitwise sets), not sums of GPU kernels."""
-    kinds = home.cells["gt_kind"] if "gt_kind" in home.cells.columns else pl.Series([], pl.String)
-    return len(kinds) > 0 and bool((kinds == "wall_clock").all())
-
-
-def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict,
-                  host_time: bool = True) -> tuple[np.ndarray, ...]:
+def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
+           ) -> tuple[np.ndarray, ...]:
     """Predicted TTFT, TPOT, service time and steady-state TTFT per target (``METRICS``). The
     replay (scheduling, timing) runs here, in the harness; ``price`` asks the predictor's
     sandboxed child for the time of each step it schedules, and nothing else. ``facts`` gains
-    ``predict_seconds`` (the child's) and ``steps`` (the distinct steps priced). ``host_time``:
-    add the backends' host time to each step (``predict_targets``)."""
+    ``predict_seconds`` (the child's) and ``steps``."""
     facts.update(predict_seconds=0.0, steps=0)
 
     def timer(cells: pl.DataFrame) -> np.ndarray:
@@ -67,7 +58,7 @@ def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: 
                              "predictions are not finite and positive")
         return ms
 
-    return predict_targets(targets, models, gpu, timer, host_time=host_time)
+    return predict_targets(targets, models, gpu, timer)
 
 
 def prediction_rows(targets: pl.DataFrame, predicted: dict[str, np.ndarray]) -> pl.DataFrame:

@@ -86,13 +86,10 @@ def with_expert_placement(timer: StepTimer, moe_ep: int | None) -> StepTimer:
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
-                    progress=None, host_time: bool = True
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                    progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Predicted TTFT, TPOT, service time and steady-state TTFT (ms) per target row, in the
     rows' order (service time, first token minus first scheduled, for recorded arrivals only;
-    steady-state TTFT, the closed loop's other bound, for closed loops only). ``host_time``:
-    add each backend's host time to every step; off where ``timer`` already counts it (a
-    predictor fitted on wall-clock steps)."""
+    steady-state TTFT, the closed loop's other bound, for closed loops only)."""
     ttft, tpot, service, steady = (np.full(len(targets), np.nan) for _ in range(4))
     indexed = targets.with_row_index("_i")
     sim = load_conf()["simulation"]
@@ -104,8 +101,8 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"],
                             closed)
         rows = group["_i"].to_numpy()
-        timed = with_expert_placement(with_host_time(timer, first["backend"]) if host_time
-                                      else timer, first.get("moe_ep"))
+        timed = with_expert_placement(with_host_time(timer, first["backend"]),
+                                      first.get("moe_ep"))
         if closed:
             c = first["concurrency"]
             loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
