@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import polars as pl
 import probe_predictors
@@ -494,8 +496,8 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
 
 def test_the_bracket_counts_measured_ttfts_between_lockstep_and_steady_state():
     """Three closed-loop targets with both bounds (lockstep 8, steady 5 ms): measured 6 lies
-    between them, 9 above, 4 below: one in three. A target without its steady row is not
-    counted."""
+    between them, 9 above, 4 below: one in three, off the bracket by 0, 1/9 and 1/4 of the
+    measured. A target without its steady row is not counted."""
     from leaderboard.serving.report_oracle import inside_bracket
 
     rows = pl.DataFrame({
@@ -503,12 +505,47 @@ def test_the_bracket_counts_measured_ttfts_between_lockstep_and_steady_state():
         "phase": ["ttft"] * 3 + ["ttft_steady"] * 3 + ["ttft"],
         "gt_ms": [6.0, 9.0, 4.0, 6.0, 9.0, 4.0, 6.0],
         "pred_ms": [8.0, 8.0, 8.0, 5.0, 5.0, 5.0, 8.0]})
-    n, share = inside_bracket(rows)["h200_silicon_fp8"]
+    n, share, off = inside_bracket(rows)["h200_silicon_fp8"]
     assert n == 3 and share == pytest.approx(100 / 3)
+    assert off == pytest.approx(100 * (0 + 1 / 9 + 1 / 4) / 3)
     # the bracket is the interval either way round
     flipped = rows.with_columns(pred_ms=pl.when(pl.col("phase") == "ttft").then(5.0).otherwise(8.0))
-    assert inside_bracket(flipped)["h200_silicon_fp8"] == (3, pytest.approx(100 / 3))
+    assert inside_bracket(flipped)["h200_silicon_fp8"] == (3, pytest.approx(100 / 3),
+                                                           pytest.approx(off))
     assert inside_bracket(rows.filter(pl.col("phase") == "ttft")) == {}
+
+
+def test_the_closed_loop_lengths_table_shows_each_length_and_the_best_per_set(tmp_path):
+    """Two sets, lengths (4, 0) (4, 2) (10, 0) (10, 2): a length the benchmark did not replay
+    shows as a dash; the best length per set is the lowest TTFT MAPE over every backend
+    together, the shorter loop on a tie, and is within the goal only at 12 % or less."""
+    from leaderboard.serving.report_oracle import closed_loop_lengths
+
+    def row(dataset, backend, waves, dropped, ttft, tpot=5.0, n=3):
+        return {"dataset": dataset, "backend": backend, "waves": waves, "dropped": dropped,
+                "n": n, "ttft_mape": ttft, "tpot_mape": tpot}
+
+    bench = {"waves": [4, 10], "dropped": [0, 2], "seconds": 1.0, "code_version": "abc",
+             "date": "2026-12-03", "rows": [
+                 row("b_set", "all", 4, 0, 30.0), row("b_set", "all", 10, 0, 11.0),
+                 row("b_set", "all", 10, 2, 11.0), row("b_set", "vllm", 10, 0, 11.0, n=2),
+                 row("a_set", "all", 4, 0, 50.0), row("a_set", "all", 4, 2, 40.0, 9.0),
+                 row("a_set", "all", 10, 0, 45.0), row("a_set", "all", 10, 2, 41.0)]}
+    path = tmp_path / "waves.json"
+    assert "No closed-loop length benchmark" in closed_loop_lengths(path)[0]
+    path.write_text(json.dumps(bench))
+    lines = closed_loop_lengths(path)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines
+            if line.startswith("| ") and not line.startswith(("| dataset", "| ---"))]
+    assert [r[:3] for r in rows] == [["a_set", "all", "3"], ["b_set", "all", "3"],
+                                     ["b_set", "vllm", "2"]]
+    assert rows[1][3:] == ["30.0 / 5.0", "—", "11.0 / 5.0", "11.0 / 5.0"]
+    assert rows[2][3:] == ["—", "—", "11.0 / 5.0", "—"]
+    best = [line for line in lines if line.startswith("- ")]
+    assert best == ["- `a_set`: at best 40.0 % TTFT, 9.0 % TPOT (4 waves, first 2 dropped), "
+                    "outside the 12 % TTFT goal.",
+                    "- `b_set`: at best 11.0 % TTFT, 5.0 % TPOT (10 waves), within the 12 % "
+                    "TTFT goal."]
 
 
 @pytest.mark.slow

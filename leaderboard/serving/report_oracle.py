@@ -4,6 +4,7 @@ and what, measured, keeps the oracle from the replay's goal."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,21 +12,31 @@ import polars as pl
 
 from leaderboard import families, report_leaderboard, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
+from leaderboard.serving.simulate import load_conf
+from leaderboard_core import paths
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
+WAVES_JSON = paths.REPO_ROOT / "benchmarks" / "closed_loop_waves.json"
 
-def inside_bracket(predictions: pl.DataFrame) -> dict[str, tuple[int, float]]:
-    """Per dataset: the closed-loop targets with both bounds, and the share (%) whose measured
-    TTFT lies between the lockstep TTFT and the steady-state one."""
+
+def inside_bracket(predictions: pl.DataFrame) -> dict[str, tuple[int, float, float]]:
+    """Per dataset: the closed-loop targets with both bounds, the share (%) whose measured
+    TTFT lies between the lockstep TTFT and the steady-state one, and the mean distance (% of
+    the measured TTFT) from the measured TTFT to the bracket, 0 inside it: the error left if the
+    clients' unknown drift were granted."""
     ends = (predictions.filter(pl.col("phase").is_in(["ttft", "ttft_steady"]))
             .pivot("phase", index=["dataset", "workload_id", "gt_ms"], values="pred_ms")
             .drop_nulls())
     if "ttft_steady" not in ends.columns:
         return {}
-    inside = ends.with_columns(inside=pl.col("gt_ms").is_between(
-        pl.min_horizontal("ttft", "ttft_steady"), pl.max_horizontal("ttft", "ttft_steady")))
-    return {d: (len(g), 100 * float(g["inside"].mean()))
-            for (d,), g in inside.group_by("dataset")}
+    low = pl.min_horizontal("ttft", "ttft_steady")
+    high = pl.max_horizontal("ttft", "ttft_steady")
+    outside = ends.with_columns(
+        inside=pl.col("gt_ms").is_between(low, high),
+        off=pl.max_horizontal(low - pl.col("gt_ms"), pl.col("gt_ms") - high, pl.lit(0.0))
+        / pl.col("gt_ms") * 100)
+    return {d: (len(g), 100 * float(g["inside"].mean()), float(g["off"].mean()))
+            for (d,), g in outside.group_by("dataset")}
 
 
 def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]:
@@ -47,21 +58,26 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
     bracket = inside_bracket(mine)
     lines += table(["dataset", "n loads", "TTFT MAPE %", "TTFT median %", "TTFT bias %",
                     "TPOT MAPE %", "TPOT median %", "TPOT bias %", "steady TTFT MAPE %",
-                    "steady TTFT bias %", "measured TTFT inside the bracket"], [
+                    "steady TTFT bias %", "measured TTFT inside the bracket",
+                    "TTFT off the bracket %"], [
         [r["dataset"], f"{phase_stat(r, 'ttft', 'n'):,}",
          *(fmt(phase_stat(r, m, s)) for m in ("ttft", "tpot") for s in ("mape", "median_ape", "bias")),
          fmt(phase_stat(r, "ttft_steady", "mape")), fmt(phase_stat(r, "ttft_steady", "bias")),
          f"{bracket[r['dataset']][1]:.0f} % of {bracket[r['dataset']][0]}"
-         if r["dataset"] in bracket else "—"]
+         if r["dataset"] in bracket else "—",
+         fmt(bracket[r["dataset"]][2]) if r["dataset"] in bracket else "—"]
         for r in oracle.sort("dataset").iter_rows(named=True)])
     lines += ["The TTFT columns replay a closed loop whose clients start together and never part "
               "(`lockstep`, the headline); the steady TTFT columns its steady state (clients "
               "staggered over one request's decode, the first wave dropped). A benchmark's "
               "clients drift apart, so a measured TTFT should lie between the two: the last "
-              "column counts how often it does. Above the bracket lies time outside the "
-              "steps (the frontend's queueing, tokenization, HTTP) or an engine slower than its "
-              "kernel tables; below it, a replay slower than the engine (its limits or its "
-              "kernels).", ""]
+              "column but one counts how often it does. Above the bracket lies time outside "
+              "the steps (the frontend's queueing, tokenization, HTTP) or an engine slower than "
+              "its kernel tables; below it, a replay slower than the engine (its limits or its "
+              "kernels). TTFT off the bracket: the mean distance from the measured TTFT to the "
+              "nearer end of the bracket, in % of the measured, 0 inside it: the oracle's TTFT "
+              "error left if how far the clients drifted apart, which no record states, were "
+              "granted.", ""]
     if mine.is_empty():
         return lines
     cube = (mine.group_by("dataset", "backend", "isl", "concurrency", "phase")
@@ -132,6 +148,64 @@ def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
                   if not (mape := group.filter(phase=m)["signed_pct"].abs().mean()) <= goal]
         lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")]
     return lines + [""]
+
+
+def closed_loop_table(bench: dict) -> list[str]:
+    """The oracle's TTFT / TPOT MAPE per serving set and backend, for each closed-loop length
+    ``benchmarks/closed_loop_waves.py`` replayed (the script prints it too)."""
+    combos = [(w, d) for w in bench["waves"] for d in bench["dropped"]]
+    cells = {(r["dataset"], r["backend"], r["waves"], r["dropped"]): r for r in bench["rows"]}
+    counts = {(r["dataset"], r["backend"]): r["n"] for r in bench["rows"]}
+    keys = sorted(counts, key=lambda k: (k[0], k[1] != "all", k[1]))
+    body = [[dataset, backend, str(counts[(dataset, backend)]),
+             *(f"{fmt(c['ttft_mape'])} / {fmt(c['tpot_mape'])}"
+               if (c := cells.get((dataset, backend, w, d))) else "—" for w, d in combos)]
+            for dataset, backend in keys]
+    return table(["dataset", "backend", "n",
+                  *(_length(w, d) for w, d in combos)],
+                 body, "llr" + "r" * len(combos))
+
+
+def _length(waves: int, dropped: int) -> str:
+    return f"{waves} waves" + (f", first {dropped} dropped" if dropped else "")
+
+
+def _best_lengths(bench: dict) -> list[str]:
+    """Per serving set (every backend together), the length with the lowest TTFT MAPE, and
+    whether it meets the goal."""
+    best: dict[str, dict] = {}
+    for r in bench["rows"]:
+        # the first of equal lengths (to rounding) is the shorter loop, the rows' order
+        if r["backend"] == "all" and (r["dataset"] not in best
+                                      or r["ttft_mape"] < best[r["dataset"]]["ttft_mape"] - 1e-9):
+            best[r["dataset"]] = r
+    return [f"- `{d}`: at best {fmt(r['ttft_mape'])} % TTFT, {fmt(r['tpot_mape'])} % TPOT "
+            f"({_length(r['waves'], r['dropped'])}), "
+            f"{'within' if r['ttft_mape'] <= TARGETS['ttft'] else 'outside'} the "
+            f"{TARGETS['ttft']:.0f} % TTFT goal." for d, r in sorted(best.items())]
+
+
+def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
+    """Whether the closed loop's length (requests sent, warm-up left out) is what keeps the
+    oracle from its goal, from ``benchmarks/closed_loop_waves.py``'s JSON."""
+    shown = path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path
+    if not path.exists():
+        return [f"No closed-loop length benchmark at `{shown}` yet (`python "
+                "benchmarks/closed_loop_waves.py --json benchmarks/closed_loop_waves.json`).", ""]
+    bench = json.loads(path.read_text())
+    dropped = " or ".join(str(d) for d in bench["dropped"] if d)
+    return [f"How long a loop the replay runs (`python benchmarks/closed_loop_waves.py --json "
+            f"{shown}`). No record states how many requests a `_silicon` run sent. The "
+            f"replay's headline runs {load_conf()['simulation']['waves']} waves of "
+            "`concurrency` requests. aiconfigurator's own benchmark template sends 50 (unless "
+            "its environment sets another count) after a warm-up of 2, and AIPerf waits for "
+            "every warm-up response before it profiles, so the profiled waves also start from "
+            "an idle engine; public GenAI-Perf benchmark scripts often send 10. The oracle's "
+            "TTFT / TPOT "
+            "MAPE % for each length, each a replay of its own, over every wave or without the "
+            f"first {dropped} (a warm-up that did not drain):", "",
+            *closed_loop_table(bench), "", *_best_lengths(bench), "",
+            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 
 def for_card(name: str, runs_dir: Path, rows: dict[str, dict]) -> list[str]:
