@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import families, report_leaderboard, results
+from leaderboard import families, report_leaderboard, report_sections, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
 from leaderboard.serving.simulate import load_conf
 from leaderboard_core import paths
@@ -150,6 +150,10 @@ def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
     return lines + [""]
 
 
+def _length(waves: int, dropped: int) -> str:
+    return f"{waves} waves" + (f", first {dropped} dropped" if dropped else "")
+
+
 def closed_loop_table(bench: dict) -> list[str]:
     """The oracle's TTFT / TPOT MAPE per serving set and backend, for each closed-loop length
     ``benchmarks/closed_loop_waves.py`` replayed (the script prints it too)."""
@@ -161,13 +165,8 @@ def closed_loop_table(bench: dict) -> list[str]:
              *(f"{fmt(c['ttft_mape'])} / {fmt(c['tpot_mape'])}"
                if (c := cells.get((dataset, backend, w, d))) else "—" for w, d in combos)]
             for dataset, backend in keys]
-    return table(["dataset", "backend", "n",
-                  *(_length(w, d) for w, d in combos)],
-                 body, "llr" + "r" * len(combos))
-
-
-def _length(waves: int, dropped: int) -> str:
-    return f"{waves} waves" + (f", first {dropped} dropped" if dropped else "")
+    return table(["dataset", "backend", "n", *(_length(w, d) for w, d in combos)], body,
+                 "llr" + "r" * len(combos))
 
 
 def _best_lengths(bench: dict) -> list[str]:
@@ -188,7 +187,7 @@ def _best_lengths(bench: dict) -> list[str]:
 def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
     """Whether the closed loop's length (requests sent, warm-up left out) is what keeps the
     oracle from its goal, from ``benchmarks/closed_loop_waves.py``'s JSON."""
-    shown = path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path
+    shown = report_sections.shown_path(path)
     if not path.exists():
         return [f"No closed-loop length benchmark at `{shown}` yet (`python "
                 "benchmarks/closed_loop_waves.py --json benchmarks/closed_loop_waves.json`).", ""]
@@ -201,9 +200,8 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
             "its environment sets another count) after a warm-up of 2, and AIPerf waits for "
             "every warm-up response before it profiles, so the profiled waves also start from "
             "an idle engine; public GenAI-Perf benchmark scripts often send 10. The oracle's "
-            "TTFT / TPOT "
-            "MAPE % for each length, each a replay of its own, over every wave or without the "
-            f"first {dropped} (a warm-up that did not drain):", "",
+            "TTFT / TPOT MAPE % for each length, each a replay of its own, over every wave or "
+            f"without the first {dropped} (a warm-up that did not drain):", "",
             *closed_loop_table(bench), "", *_best_lengths(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
