@@ -57,16 +57,12 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
     set's closed-loop targets."""
     timer, inputs = oracle_timer(dataset, home)
     models, predicted = load_models(), []
-    for (run, load), group in inputs.target.group_by("run", "load", maintain_order=True):
+    for (_, load), group in inputs.target.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         if load != "closed":
             continue
         c = first["concurrency"]
-        policy = simulate.policy_for(first["backend"], run, models[first["model"]],
-                                     int(first["tp"]), inputs.gpu, first["gemm_dtype"],
-                                     (c, first["isl"], first["backend_version"]))
-        timed = simulate.with_expert_placement(simulate.with_host_time(timer, first["backend"]),
-                                               first.get("moe_ep"))
+        policy, timed = simulate.run_engine(first, models, inputs.gpu, timer)
         for waves in WAVES:
             loop = closed_loop(policy, first["isl"], first["osl"], c, waves * c, first["model"],
                                int(first["tp"]), timed, gemm_dtype=first["gemm_dtype"])

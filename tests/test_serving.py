@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import probe_predictors
 import pytest
+from conftest import SHARED, requires_shared
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -190,19 +191,98 @@ def test_vllm_kv_on_demand_preempts_the_last_admitted_and_recomputes_it():
     np.testing.assert_allclose(t.tpot, [(15 - 10) / 5, (28 - 10) / 5])
 
 
+def test_a_request_preempted_mid_prompt_recomputes_its_whole_prompt_in_chunks():
+    # 20 KV tokens, an 8-token budget. A (4-token prompt, 12 outputs) decodes while B's
+    # 30-token prompt is chunked; at step 2 A's next token does not fit beside B's 11 tokens, so
+    # B is preempted mid-prompt. Until A ends, B is re-admitted with a 7-token chunk and
+    # preempted again. Then its pass computes all 30 prompt tokens in budget-sized chunks and
+    # decodes its other 2 outputs: never the prompt's rest one token per step.
+    engine = Engine(Policy("chunked_mixed", 8, 16, 20, "on_demand"), np.array([4, 30]),
+                    np.array([12, 3]))
+    log = StepLog()
+    engine.arrive(0)
+    engine.arrive(1)
+    while engine.busy:
+        engine.step(log, 1)
+    a = log.arrays()
+    b = a["req"] == 1
+    last_pass = np.flatnonzero(b & (a["ctx"] == 0))[-1]
+    tail = np.flatnonzero(b)[np.flatnonzero(b) >= last_pass]
+    assert list(zip(a["q"][tail].tolist(), a["ctx"][tail].tolist(), strict=True)) == [
+        (8, 0), (8, 8), (8, 16), (6, 24), (1, 30), (1, 31)]
+    assert engine.preemptions == 5
+
+
+def _steps(policy: Policy, prompt: list[int], output: list[int]) -> tuple[list, int]:
+    """Every step's (request, new tokens, cached tokens), requests all arriving at step 0, and
+    the engine's preemptions."""
+    engine, log = Engine(policy, np.array(prompt), np.array(output)), StepLog()
+    for r in range(len(prompt)):
+        engine.arrive(r)
+    while engine.busy:
+        engine.step(log, 1)
+    a = log.arrays()
+    return [list(zip(a["req"][a["step"] == k].tolist(), a["q"][a["step"] == k].tolist(),
+                     a["ctx"][a["step"] == k].tolist(), strict=True))
+            for k in range(log.steps)], engine.preemptions
+
+
+def test_a_preempted_request_resumes_from_what_the_prefix_cache_kept():
+    # As above, with 4-token cache blocks: B is preempted at step 2 with 11 tokens computed, 8
+    # of them in whole blocks. While it waits A's decodes take the free KV: at A's 15th token
+    # only 5 tokens are free beside it, so one block (4 tokens) of B's cache is left. When A
+    # ends B is re-admitted at context 4 and computes the other 26 prompt tokens.
+    steps, preemptions = _steps(Policy("chunked_mixed", 8, 16, 20, "on_demand",
+                                       prefix_cache_block=4), [4, 30], [12, 3])
+    assert steps[:2] == [[(0, 4, 0), (1, 4, 0)], [(0, 1, 4), (1, 7, 4)]]
+    assert steps[2:12] == [[(0, 1, ctx)] for ctx in range(5, 15)]
+    assert steps[12:] == [[(1, 8, 4)], [(1, 8, 12)], [(1, 8, 20)], [(1, 2, 28)], [(1, 1, 30)],
+                          [(1, 1, 31)]]
+    assert preemptions == 1
+
+
+def test_whole_sequence_admission_waits_for_the_whole_prompt_to_fit():
+    # vLLM's scheduler_reserve_full_isl: B's 30-token prompt never fits beside A's 4 to 15
+    # tokens in 20, so B waits for A to end instead of being admitted a chunk and preempted.
+    steps, preemptions = _steps(Policy("chunked_mixed", 8, 16, 20, "on_demand",
+                                       whole_sequence_admission=True), [4, 30], [12, 3])
+    assert steps[:12] == [[(0, 4, 0)]] + [[(0, 1, ctx)] for ctx in range(4, 15)]
+    assert steps[12:] == [[(1, 8, 0)], [(1, 8, 8)], [(1, 8, 16)], [(1, 6, 24)], [(1, 1, 30)],
+                          [(1, 1, 31)]]
+    assert preemptions == 0
+
+
+@pytest.mark.parametrize("fields", [{"prefix_cache_block": 16},
+                                    {"whole_sequence_admission": True}])
+def test_vllm_admission_rules_need_the_on_demand_kv_rule(fields):
+    with pytest.raises(ValueError, match="on_demand KV rule only"):
+        Policy("chunked_mixed", 64, 16, 100, "reserve", **fields)
+
+
 @settings(max_examples=60, deadline=None)
 @given(budget=st.integers(16, 96), max_seqs=st.integers(1, 6), kv=st.integers(40, 400),
-       lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=9))
-def test_on_demand_kv_recomputes_whole_passes_and_never_overfills(budget, max_seqs, kv, lengths):
-    prompt, output, a = _schedule_all(Policy("chunked_mixed", budget, max_seqs, kv, "on_demand"),
-                                      lengths)
+       lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12)), min_size=1, max_size=9),
+       block=st.sampled_from([0, 1, 16]), whole=st.booleans())
+def test_on_demand_kv_recomputes_whole_passes_and_never_overfills(budget, max_seqs, kv, lengths,
+                                                                  block, whole):
+    prompt, output, a = _schedule_all(Policy("chunked_mixed", budget, max_seqs, kv, "on_demand",
+                                             block, whole), lengths)
     for r in range(len(prompt)):
         mine = np.flatnonzero(a["req"] == r)
         q, ctx = a["q"][mine], a["ctx"][mine]
-        starts = np.flatnonzero(ctx == 0)
-        assert starts[0] == 0
-        for lo, hi in zip(starts, [*starts[1:], len(q)], strict=True):  # each pass contiguous from 0
-            assert (ctx[lo + 1:hi] == ctx[lo:hi - 1] + q[lo:hi - 1]).all()
+        assert ctx[0] == 0
+        # A pass starts where the last one's context does not continue: at 0, or with a
+        # prefix-cache hit of whole blocks no further than the tokens computed before.
+        starts = np.flatnonzero(np.r_[True, ctx[1:] != ctx[:-1] + q[:-1]])
+        reached = ctx[starts[1:] - 1] + q[starts[1:] - 1]
+        assert (ctx[starts[1:]] <= reached).all()
+        assert (ctx[starts] % max(block, 1) == 0).all() and (block or (ctx[starts] == 0).all())
+        for lo, hi in zip(starts, [*starts[1:], len(q)], strict=True):
+            # a pass computes the prompt's rest in chunks: one token at a time only past it
+            # or where the step's budget ran out
+            ones = np.flatnonzero((q[lo:hi] == 1) & (ctx[lo:hi] + 1 < prompt[r])) + lo
+            per_step = np.bincount(a["step"], weights=a["q"])
+            assert (per_step[a["step"][mine[ones]]] == budget).all()
         assert ctx[-1] + q[-1] == prompt[r] + output[r] - 1  # the last pass reaches the end
     held = np.bincount(a["step"], weights=a["ctx"] + a["q"])  # KV of the requests a step runs
     alone = np.bincount(a["step"]) == 1  # an empty engine takes any request
@@ -363,16 +443,47 @@ def test_a_vllm_closed_loop_takes_its_launchers_budget_where_its_template_passes
     m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
     for version, budget in (("0.19.0", 8 + 1024 + 1500), ("0.14.1", 2532), ("0.14.0", 8192),
                             ("0.12.0", 8192), ("unknown", 8192)):
-        assert policy_for("vllm", "any", m, 2, gpu, closed_loop=(8, 1024, version)
+        assert policy_for("vllm", "any", m, 2, gpu, version=version, closed_loop=(8, 1024)
                           ).token_budget == budget, version
-    assert policy_for("vllm", "any", m, 2, gpu).token_budget == 8192
+    assert policy_for("vllm", "any", m, 2, gpu, version="0.19.0").token_budget == 8192
     for backend in ("sglang", "trtllm"):
-        assert policy_for(backend, "any", m, 2, gpu, closed_loop=(8, 1024, "9.9")
+        assert policy_for(backend, "any", m, 2, gpu, version="9.9", closed_loop=(8, 1024)
                           ).token_budget == 8192
     # a run whose metadata states its limits keeps them
     stated = policy_for("vllm", "RTX4090/Llama-3.1-8B", load_models()["llama-3.1-8b"], 1,
-                        load_gpu_specs()["rtx4090"], closed_loop=(8, 1024, "0.19.0"))
+                        load_gpu_specs()["rtx4090"], version="0.19.0", closed_loop=(8, 1024))
     assert (stated.token_budget, stated.max_seqs) == (2048, 256)
+
+
+def test_vllm_prefix_caching_everywhere_and_whole_sequence_admission_from_0_19():
+    from leaderboard.serving.simulate import policy_for
+
+    m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
+    for version, whole in (("0.19.0", True), ("0.20.1", True), ("0.18.0", False),
+                           ("0.12.0", False), ("unknown", False), (None, False)):
+        policy = policy_for("vllm", "any", m, 2, gpu, version=version)
+        assert (policy.prefix_cache_block, policy.whole_sequence_admission) == (16, whole), version
+    for backend in ("sglang", "trtllm"):
+        policy = policy_for(backend, "any", m, 2, gpu, version="9.9")
+        assert (policy.prefix_cache_block, policy.whole_sequence_admission) == (0, False)
+
+
+@requires_shared
+def test_the_rtx4090_runs_recorded_engine_is_the_one_replayed():
+    """The LLMServingSim run's meta.json (pinned) states vLLM 0.19.0's resolved scheduler and
+    cache: the replay's policy for that run must match it field by field."""
+    from leaderboard.serving.simulate import policy_for
+
+    meta = json.loads((SHARED / "casys-kaist__LLMServingSim/bench/examples/RTX4090/"
+                       "Llama-3.1-8B/vllm/meta.json").read_text())
+    sched, cache = meta["resolved_config"]["scheduler_config"], meta["kv_cache"]
+    policy = policy_for("vllm", "RTX4090/Llama-3.1-8B", load_models()["llama-3.1-8b"], 1,
+                        load_gpu_specs()["rtx4090"], version=meta["vllm_version"])
+    assert (policy.token_budget, policy.max_seqs, policy.kv_tokens) == (
+        sched["max_num_batched_tokens"], sched["max_num_seqs"], cache["num_kv_tokens"])
+    assert policy.whole_sequence_admission == sched["scheduler_reserve_full_isl"]
+    assert cache["enable_prefix_caching"] and policy.prefix_cache_block == cache["block_size"]
+    assert sched["policy"] == "fcfs" and policy.kv_rule == "on_demand"
 
 
 def test_kv_capacity_counts_gib_and_fp8_layers_at_one_byte():

@@ -108,11 +108,10 @@ def step_times(log: dict[str, np.ndarray], model: str, tp: int, timer: StepTimer
             shape_of[key] = len(first_steps)
             first_steps.append(i)
         inverse[i] = shape_of[key]
-    unique = np.asarray(first_steps, np.int64)
-    keep = np.isin(step, unique)
-    renumber = np.full(n, -1, np.int64)
-    renumber[unique] = np.arange(len(unique))
-    shapes = {"step": renumber[step[keep]], "q": q[keep], "ctx": ctx[keep]}
+    is_first = np.zeros(n, bool)
+    is_first[first_steps] = True
+    keep = is_first[step]
+    shapes = {"step": inverse[step[keep]], "q": q[keep], "ctx": ctx[keep]}
     return timer(step_cells(shapes, model, tp, gemm_dtype))[inverse]
 
 

@@ -18,9 +18,14 @@ The KV cache follows one of three rules (``kv_rule``):
 - ``on_demand`` (vLLM V1): a request holds the KV of the tokens it has computed, and is
   admitted when its next chunk fits what is free. When a running request's next tokens do not
   fit, the most recently admitted running request is preempted (its KV freed, moved to the
-  front of the queue, recomputed from scratch: prompt and the outputs so far), as vLLM's
-  recompute preemption does; no request is admitted in a step that preempted. KV is counted
-  in tokens, not 16-token blocks;
+  front of the queue, recomputed: prompt and the outputs so far), as vLLM's recompute
+  preemption does; no request is admitted in a step that preempted. KV is counted in tokens.
+  With ``prefix_cache_block`` (vLLM's prefix caching, on by default in V1) the freed KV stays
+  cached in whole blocks until other requests need the space, and the re-admitted request
+  recomputes only what was evicted. With ``whole_sequence_admission`` (vLLM's
+  ``scheduler_reserve_full_isl``) a waiting request joins only when the KV of every token it
+  must hold to decode (its prompt, or what a preempted request had computed) fits, not just its
+  first chunk's;
 - ``estimated`` (SGLang, with ``prefill_first``): admission on an estimated output and
   retraction when a decode step runs out of KV (``leaderboard.serving.sglang_kv``).
 
@@ -45,6 +50,8 @@ class Policy:
     max_seqs: int
     kv_tokens: int
     kv_rule: str = "reserve"
+    prefix_cache_block: int = 0  # tokens per cached KV block; 0: no prefix cache
+    whole_sequence_admission: bool = False  # admit only when the request's whole KV fits
 
     def __post_init__(self):
         if self.kind not in POLICIES:
@@ -55,6 +62,10 @@ class Policy:
             raise ValueError("the on_demand KV rule is vLLM's and runs with chunked_mixed only")
         if self.kv_rule == "estimated" and self.kind != "prefill_first":
             raise ValueError("the estimated KV rule is SGLang's and runs with prefill_first only")
+        vllm_only = self.prefix_cache_block or self.whole_sequence_admission
+        if vllm_only and self.kv_rule != "on_demand":
+            raise ValueError("prefix_cache_block and whole_sequence_admission are vLLM's, "
+                             "modelled with the on_demand KV rule only")
 
 
 @dataclass
@@ -101,6 +112,7 @@ class Engine:
         # request had computed (recompute).
         self.prefill = self.prompt.copy()
         self.preemptions = 0
+        self.cached: dict[int, int] = {}  # preempted request -> its tokens still cached
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.reserved = 0
@@ -123,8 +135,10 @@ class Engine:
         if not self.waiting or len(self.running) >= self.policy.max_seqs or budget_left <= 0:
             return False
         r = self.waiting[0]
-        if self.policy.kv_rule == "on_demand":
-            fits = used + min(self._need(r), budget_left) <= self.policy.kv_tokens
+        if self.policy.kv_rule == "on_demand":  # a cache hit (done[r] > 0) holds KV too
+            held = (self.prefill[r] if self.policy.whole_sequence_admission
+                    else self.done[r] + min(self._need(r), budget_left))
+            fits = used + held <= self.policy.kv_tokens
         else:
             fits = self.reserved + self.prompt[r] + self.output[r] <= self.policy.kv_tokens
         return bool(fits or not self.running)  # an empty engine takes any request
@@ -133,7 +147,10 @@ class Engine:
         """Free the most recently admitted running request's KV and queue it first again."""
         r = self.running.pop()
         self.reserved -= int(self.prompt[r] + self.output[r])
-        self.prefill[r] = self.done[r]
+        # A request preempted mid-prompt still owes the rest of its prompt as a prefill.
+        self.prefill[r] = max(self.done[r], self.prompt[r])
+        if block := self.policy.prefix_cache_block:
+            self.cached[r] = int(self.done[r]) // block * block
         self.done[r] = 0
         self.waiting.appendleft(r)
         self.preemptions += 1
@@ -163,15 +180,38 @@ class Engine:
             used += take
             budget -= take
             i += 1
-        while not preempted and self._admissible(budget, used):
+        if self.cached:
+            self._evict_cached(used)
+        while not preempted:
+            if self.waiting and self.waiting[0] in self.cached:  # resume from the cache
+                front = self.waiting[0]
+                self.done[front] = min(self.cached[front], self._cacheable(used))
+            if not self._admissible(budget, used):
+                break
             r = self._admit()
             plan.append((r, min(self._need(r), budget)))
-            used += plan[-1][1]
+            used += int(self.done[r]) + plan[-1][1]
             budget -= plan[-1][1]
         return plan
 
+    def _cacheable(self, used: int) -> int:
+        """Whole cache blocks free beside ``used`` KV tokens."""
+        block = self.policy.prefix_cache_block
+        return max(self.policy.kv_tokens - used, 0) // block * block
+
+    def _evict_cached(self, used: int) -> None:
+        """Keep of each preempted request's cached tokens what still fits beside the ``used``
+        KV of the running requests: freed blocks are evicted least recently freed first, so a
+        preempted request's blocks go last. A waiting request holds no KV until re-admitted.
+        A hit never covers a token still to be computed: it is whole blocks of what the
+        request had computed."""
+        for r, tokens in self.cached.items():
+            self.cached[r] = min(tokens, self._cacheable(used))
+            self.done[r] = 0
+
     def _admit(self) -> int:
         r = self.waiting.popleft()
+        self.cached.pop(r, None)
         self.running.append(r)
         self.reserved += int(self.prompt[r] + self.output[r])
         return r

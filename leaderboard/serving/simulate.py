@@ -41,11 +41,17 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     return int(free // per_token)
 
 
+def _from_version(version: str | None, rule: dict | None) -> bool:
+    """Whether a backend ``version`` is at or after a yaml rule's ``from_version``."""
+    found = release(version) if version else None
+    return rule is not None and found is not None and found >= release(rule["from_version"])
+
+
 def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
-               gemm_dtype: str = "bf16", closed_loop: tuple[int, int, str] | None = None
-               ) -> Policy:
-    """The scheduler of one run; ``closed_loop``: (concurrency, isl, backend version) of a
-    closed-loop run, whose launcher set the token budget from them where the backend's
+               gemm_dtype: str = "bf16", version: str | None = None,
+               closed_loop: tuple[int, int] | None = None) -> Policy:
+    """The scheduler of one run of ``backend`` ``version``; ``closed_loop``: (concurrency, isl)
+    of a closed-loop run, whose launcher set the token budget from them where the backend's
     ``closed_loop_launch`` says its version's launch template passes it."""
     conf = load_conf()
     if backend not in conf["backends"]:
@@ -54,17 +60,27 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
     b = conf["backends"][backend]
     limits = b["large_gpu" if float(gpu["mem_gb"]) >= b["large_gpu_min_gb"] else "small_gpu"]
     stated = conf.get("runs", {}).get(run, {})
-    launch = b.get("closed_loop_launch")
-    if closed_loop is not None and launch is not None:
-        concurrency, isl, version = closed_loop
-        found = release(version)
-        if found is not None and found >= release(launch["from_version"]):
-            stated = {"token_budget": concurrency + isl + launch["extra_tokens"], **stated}
+    if closed_loop is not None and _from_version(version, b.get("closed_loop_launch")):
+        concurrency, isl = closed_loop
+        stated = {"token_budget": concurrency + isl + b["closed_loop_launch"]["extra_tokens"],
+                  **stated}
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
                   stated.get("max_seqs", limits["max_seqs"]),
                   stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf,
                                                          gemm_dtype),
-                  b.get("kv_rule", "reserve"))
+                  b.get("kv_rule", "reserve"), b.get("prefix_caching", {}).get("block_tokens", 0),
+                  _from_version(version, b.get("whole_sequence_admission")))
+
+
+def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
+               ) -> tuple[Policy, StepTimer]:
+    """The scheduler of the run of a target row ``first``, and ``timer`` as that run's steps
+    are priced: plus its backend's host time, with its experts' placement."""
+    closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
+    policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
+                        gpu, first["gemm_dtype"], first["backend_version"], closed)
+    return policy, with_expert_placement(with_host_time(timer, first["backend"]),
+                                         first.get("moe_ep"))
 
 
 def with_host_time(timer: StepTimer, backend: str) -> StepTimer:
@@ -93,17 +109,12 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     ttft, tpot, service, steady = (np.full(len(targets), np.nan) for _ in range(4))
     indexed = targets.with_row_index("_i")
     sim = load_conf()["simulation"]
-    for (run, load), group in indexed.group_by("run", "load", maintain_order=True):
+    for (_, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
-        closed = ((first["concurrency"], first["isl"], first["backend_version"])
-                  if load == "closed" else None)
-        policy = policy_for(first["backend"], run, models[model], tp, gpu, first["gemm_dtype"],
-                            closed)
+        policy, timed = run_engine(first, models, gpu, timer)
         rows = group["_i"].to_numpy()
-        timed = with_expert_placement(with_host_time(timer, first["backend"]),
-                                      first.get("moe_ep"))
-        if closed:
+        if load == "closed":
             c = first["concurrency"]
             loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
                            model, tp, timed, gemm_dtype=first["gemm_dtype"])
