@@ -241,6 +241,46 @@ def test_a_preempted_request_resumes_from_what_the_prefix_cache_kept():
     assert preemptions == 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(budget=st.integers(32, 96), kv=st.integers(60, 400), block=st.sampled_from([1, 16]),
+       whole=st.booleans(),
+       lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=2, max_size=8))
+def test_a_run_of_decode_steps_schedules_as_its_steps_one_by_one(budget, kv, block, whole,
+                                                                 lengths):
+    # step() may schedule many identical decode steps at once; the caches it clips and the
+    # requests it admits must be those of scheduling them one at a time.
+    policy = Policy("chunked_mixed", budget, 6, kv, "on_demand", block, whole)
+    prompt = np.array([p for p, _ in lengths])
+    output = np.array([o for _, o in lengths])
+
+    def schedule(max_steps):
+        engine, log = Engine(policy, prompt, output), StepLog()
+        for r in range(len(prompt)):
+            engine.arrive(r)
+        while engine.busy:
+            engine.step(log, max_steps)
+        return {k: v.tolist() for k, v in log.arrays().items()}
+
+    assert schedule(1) == schedule(10**6)
+
+
+def test_a_request_preempted_again_mid_recompute_keeps_its_outputs():
+    # Request 5 (27-token prompt) is preempted after computing 33 tokens and preempted again
+    # while recomputing them: each later pass still owes all 33 as a prefill, never decoding
+    # its outputs 28-33 again one token a step (the case of every request here).
+    policy = Policy("chunked_mixed", 28, 6, 167, "on_demand", 16, True)
+    prompt, output, a = _schedule_all(policy, list(zip([11, 40, 27, 10, 20, 27, 14, 26],
+                                                       [5, 25, 38, 15, 18, 27, 37, 8],
+                                                       strict=True)))
+    per_step = np.bincount(a["step"], weights=a["q"])
+    for r in range(len(prompt)):
+        mine = np.flatnonzero(a["req"] == r)
+        q, ctx = a["q"][mine], a["ctx"][mine]
+        owed = np.maximum.accumulate(np.r_[prompt[r], (ctx + q)[:-1]])
+        ones = np.flatnonzero((q == 1) & (ctx + 1 < owed))
+        assert (per_step[a["step"][mine[ones]]] == policy.token_budget).all(), r
+
+
 def test_whole_sequence_admission_waits_for_the_whole_prompt_to_fit():
     # vLLM's scheduler_reserve_full_isl: B's 30-token prompt never fits beside A's 4 to 15
     # tokens in 20, so B waits for A to end instead of being admitted a chunk and preempted.
@@ -277,11 +317,12 @@ def test_on_demand_kv_recomputes_whole_passes_and_never_overfills(budget, max_se
         reached = ctx[starts[1:] - 1] + q[starts[1:] - 1]
         assert (ctx[starts[1:]] <= reached).all()
         assert (ctx[starts] % max(block, 1) == 0).all() and (block or (ctx[starts] == 0).all())
+        per_step = np.bincount(a["step"], weights=a["q"])
         for lo, hi in zip(starts, [*starts[1:], len(q)], strict=True):
-            # a pass computes the prompt's rest in chunks: one token at a time only past it
-            # or where the step's budget ran out
-            ones = np.flatnonzero((q[lo:hi] == 1) & (ctx[lo:hi] + 1 < prompt[r])) + lo
-            per_step = np.bincount(a["step"], weights=a["q"])
+            # a pass computes in chunks the prompt and whatever earlier passes had reached:
+            # one token at a time only past that, or where the step's budget ran out
+            owed = max(prompt[r], int((ctx[:lo] + q[:lo]).max(initial=0)))
+            ones = np.flatnonzero((q[lo:hi] == 1) & (ctx[lo:hi] + 1 < owed)) + lo
             assert (per_step[a["step"][mine[ones]]] == budget).all()
         assert ctx[-1] + q[-1] == prompt[r] + output[r] - 1  # the last pass reaches the end
     held = np.bincount(a["step"], weights=a["ctx"] + a["q"])  # KV of the requests a step runs

@@ -147,8 +147,9 @@ class Engine:
         """Free the most recently admitted running request's KV and queue it first again."""
         r = self.running.pop()
         self.reserved -= int(self.prompt[r] + self.output[r])
-        # A request preempted mid-prompt still owes the rest of its prompt as a prefill.
-        self.prefill[r] = max(self.done[r], self.prompt[r])
+        # A request preempted mid-prompt, or mid-recompute, still owes the rest of what it had
+        # to compute as a prefill (``prefill`` starts at the prompt and never falls).
+        self.prefill[r] = max(self.done[r], self.prefill[r])
         if block := self.policy.prefix_cache_block:
             self.cached[r] = int(self.done[r]) // block * block
         self.done[r] = 0
@@ -201,8 +202,10 @@ class Engine:
 
     def _evict_cached(self, used: int) -> None:
         """Keep of each preempted request's cached tokens what still fits beside the ``used``
-        KV of the running requests: freed blocks are evicted least recently freed first, so a
-        preempted request's blocks go last. A waiting request holds no KV until re-admitted.
+        KV of the running requests. An approximation of vLLM, which evicts the least recently
+        freed blocks first: here a cache survives while the free KV covers it, whatever else
+        was freed after it, and each cache is clipped alone (their sum may exceed the free KV).
+        A waiting request holds no KV until re-admitted.
         A hit never covers a token still to be computed: it is whole blocks of what the
         request had computed."""
         for r, tokens in self.cached.items():
@@ -271,6 +274,8 @@ class Engine:
             run = np.asarray(self.running)
             log.add_decodes(run, self.done[run].copy(), k)
             self.done[run] += k
+            if self.cached:  # the run's last step holds the most KV: clip the caches to it
+                self._evict_cached(int(self.done[run].sum()))
         else:
             k = 1
             plan = self._plan()

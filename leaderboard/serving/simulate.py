@@ -43,7 +43,7 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
 
 def _from_version(version: str | None, rule: dict | None) -> bool:
     """Whether a backend ``version`` is at or after a yaml rule's ``from_version``."""
-    found = release(version) if version else None
+    found = release(version)
     return rule is not None and found is not None and found >= release(rule["from_version"])
 
 
