@@ -164,25 +164,30 @@ def test_every_prompt_and_decode_token_is_scheduled_exactly_once(kind, budget, m
     assert np.bincount(a["step"]).max() <= max_seqs
 
 
+def _steps(policy: Policy, prompt: list[int], output: list[int]) -> tuple[list, int]:
+    """Every step's (request, new tokens, cached tokens), requests all arriving at step 0, and
+    the engine's preemptions."""
+    engine, log = Engine(policy, np.array(prompt), np.array(output)), StepLog()
+    for r in range(len(prompt)):
+        engine.arrive(r)
+    while engine.busy:
+        engine.step(log, 1)
+    a = log.arrays()
+    return [list(zip(a["req"][a["step"] == k].tolist(), a["q"][a["step"] == k].tolist(),
+                     a["ctx"][a["step"] == k].tolist(), strict=True))
+            for k in range(log.steps)], engine.preemptions
+
+
 def test_vllm_kv_on_demand_preempts_the_last_admitted_and_recomputes_it():
     # 12 KV tokens; A and B have 4-token prompts and 6 outputs. Step 0 prefills both (8 held),
     # steps 1-2 decode both (12 held). At step 3 A's next token does not fit: B, admitted last,
     # is preempted (6 tokens freed) and nothing is admitted that step. A finishes at step 5;
     # step 6 recomputes B's 6 tokens as one prefill, then B decodes to its end at step 9.
-    engine = Engine(Policy("chunked_mixed", 64, 16, 12, "on_demand"), np.array([4, 4]),
-                    np.array([6, 6]))
-    log = StepLog()
-    engine.arrive(0)
-    engine.arrive(1)
-    while engine.busy:
-        engine.step(log, 1)
-    a = log.arrays()
-    steps = [sorted(zip(a["req"][a["step"] == k].tolist(), a["q"][a["step"] == k].tolist(),
-                        a["ctx"][a["step"] == k].tolist(), strict=True)) for k in range(log.steps)]
-    assert steps == [[(0, 4, 0), (1, 4, 0)], [(0, 1, 4), (1, 1, 4)], [(0, 1, 5), (1, 1, 5)],
-                     [(0, 1, 6)], [(0, 1, 7)], [(0, 1, 8)], [(1, 6, 0)], [(1, 1, 6)],
-                     [(1, 1, 7)], [(1, 1, 8)]]
-    assert engine.preemptions == 1
+    steps, preemptions = _steps(Policy("chunked_mixed", 64, 16, 12, "on_demand"), [4, 4], [6, 6])
+    assert [sorted(step) for step in steps] == [
+        [(0, 4, 0), (1, 4, 0)], [(0, 1, 4), (1, 1, 4)], [(0, 1, 5), (1, 1, 5)], [(0, 1, 6)],
+        [(0, 1, 7)], [(0, 1, 8)], [(1, 6, 0)], [(1, 1, 6)], [(1, 1, 7)], [(1, 1, 8)]]
+    assert preemptions == 1
     t = recorded_arrivals(Policy("chunked_mixed", 64, 16, 12, "on_demand"), np.array([0.0, 0.0]),
                           np.array([4, 4]), np.array([6, 6]), "llama-3.1-8b", 1, fixed_steps)
     # Steps 0 and 6 hold prompt tokens (10 ms), the others are decodes (1 ms): A ends at 15,
@@ -197,34 +202,11 @@ def test_a_request_preempted_mid_prompt_recomputes_its_whole_prompt_in_chunks():
     # B is preempted mid-prompt. Until A ends, B is re-admitted with a 7-token chunk and
     # preempted again. Then its pass computes all 30 prompt tokens in budget-sized chunks and
     # decodes its other 2 outputs: never the prompt's rest one token per step.
-    engine = Engine(Policy("chunked_mixed", 8, 16, 20, "on_demand"), np.array([4, 30]),
-                    np.array([12, 3]))
-    log = StepLog()
-    engine.arrive(0)
-    engine.arrive(1)
-    while engine.busy:
-        engine.step(log, 1)
-    a = log.arrays()
-    b = a["req"] == 1
-    last_pass = np.flatnonzero(b & (a["ctx"] == 0))[-1]
-    tail = np.flatnonzero(b)[np.flatnonzero(b) >= last_pass]
-    assert list(zip(a["q"][tail].tolist(), a["ctx"][tail].tolist(), strict=True)) == [
-        (8, 0), (8, 8), (8, 16), (6, 24), (1, 30), (1, 31)]
-    assert engine.preemptions == 5
-
-
-def _steps(policy: Policy, prompt: list[int], output: list[int]) -> tuple[list, int]:
-    """Every step's (request, new tokens, cached tokens), requests all arriving at step 0, and
-    the engine's preemptions."""
-    engine, log = Engine(policy, np.array(prompt), np.array(output)), StepLog()
-    for r in range(len(prompt)):
-        engine.arrive(r)
-    while engine.busy:
-        engine.step(log, 1)
-    a = log.arrays()
-    return [list(zip(a["req"][a["step"] == k].tolist(), a["q"][a["step"] == k].tolist(),
-                     a["ctx"][a["step"] == k].tolist(), strict=True))
-            for k in range(log.steps)], engine.preemptions
+    steps, preemptions = _steps(Policy("chunked_mixed", 8, 16, 20, "on_demand"), [4, 30], [12, 3])
+    b_entries = [(q, ctx) for step in steps for r, q, ctx in step if r == 1]
+    last_pass = max(i for i, (_, ctx) in enumerate(b_entries) if ctx == 0)
+    assert b_entries[last_pass:] == [(8, 0), (8, 8), (8, 16), (6, 24), (1, 30), (1, 31)]
+    assert preemptions == 5
 
 
 def test_a_preempted_request_resumes_from_what_the_prefix_cache_kept():
