@@ -84,25 +84,37 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
             .with_columns(dataset=pl.lit(dataset)).to_dicts())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args()
+def oracle_sets() -> list[tuple[str, str]]:
+    """Every serving set that has an oracle, with the step set the oracle fits on."""
     with StoreCatalog() as catalog:
         rows = catalog.datasets()
+    return [(name, home) for name in sorted(n for n, r in rows.items() if r["kind"] == "serving")
+            if (home := oracle_home(name, rows)) is not None]
+
+
+def stamped(bench: dict, started: float) -> dict:
+    """``bench`` with how long it took since ``started`` and the code and date it ran at."""
+    return {**bench, "seconds": round(time.perf_counter() - started, 1),
+            "code_version": code_version(), "date": datetime.now(UTC).date().isoformat()}
+
+
+def json_argument(doc: str) -> Path | None:
+    """The ``--json PATH`` a benchmark script described by ``doc`` writes its rows to."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    return parser.parse_args().json
+
+
+def main() -> None:
+    json_path = json_argument(__doc__)
     started, found = time.perf_counter(), []
-    for dataset in sorted(n for n, r in rows.items() if r["kind"] == "serving"):
-        home = oracle_home(dataset, rows)
-        if home is None:
-            continue
+    for dataset, home in oracle_sets():
         print(f"{dataset}: the oracle on {home}, {len(WAVES)} wave counts", flush=True)
         found += replay_errors(dataset, home)
-    bench = {"waves": list(WAVES), "dropped": list(DROPPED), "rows": found,
-             "seconds": round(time.perf_counter() - started, 1),
-             "code_version": code_version(), "date": datetime.now(UTC).date().isoformat()}
+    bench = stamped({"waves": list(WAVES), "dropped": list(DROPPED), "rows": found}, started)
     print("\n".join(closed_loop_table(bench)))
-    if args.json:
-        args.json.write_text(json.dumps(bench, indent=1) + "\n")
+    if json_path:
+        json_path.write_text(json.dumps(bench, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
-from leaderboard.serving.report_oracle import closed_loop_lengths, oracle_section
+from leaderboard.serving.report_oracle import closed_loop_lengths, engine_choices, oracle_section
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 # Same deployment (model, precision, TP, expert placement, backend) and load: the serving
@@ -203,7 +203,7 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "`_silicon_fp8` sets hold vLLM's FP8 runs. Left-out rows: the dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()
     predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
-    lines += oracle_section(oracle, predictions) + closed_loop_lengths()
+    lines += oracle_section(oracle, predictions) + closed_loop_lengths() + engine_choices()
     lines += ["### TTFT and TPOT per predictor", "",
               "Service time (recorded arrivals only): first token minus the first step that "
               "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a "

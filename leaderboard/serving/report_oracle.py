@@ -17,6 +17,7 @@ from leaderboard_core import paths
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 WAVES_JSON = paths.REPO_ROOT / "benchmarks" / "closed_loop_waves.json"
+CHOICES_JSON = paths.REPO_ROOT / "benchmarks" / "engine_choices.json"
 
 
 def inside_bracket(predictions: pl.DataFrame) -> dict[str, tuple[int, float, float]]:
@@ -203,6 +204,46 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
             "TTFT / TPOT MAPE % for each length, each a replay of its own, over every wave or "
             f"without the first {dropped} (a warm-up that did not drain):", "",
             *closed_loop_table(bench), "", *_best_lengths(bench), "",
+            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+
+
+def engine_choices_tables(bench: dict) -> list[str]:
+    """The oracle's error per serving set under each engine choice of
+    ``benchmarks/engine_choices.py``, then the targets a choice moves, one by one."""
+    choices = bench["choices"]
+    lines = table(["dataset", "engine choice", "n", "TTFT MAPE %", "TPOT MAPE %", "targets moved",
+                   "their TTFT MAPE %", "the same targets, headline %"], [
+        [r["dataset"], r["choice"], str(r["n"]), fmt(r["ttft_mape"]), fmt(r["tpot_mape"]),
+         str(r["moved"]), fmt(r["moved_ttft_mape"]), fmt(r["moved_headline_ttft_mape"])]
+        for r in bench["rows"]], "llrrrrrr")
+    if not bench["moved"]:
+        return lines
+    return lines + ["", "The moved targets (TTFT, ms):", "", *table(
+        ["dataset", "backend", "TP", "isl", "osl", "concurrency", "measured",
+         *(f"{c}" for c in choices)],
+        [[m["dataset"], m["backend"], str(m["tp"]), str(m["isl"]), str(m["osl"]),
+          str(m["concurrency"]), f"{m['gt_ttft_ms']:,.0f}",
+          *(f"{m[f'{c}_ttft_ms']:,.0f}" for c in choices)] for m in bench["moved"]],
+        "llrrrrr" + "r" * len(choices))]
+
+
+def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
+    """What the oracle's error owes to the launch flags no record states, from
+    ``benchmarks/engine_choices.py``'s JSON."""
+    shown = report_sections.shown_path(path)
+    command = f"`python benchmarks/engine_choices.py --json {shown}`"
+    if not path.exists():
+        return [f"No engine-choice benchmark at `{shown}` yet ({command}).", ""]
+    bench = json.loads(path.read_text())
+    return [f"Engine choices no record states ({command}). The `_silicon` CSV holds no launch "
+            "flags. The headline replays vLLM with a BF16 KV cache (`--kv-cache-dtype auto` for "
+            "a BF16 or online-FP8 model) and with prefix caching on (V1's default, which "
+            "aiconfigurator's generator keeps unless asked). `fp8_kv` halves a token's KV "
+            "bytes; `no_prefix_cache` makes a preempted request recompute its whole prompt. "
+            "Both move only KV-bound loads. Each choice is a replay of its own with the "
+            "oracle's step timer. A choice that helped one GPU's runs and hurt another's "
+            "would be a per-GPU fit to the measurements, so the headline keeps what the "
+            "sources support:", "", *engine_choices_tables(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 

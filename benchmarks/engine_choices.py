@@ -1,0 +1,110 @@
+"""What the oracle's error owes to engine choices that no serving record states.
+
+aiconfigurator's silicon CSV records a run's backend, model, precision, parallelism and load,
+not its launch flags. Two choices of the replay (``conf/serving/schedulers.yaml``) decide how
+many requests a KV-bound load holds at once:
+
+- ``fp8_kv``: the KV cache in FP8, half the bytes a token. The headline keeps BF16, vLLM's
+  ``--kv-cache-dtype auto`` for a BF16 or online-FP8 model; aiconfigurator's generator passes
+  the flag only when a search result names a KV quantization.
+- ``no_prefix_cache``: vLLM without prefix caching, so a preempted request recomputes its
+  whole prompt. The headline keeps it on, V1's default, which aiconfigurator's generator leaves
+  alone unless asked.
+
+This replays every target of each serving set that has an oracle with the oracle's step timer
+(``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
+once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
+over every target and over the targets the choice moves (predicted TTFT changed by more than
+0.1 %). The moved targets are also listed one by one. Prints markdown; ``--json PATH`` also
+writes the rows, which the report shows:
+
+    .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+
+import numpy as np
+from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
+
+from leaderboard.serving import simulate
+from leaderboard.serving.report_oracle import engine_choices_tables
+from leaderboard_core.specs import load_models
+
+# Each choice: the yaml keys it sets, as a path from the top of schedulers.yaml, and the value.
+CHOICES = {
+    "headline": {},
+    "fp8_kv": {("simulation", "kv_bytes_per_element"): 1},
+    "no_prefix_cache": {("backends", "vllm", "prefix_caching", "block_tokens"): 0},
+}
+MOVED = 1e-3  # a target is moved when its predicted TTFT changes by more than this share
+
+
+@contextmanager
+def engine_choice(changes: dict[tuple[str, ...], object]):
+    """The replay's scheduler configuration with ``changes`` set, restored on the way out."""
+    conf, saved = simulate.load_conf(), []
+    try:
+        for (*parents, key), value in changes.items():
+            node = conf
+            for parent in parents:
+                node = node[parent]
+            saved.append((node, key, node[key]))
+            node[key] = value
+        yield
+    finally:
+        for node, key, old in reversed(saved):
+            node[key] = old
+
+
+def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
+    """The oracle's TTFT / TPOT MAPE (%) on ``dataset`` under each choice, over every target
+    and over the targets the choice moves; and the moved targets, one row each."""
+    timer, inputs = oracle_timer(dataset, home)
+    targets, models = inputs.target, load_models()
+    predicted = {}
+    for name, changes in CHOICES.items():
+        with engine_choice(changes):
+            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, timer)
+        predicted[name] = (ttft, tpot)
+    gt_ttft, gt_tpot = targets["gt_ttft_ms"].to_numpy(), targets["gt_tpot_ms"].to_numpy()
+
+    def mape(pred: np.ndarray, gt: np.ndarray, rows: np.ndarray) -> float | None:
+        return float(np.mean(np.abs(pred[rows] / gt[rows] - 1)) * 100) if rows.any() else None
+
+    every = np.ones(len(targets), dtype=bool)
+    headline_ttft = predicted["headline"][0]
+    summary, moved_rows = [], np.zeros(len(targets), dtype=bool)
+    for name, (ttft, tpot) in predicted.items():
+        moved = np.abs(ttft / headline_ttft - 1) > MOVED
+        moved_rows |= moved
+        summary.append({"dataset": dataset, "choice": name, "n": len(targets),
+                        "ttft_mape": mape(ttft, gt_ttft, every),
+                        "tpot_mape": mape(tpot, gt_tpot, every), "moved": int(moved.sum()),
+                        "moved_ttft_mape": mape(ttft, gt_ttft, moved),
+                        "moved_headline_ttft_mape": mape(headline_ttft, gt_ttft, moved)})
+    shown = targets.select("backend", "tp", "isl", "osl", "concurrency", "gt_ttft_ms")
+    moved = [{"dataset": dataset, **row,
+              **{f"{name}_ttft_ms": float(ttft[i]) for name, (ttft, _) in predicted.items()}}
+             for i, row in enumerate(shown.iter_rows(named=True)) if moved_rows[i]]
+    return summary, moved
+
+
+def main() -> None:
+    json_path = json_argument(__doc__)
+    started, summary, moved = time.perf_counter(), [], []
+    for dataset, home in oracle_sets():
+        print(f"{dataset}: the oracle on {home}, {len(CHOICES)} engine choices", flush=True)
+        found, targets = replay_choices(dataset, home)
+        summary, moved = summary + found, moved + targets
+    bench = stamped({"choices": list(CHOICES), "rows": summary, "moved": moved}, started)
+    print("\n".join(engine_choices_tables(bench)))
+    if json_path:
+        json_path.write_text(json.dumps(bench, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

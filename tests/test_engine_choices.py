@@ -1,0 +1,83 @@
+"""The engine-choice benchmark: each choice sets the yaml keys the replay reads and puts them
+back, and the report shows every choice and the targets a choice moves."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from leaderboard.serving import simulate
+from leaderboard.serving.report_oracle import engine_choices
+from leaderboard_core import paths
+from leaderboard_core.specs import load_gpu_specs, load_models
+
+
+def _script(name: str):
+    """A script of benchmarks/, loaded by path (benchmarks/ stays off sys.path: it would reach
+    every sandboxed child of the session)."""
+    spec = importlib.util.spec_from_file_location(name, paths.REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.modules["closed_loop_waves"] = _script("closed_loop_waves")  # engine_choices imports it
+    try:
+        yield _script("engine_choices")
+    finally:
+        del sys.modules["closed_loop_waves"]
+
+
+def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
+    """Llama-3.1-70B in FP8 on one H200: FP8 KV holds twice the BF16 tokens (to the token the
+    division drops); without prefix caching the policy caches nothing; the headline changes
+    nothing; every value is back after the block, even one left by an error."""
+    m, gpu = load_models()["llama-3.1-70b"], load_gpu_specs()["h200_sxm"]
+
+    def policy():
+        return simulate.policy_for("vllm", "any", m, 1, gpu, "fp8", version="0.19.0")
+
+    headline = policy()
+    assert headline.prefix_cache_block == 16
+    with bench.engine_choice(bench.CHOICES["headline"]):
+        assert policy() == headline
+    with bench.engine_choice(bench.CHOICES["fp8_kv"]):
+        assert 2 * headline.kv_tokens <= policy().kv_tokens <= 2 * headline.kv_tokens + 1
+        assert policy().prefix_cache_block == 16
+    with bench.engine_choice(bench.CHOICES["no_prefix_cache"]):
+        assert (policy().prefix_cache_block, policy().kv_tokens) == (0, headline.kv_tokens)
+    with pytest.raises(RuntimeError), bench.engine_choice(bench.CHOICES["fp8_kv"]):
+        raise RuntimeError
+    assert policy() == headline
+    assert simulate.load_conf()["simulation"]["kv_bytes_per_element"] == 2
+
+
+def test_the_engine_choices_section_shows_every_choice_and_each_moved_target(tmp_path):
+    """Before the benchmark ran, the section names its command; after, one row per set and
+    choice in the JSON's order, and one per moved target with its TTFT under every choice."""
+    path = tmp_path / "choices.json"
+    assert "No engine-choice benchmark" in engine_choices(path)[0]
+    choices = ["headline", "fp8_kv"]
+    rows = [{"dataset": "h200_silicon_fp8", "choice": c, "n": 60, "ttft_mape": t,
+             "tpot_mape": 7.6, "moved": moved, "moved_ttft_mape": mt,
+             "moved_headline_ttft_mape": mh}
+            for c, t, moved, mt, mh in (("headline", 142.04, 0, None, None),
+                                        ("fp8_kv", 96.66, 1, 121.4, 1141.7))]
+    moved = [{"dataset": "h200_silicon_fp8", "backend": "vllm", "tp": 1, "isl": 1024,
+              "osl": 8192, "concurrency": 32, "gt_ttft_ms": 474.2, "headline_ttft_ms": 5888.4,
+              "fp8_kv_ttft_ms": 1049.8}]
+    path.write_text(json.dumps({"choices": choices, "rows": rows, "moved": moved,
+                                "seconds": 12.0, "code_version": "abc", "date": "2026-12-04"}))
+    lines = engine_choices(path)
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines
+             if line.startswith("| ") and not line.startswith(("| dataset", "| ---"))]
+    assert cells == [["h200_silicon_fp8", "headline", "60", "142.0", "7.6", "0", "—", "—"],
+                     ["h200_silicon_fp8", "fp8_kv", "60", "96.7", "7.6", "1", "121.4", "1,141.7"],
+                     ["h200_silicon_fp8", "vllm", "1", "1024", "8192", "32", "474", "5,888",
+                      "1,050"]]
+    assert lines[-2] == "Code abc, 2026-12-04, 12 s."
