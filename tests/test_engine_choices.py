@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 
+import polars as pl
 import pytest
 
 from leaderboard.serving import simulate
@@ -81,3 +82,47 @@ def test_the_engine_choices_section_shows_every_choice_and_each_moved_target(tmp
                      ["h200_silicon_fp8", "vllm", "1", "1024", "8192", "32", "474", "5,888",
                       "1,050"]]
     assert lines[-2] == "Code abc, 2026-12-04, 12 s."
+
+
+def test_a_missed_set_says_what_each_unknown_was_measured_to_give(tmp_path):
+    """Two closed-loop loads of a set that misses the goal, one measured inside its bracket
+    (lockstep 100, steady 60, measured 80) and one 20 % above it (lockstep 100, steady 60,
+    measured 125: 25 ms, 20 % of 125): the line gives the share inside, the mean distance
+    off (10 %), the best closed-loop length and each engine choice but the headline. A set
+    that meets the goal says nothing more; without the benchmarks' files, only the bracket."""
+    from leaderboard.serving.report_oracle import what_stops_the_oracle
+
+    def rows(dataset, gt, lockstep, steady, tpot=10.0):
+        n = len(gt)
+        frame = pl.DataFrame({
+            "dataset": dataset, "backend": "vllm", "model": "llama-3.1-70b", "tp": 1,
+            "isl": 1024, "concurrency": [8, 16][:n] * 3, "workload_id": list(range(n)) * 3,
+            "phase": ["ttft"] * n + ["ttft_steady"] * n + ["tpot"] * n,
+            "pred_ms": [*lockstep, *steady, *[tpot] * n],
+            "gt_ms": [*gt, *gt, *[tpot] * n]})
+        return frame.with_columns(signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
+
+    mine = pl.concat([rows("h200_silicon_fp8", [80.0, 125.0], [100.0, 100.0], [60.0, 60.0]),
+                      rows("h100_silicon", [100.0, 100.0], [105.0, 95.0], [90.0, 90.0])])
+    waves, choices = tmp_path / "waves.json", tmp_path / "choices.json"
+    only_bracket = "\n".join(what_stops_the_oracle(mine, waves, choices))
+    waves.write_text(json.dumps({"rows": [
+        {"dataset": "h200_silicon_fp8", "backend": "all", "waves": w, "dropped": d,
+         "ttft_mape": t, "tpot_mape": 5.0, "n": 2}
+        for w, d, t in ((4, 0, 50.0), (4, 2, 40.0), (10, 0, 45.0))]}))
+    choices.write_text(json.dumps({"rows": [
+        {"dataset": "h200_silicon_fp8", "choice": c, "ttft_mape": t}
+        for c, t in (("headline", 50.0), ("fp8_kv", 96.66), ("no_prefix_cache", 51.0))]}))
+    text = "\n".join(what_stops_the_oracle(mine, waves, choices))
+    bracket = ("the measured TTFT lies inside the closed loop's bracket for 50 % of 2 loads and "
+               "10.0 % off it on average")
+    line = next(x for x in text.splitlines() if x.startswith("`h200_silicon_fp8`"))
+    assert line.startswith("`h200_silicon_fp8`: TTFT 22.5 % against 12 %: missed. Measured: "
+                           + bracket)  # |100/80 - 1| and |100/125 - 1|, averaged
+    assert ("; the best closed-loop length gives 40.0 % TTFT (4 waves, first 2 dropped); "
+            "`fp8_kv` gives 96.7 % TTFT; `no_prefix_cache` gives 51.0 % TTFT.") in line
+    assert "`headline`" not in line
+    assert next(x for x in text.splitlines() if x.startswith("`h100_silicon`")) == \
+        "`h100_silicon`: met."
+    line = next(x for x in only_bracket.splitlines() if x.startswith("`h200_silicon_fp8`"))
+    assert line.endswith(bracket + " (the TTFT error left if the clients' drift were granted).")

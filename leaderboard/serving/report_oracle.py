@@ -114,10 +114,12 @@ def _gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
     return ends, slopes
 
 
-def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
+def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
+                          choices: Path = CHOICES_JSON) -> list[str]:
     """Measured, per dataset and backend: which way the oracle misses, how its TPOT gap
     (measured minus oracle) grows with the clients, and how far the measured TTFT lies above
-    the steady state's (the time a first token spends outside the replayed steps)."""
+    the steady state's (the time a first token spends outside the replayed steps); per dataset
+    that misses the goal, what the replay's unknowns were measured to give."""
     lines = ["What keeps the oracle from the replay's goal (TTFT MAPE <= 12 %, TPOT <= 7 % on "
              "every `_silicon` set; docs/design.md), measured from its predictions: the signed "
              "median error (negative: the replay is faster than the engine), and its TPOT gap, "
@@ -144,11 +146,35 @@ def what_stops_the_oracle(mine: pl.DataFrame) -> list[str]:
                     "TPOT MAPE %", "TPOT signed median %", "TPOT gap ms, lowest / highest c",
                     "TPOT gap per client µs", "steady TTFT gap ms, lowest / highest c",
                     "steady TTFT gap per client ms"], sorted(rows), "llrrrrrrrrr")
+    bracket = inside_bracket(mine)
     for (dataset,), group in mine.group_by("dataset", maintain_order=True):
         missed = [f"{m.upper()} {mape:.1f} % against {goal:.0f} %" for m, goal in TARGETS.items()
                   if not (mape := group.filter(phase=m)["signed_pct"].abs().mean()) <= goal]
-        lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")]
+        lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")
+                  + (_unknowns_measured(dataset, bracket.get(dataset), waves, choices)
+                     if missed else "")]
     return lines + [""]
+
+
+def _unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None, waves: Path,
+                       choices: Path) -> str:
+    """What the oracle of ``dataset`` gives under each reading of what no record states: the
+    clients' drift (the bracket), the request count (``benchmarks/closed_loop_waves.py``) and
+    the launch flags (``benchmarks/engine_choices.py``)."""
+    said = []
+    if bracket is not None:
+        n, share, off = bracket
+        said.append(f"the measured TTFT lies inside the closed loop's bracket for {share:.0f} % "
+                    f"of {n} loads and {off:.1f} % off it on average (the TTFT error left if "
+                    "the clients' drift were granted)")
+    if waves.exists() and (best := _best_lengths_by_set(json.loads(waves.read_text())).get(dataset)):
+        said.append(f"the best closed-loop length gives {fmt(best['ttft_mape'])} % TTFT "
+                    f"({_length(best['waves'], best['dropped'])})")
+    if choices.exists():
+        said += [f"`{r['choice']}` gives {fmt(r['ttft_mape'])} % TTFT"
+                 for r in json.loads(choices.read_text())["rows"]
+                 if r["dataset"] == dataset and r["choice"] != "headline"]
+    return " Measured: " + "; ".join(said) + "." if said else ""
 
 
 def _length(waves: int, dropped: int) -> str:
@@ -170,15 +196,21 @@ def closed_loop_table(bench: dict) -> list[str]:
                  "llr" + "r" * len(combos))
 
 
-def _best_lengths(bench: dict) -> list[str]:
-    """Per serving set (every backend together), the length with the lowest TTFT MAPE, and
-    whether it meets the goal."""
+def _best_lengths_by_set(bench: dict) -> dict[str, dict]:
+    """Per serving set (every backend together), the benchmark's row of the length with the
+    lowest TTFT MAPE."""
     best: dict[str, dict] = {}
     for r in bench["rows"]:
         # the first of equal lengths (to rounding) is the shorter loop, the rows' order
         if r["backend"] == "all" and (r["dataset"] not in best
                                       or r["ttft_mape"] < best[r["dataset"]]["ttft_mape"] - 1e-9):
             best[r["dataset"]] = r
+    return best
+
+
+def _best_lengths(bench: dict) -> list[str]:
+    """Per serving set, the best length and whether it meets the goal."""
+    best = _best_lengths_by_set(bench)
     return [f"- `{d}`: at best {fmt(r['ttft_mape'])} % TTFT, {fmt(r['tpot_mape'])} % TPOT "
             f"({_length(r['waves'], r['dropped'])}), "
             f"{'within' if r['ttft_mape'] <= TARGETS['ttft'] else 'outside'} the "
