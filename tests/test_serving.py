@@ -589,16 +589,19 @@ def test_the_slope_rows_left_out_of_h100_silicon_are_the_llama_8b_trtllm_campaig
     assert total == 177 - flagged  # its other rows stay
 
 
-def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses():
+def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(tmp_path):
     """Synthetic oracle rows: the engine's TPOT is the oracle's plus 0.1 ms per client (100 µs a
     client), its TTFT 20 % above: the table reads that back and names both goals missed."""
-    from leaderboard.serving.report_oracle import what_stops_the_oracle
+    from leaderboard.serving import report_oracle
+
+    def what_stops_the_oracle(rows):  # without the benchmarks' files
+        return report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no")
 
     c = np.array([8, 16, 64, 128])
     tpot_pred, ttft_pred = 10.0 + 0 * c, 100.0 + 0 * c
     rows = pl.DataFrame({
         "dataset": "h100_silicon", "backend": "vllm", "model": "qwen3-32b", "tp": 2, "isl": 1024,
-        "concurrency": np.tile(c, 2),
+        "concurrency": np.tile(c, 2), "workload_id": np.tile(np.arange(4), 2),
         "phase": ["tpot"] * 4 + ["ttft"] * 4,
         "pred_ms": np.concatenate([tpot_pred, ttft_pred]),
         "gt_ms": np.concatenate([tpot_pred + 0.1 * c, ttft_pred * 1.25])})
@@ -620,7 +623,8 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     # would tilt; per (model, TP, isl), the first model's 100 µs and the second's 0 give 50
     other = pl.DataFrame({
         "dataset": "h100_silicon", "backend": "vllm", "model": "llama-3.1-8b", "tp": 2,
-        "isl": 1024, "concurrency": [64, 128, 64, 128], "phase": ["tpot"] * 2 + ["ttft"] * 2,
+        "isl": 1024, "concurrency": [64, 128, 64, 128], "workload_id": [4, 5, 4, 5],
+        "phase": ["tpot"] * 2 + ["ttft"] * 2,
         "pred_ms": [10.0, 10.0, 100.0, 100.0], "gt_ms": [30.0, 30.0, 125.0, 125.0]}).with_columns(
         signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
     text = "\n".join(what_stops_the_oracle(pl.concat([rows, other], how="vertical_relaxed")))
