@@ -34,7 +34,7 @@ from leaderboard.run_inputs import RunSpec, load_inputs
 from leaderboard.serving import simulate
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard.serving.replay import closed_loop
-from leaderboard.serving.report_oracle import closed_loop_table
+from leaderboard.serving.report_unknowns import closed_loop_table
 from leaderboard_core.specs import load_models
 from leaderboard_core.versioning import code_version
 from predictors import registry

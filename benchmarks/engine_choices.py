@@ -4,9 +4,10 @@ aiconfigurator's silicon CSV records a run's backend, model, precision, parallel
 not its launch flags. Two choices of the replay (``conf/serving/schedulers.yaml``) decide how
 many requests a KV-bound load holds at once:
 
-- ``fp8_kv``: the KV cache in FP8, half the bytes a token. The headline keeps BF16, vLLM's
-  ``--kv-cache-dtype auto`` for a BF16 or online-FP8 model; aiconfigurator's generator passes
-  the flag only when a search result names a KV quantization.
+- ``fp8_kv``: every backend's KV cache in FP8, half the bytes a token. The headline keeps BF16,
+  vLLM's ``--kv-cache-dtype auto`` for a BF16 or online-FP8 model; aiconfigurator's generator
+  passes the flag only when a search result names a KV quantization. Only the capacity
+  changes: the steps are still priced with BF16 attention, as the oracle's tables time it.
 - ``no_prefix_cache``: vLLM without prefix caching, so a preempted request recomputes its
   whole prompt. The headline keeps it on, V1's default, which aiconfigurator's generator leaves
   alone unless asked.
@@ -15,7 +16,8 @@ This replays every target of each serving set that has an oracle with the oracle
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
 over every target and over the targets the choice moves (predicted TTFT changed by more than
-0.1 %). The moved targets are also listed one by one. Prints markdown; ``--json PATH`` also
+0.1 %), and counts the moved targets it brings closer to the measured TTFT. The moved targets
+are also listed one by one. Prints markdown; ``--json PATH`` also
 writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
@@ -31,7 +33,7 @@ import numpy as np
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
 from leaderboard.serving import simulate
-from leaderboard.serving.report_oracle import engine_choices_tables
+from leaderboard.serving.report_unknowns import engine_choices_tables
 from leaderboard_core.specs import load_models
 
 # Each choice: the yaml keys it sets, as a path from the top of schedulers.yaml, and the value.
@@ -80,10 +82,12 @@ def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
     summary, moved_rows = [], np.zeros(len(targets), dtype=bool)
     for name, (ttft, tpot) in predicted.items():
         moved = np.abs(ttft / headline_ttft - 1) > MOVED
+        closer = moved & (np.abs(ttft / gt_ttft - 1) < np.abs(headline_ttft / gt_ttft - 1))
         moved_rows |= moved
         summary.append({"dataset": dataset, "choice": name, "n": len(targets),
                         "ttft_mape": mape(ttft, gt_ttft, every),
                         "tpot_mape": mape(tpot, gt_tpot, every), "moved": int(moved.sum()),
+                        "closer": int(closer.sum()),
                         "moved_ttft_mape": mape(ttft, gt_ttft, moved),
                         "moved_headline_ttft_mape": mape(headline_ttft, gt_ttft, moved)})
     shown = targets.select("backend", "tp", "isl", "osl", "concurrency", "gt_ttft_ms")

@@ -12,8 +12,10 @@ stands in for ``../shared`` in every test.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,21 @@ if not (paths.SHARED_UPSTREAM / "MANIFEST.json").is_file() and os.environ.get("L
 SHARED = paths.SHARED_UPSTREAM
 HAS_SHARED = (SHARED / "MANIFEST.json").is_file()
 requires_shared = pytest.mark.skipif(not HAS_SHARED, reason=f"no shared upstream data at {SHARED}")
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module. benchmarks/ is on sys.path only while
+    it loads (a script imports its siblings as a script would): left there, it would reach
+    every sandboxed child of the session."""
+    folder = paths.REPO_ROOT / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
 
 
 def _closed_port() -> int:

@@ -3,35 +3,22 @@ back, and the report shows every choice and the targets a choice moves."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+from types import SimpleNamespace
 
+import numpy as np
 import polars as pl
 import pytest
+from conftest import load_benchmark
 
 from leaderboard.serving import simulate
-from leaderboard.serving.report_oracle import engine_choices
-from leaderboard_core import paths
+from leaderboard.serving.report_unknowns import engine_choices
 from leaderboard_core.specs import load_gpu_specs, load_models
-
-
-def _script(name: str):
-    """A script of benchmarks/, loaded by path (benchmarks/ stays off sys.path: it would reach
-    every sandboxed child of the session)."""
-    spec = importlib.util.spec_from_file_location(name, paths.REPO_ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.modules["closed_loop_waves"] = _script("closed_loop_waves")  # engine_choices imports it
-    try:
-        yield _script("engine_choices")
-    finally:
-        del sys.modules["closed_loop_waves"]
+    return load_benchmark("engine_choices")
 
 
 def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
@@ -54,8 +41,39 @@ def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
         assert (policy().prefix_cache_block, policy().kv_tokens) == (0, headline.kv_tokens)
     with pytest.raises(RuntimeError), bench.engine_choice(bench.CHOICES["fp8_kv"]):
         raise RuntimeError
+    # a path that fails half way: the key already set is put back too
+    with pytest.raises(KeyError), bench.engine_choice(
+            {**bench.CHOICES["fp8_kv"], ("simulation", "no_such_key", "x"): 0}):
+        pass
     assert policy() == headline
     assert simulate.load_conf()["simulation"]["kv_bytes_per_element"] == 2
+
+
+def test_replay_choices_moves_only_the_kv_bound_load_and_keeps_each_row_its_own(bench, monkeypatch):
+    """Two vLLM loads of Llama-3.1-70B in FP8 on H200s, every step 5 ms: 64 clients of 8192 + 256
+    tokens on one GPU (540 K tokens of KV against about 190 K in BF16, 380 K in FP8) and 2
+    clients of 128 + 16 tokens on eight. Only the first is moved, FP8 KV queues it less (so
+    nearer a measured 1 ms), and the moved list is that load's row."""
+    gpu = load_gpu_specs()["h200_sxm"]
+    targets = pl.DataFrame({
+        "run": ["bound", "light"], "load": "closed", "backend": "vllm", "model": "llama-3.1-70b",
+        "tp": [1, 8], "gemm_dtype": "fp8", "backend_version": None, "concurrency": [64, 2],
+        "isl": [8192, 128], "osl": [256, 16], "gt_ttft_ms": [1.0, 50.0], "gt_tpot_ms": 5.0},
+        schema_overrides={"backend_version": pl.String})
+    monkeypatch.setattr(bench, "oracle_timer", lambda dataset, home: (
+        lambda cells: np.full(len(cells), 5.0), SimpleNamespace(target=targets, gpu=gpu)))
+    summary, moved = bench.replay_choices("synthetic", "home")
+    rows = {r["choice"]: r for r in summary}
+    assert list(rows) == list(bench.CHOICES)
+    assert rows["headline"]["moved"] == 0 and rows["headline"]["closer"] == 0
+    assert (rows["fp8_kv"]["moved"], rows["fp8_kv"]["closer"]) == (1, 1)
+    assert [(m["tp"], m["isl"], m["concurrency"]) for m in moved] == [(1, 8192, 64)]
+    assert moved[0]["fp8_kv_ttft_ms"] < moved[0]["headline_ttft_ms"]
+    assert rows["fp8_kv"]["moved_ttft_mape"] == pytest.approx(
+        (moved[0]["fp8_kv_ttft_ms"] - 1.0) * 100)
+    assert rows["fp8_kv"]["moved_headline_ttft_mape"] == pytest.approx(
+        (moved[0]["headline_ttft_ms"] - 1.0) * 100)
+    assert rows["no_prefix_cache"]["moved"] <= 1
 
 
 def test_the_engine_choices_section_shows_every_choice_and_each_moved_target(tmp_path):
@@ -65,10 +83,10 @@ def test_the_engine_choices_section_shows_every_choice_and_each_moved_target(tmp
     assert "No engine-choice benchmark" in engine_choices(path)[0]
     choices = ["headline", "fp8_kv"]
     rows = [{"dataset": "h200_silicon_fp8", "choice": c, "n": 60, "ttft_mape": t,
-             "tpot_mape": 7.6, "moved": moved, "moved_ttft_mape": mt,
+             "tpot_mape": 7.6, "moved": moved, "closer": closer, "moved_ttft_mape": mt,
              "moved_headline_ttft_mape": mh}
-            for c, t, moved, mt, mh in (("headline", 142.04, 0, None, None),
-                                        ("fp8_kv", 96.66, 1, 121.4, 1141.7))]
+            for c, t, moved, closer, mt, mh in (("headline", 142.04, 0, 0, None, None),
+                                                ("fp8_kv", 96.66, 1, 1, 121.4, 1141.7))]
     moved = [{"dataset": "h200_silicon_fp8", "backend": "vllm", "tp": 1, "isl": 1024,
               "osl": 8192, "concurrency": 32, "gt_ttft_ms": 474.2, "headline_ttft_ms": 5888.4,
               "fp8_kv_ttft_ms": 1049.8}]
@@ -77,8 +95,9 @@ def test_the_engine_choices_section_shows_every_choice_and_each_moved_target(tmp
     lines = engine_choices(path)
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines
              if line.startswith("| ") and not line.startswith(("| dataset", "| ---"))]
-    assert cells == [["h200_silicon_fp8", "headline", "60", "142.0", "7.6", "0", "—", "—"],
-                     ["h200_silicon_fp8", "fp8_kv", "60", "96.7", "7.6", "1", "121.4", "1,141.7"],
+    assert cells == [["h200_silicon_fp8", "headline", "60", "142.0", "7.6", "0", "—", "—", "—"],
+                     ["h200_silicon_fp8", "fp8_kv", "60", "96.7", "7.6", "1", "1 / 0", "121.4",
+                      "1,141.7"],
                      ["h200_silicon_fp8", "vllm", "1", "1024", "8192", "32", "474", "5,888",
                       "1,050"]]
     assert lines[-2] == "Code abc, 2026-12-04, 12 s."
@@ -111,16 +130,21 @@ def test_a_missed_set_says_what_each_unknown_was_measured_to_give(tmp_path):
          "ttft_mape": t, "tpot_mape": 5.0, "n": 2}
         for w, d, t in ((4, 0, 50.0), (4, 2, 40.0), (10, 0, 45.0))]}))
     choices.write_text(json.dumps({"rows": [
-        {"dataset": "h200_silicon_fp8", "choice": c, "ttft_mape": t}
-        for c, t in (("headline", 50.0), ("fp8_kv", 96.66), ("no_prefix_cache", 51.0))]}))
+        {"dataset": "h200_silicon_fp8", "choice": c, "ttft_mape": t, "moved": m, "closer": k}
+        for c, t, m, k in (("headline", 55.0, 0, 0), ("fp8_kv", 96.66, 4, 1),
+                           ("no_prefix_cache", 51.0, 2, 2))]}))
     text = "\n".join(what_stops_the_oracle(mine, waves, choices))
     bracket = ("the measured TTFT lies inside the closed loop's bracket for 50 % of 2 loads and "
                "10.0 % off it on average")
     line = next(x for x in text.splitlines() if x.startswith("`h200_silicon_fp8`"))
     assert line.startswith("`h200_silicon_fp8`: TTFT 22.5 % against 12 %: missed. Measured: "
                            + bracket)  # |100/80 - 1| and |100/125 - 1|, averaged
-    assert ("; the best closed-loop length gives 40.0 % TTFT (4 waves, first 2 dropped); "
-            "`fp8_kv` gives 96.7 % TTFT; `no_prefix_cache` gives 51.0 % TTFT.") in line
+    assert ("; the best closed-loop length (`benchmarks/closed_loop_waves.py`) gives 40.0 % TTFT "
+            "(4 waves, first 2 dropped) against 50.0 % at the headline's length; `fp8_kv` "
+            "(`benchmarks/engine_choices.py`) gives 96.7 % TTFT against 55.0 % in the same "
+            "benchmark, 1 of the 4 loads it moves closer; `no_prefix_cache` "
+            "(`benchmarks/engine_choices.py`) gives 51.0 % TTFT against 55.0 % in the same "
+            "benchmark, 2 of the 2 loads it moves closer.") in line
     assert "`headline`" not in line
     assert next(x for x in text.splitlines() if x.startswith("`h100_silicon`")) == \
         "`h100_silicon`: met."

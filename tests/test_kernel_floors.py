@@ -3,23 +3,17 @@ points, and the report shows them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import Counter
 
 import duckdb
 import polars as pl
 import pytest
+from conftest import load_benchmark
 
 from leaderboard import report_sections
-from leaderboard_core import paths
 
-# A script of benchmarks/, loaded by path: putting benchmarks/ on sys.path would reach every
-# sandboxed child of the session.
-_spec = importlib.util.spec_from_file_location(
-    "kernel_floors", paths.REPO_ROOT / "benchmarks" / "kernel_floors.py")
-kernel_floors = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(kernel_floors)
+kernel_floors = load_benchmark("kernel_floors")
 
 
 def test_the_measured_floors_are_the_stores_points(real_store):

@@ -657,7 +657,7 @@ def test_the_closed_loop_lengths_table_shows_each_length_and_the_best_per_set(tm
     """Two sets, lengths (4, 0) (4, 2) (10, 0) (10, 2): a length the benchmark did not replay
     shows as a dash; the best length per set is the lowest TTFT MAPE over every backend
     together, the shorter loop on a tie, and is within the goal only at 12 % or less."""
-    from leaderboard.serving.report_oracle import closed_loop_lengths
+    from leaderboard.serving.report_unknowns import closed_loop_lengths
 
     def row(dataset, backend, waves, dropped, ttft, tpot=5.0, n=3):
         return {"dataset": dataset, "backend": backend, "waves": waves, "dropped": dropped,

@@ -12,7 +12,8 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
-from leaderboard.serving.report_oracle import closed_loop_lengths, engine_choices, oracle_section
+from leaderboard.serving.report_oracle import oracle_section
+from leaderboard.serving.report_unknowns import closed_loop_lengths, engine_choices
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 # Same deployment (model, precision, TP, expert placement, backend) and load: the serving

@@ -4,20 +4,15 @@ and what, measured, keeps the oracle from the replay's goal."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from leaderboard import families, report_leaderboard, report_sections, results
+from leaderboard import families, report_leaderboard, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
-from leaderboard.serving.simulate import load_conf
-from leaderboard_core import paths
+from leaderboard.serving.report_unknowns import CHOICES_JSON, TARGETS, WAVES_JSON, unknowns_measured
 from leaderboard_core.report_tables import fmt, phase_stat, table
-
-WAVES_JSON = paths.REPO_ROOT / "benchmarks" / "closed_loop_waves.json"
-CHOICES_JSON = paths.REPO_ROOT / "benchmarks" / "engine_choices.json"
 
 
 def inside_bracket(predictions: pl.DataFrame) -> dict[str, tuple[int, float, float]]:
@@ -96,10 +91,6 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
     return lines + what_stops_the_oracle(valid)
 
 
-# The replay's goal (docs/design.md, "Serving replay and its oracle"), MAPE %.
-TARGETS = {"ttft": 12.0, "tpot": 7.0}
-
-
 def _gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
     """Measured minus predicted (ms): its median at the lowest and highest concurrency, and the
     slopes of lines over concurrency per (model, TP, isl), so that which models ran at which
@@ -151,132 +142,9 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
         missed = [f"{m.upper()} {mape:.1f} % against {goal:.0f} %" for m, goal in TARGETS.items()
                   if not (mape := group.filter(phase=m)["signed_pct"].abs().mean()) <= goal]
         lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")
-                  + (_unknowns_measured(dataset, bracket.get(dataset), waves, choices)
+                  + (unknowns_measured(dataset, bracket.get(dataset), waves, choices)
                      if missed else "")]
     return lines + [""]
-
-
-def _unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None, waves: Path,
-                       choices: Path) -> str:
-    """What the oracle of ``dataset`` gives under each reading of what no record states: the
-    clients' drift (the bracket), the request count (``benchmarks/closed_loop_waves.py``) and
-    the launch flags (``benchmarks/engine_choices.py``)."""
-    said = []
-    if bracket is not None:
-        n, share, off = bracket
-        said.append(f"the measured TTFT lies inside the closed loop's bracket for {share:.0f} % "
-                    f"of {n} loads and {off:.1f} % off it on average (the TTFT error left if "
-                    "the clients' drift were granted)")
-    if waves.exists() and (best := _best_lengths_by_set(json.loads(waves.read_text())).get(dataset)):
-        said.append(f"the best closed-loop length gives {fmt(best['ttft_mape'])} % TTFT "
-                    f"({_length(best['waves'], best['dropped'])})")
-    if choices.exists():
-        said += [f"`{r['choice']}` gives {fmt(r['ttft_mape'])} % TTFT"
-                 for r in json.loads(choices.read_text())["rows"]
-                 if r["dataset"] == dataset and r["choice"] != "headline"]
-    return " Measured: " + "; ".join(said) + "." if said else ""
-
-
-def _length(waves: int, dropped: int) -> str:
-    return f"{waves} waves" + (f", first {dropped} dropped" if dropped else "")
-
-
-def closed_loop_table(bench: dict) -> list[str]:
-    """The oracle's TTFT / TPOT MAPE per serving set and backend, for each closed-loop length
-    ``benchmarks/closed_loop_waves.py`` replayed (the script prints it too)."""
-    combos = [(w, d) for w in bench["waves"] for d in bench["dropped"]]
-    cells = {(r["dataset"], r["backend"], r["waves"], r["dropped"]): r for r in bench["rows"]}
-    counts = {(r["dataset"], r["backend"]): r["n"] for r in bench["rows"]}
-    keys = sorted(counts, key=lambda k: (k[0], k[1] != "all", k[1]))
-    body = [[dataset, backend, str(counts[(dataset, backend)]),
-             *(f"{fmt(c['ttft_mape'])} / {fmt(c['tpot_mape'])}"
-               if (c := cells.get((dataset, backend, w, d))) else "—" for w, d in combos)]
-            for dataset, backend in keys]
-    return table(["dataset", "backend", "n", *(_length(w, d) for w, d in combos)], body,
-                 "llr" + "r" * len(combos))
-
-
-def _best_lengths_by_set(bench: dict) -> dict[str, dict]:
-    """Per serving set (every backend together), the benchmark's row of the length with the
-    lowest TTFT MAPE."""
-    best: dict[str, dict] = {}
-    for r in bench["rows"]:
-        # the first of equal lengths (to rounding) is the shorter loop, the rows' order
-        if r["backend"] == "all" and (r["dataset"] not in best
-                                      or r["ttft_mape"] < best[r["dataset"]]["ttft_mape"] - 1e-9):
-            best[r["dataset"]] = r
-    return best
-
-
-def _best_lengths(bench: dict) -> list[str]:
-    """Per serving set, the best length and whether it meets the goal."""
-    best = _best_lengths_by_set(bench)
-    return [f"- `{d}`: at best {fmt(r['ttft_mape'])} % TTFT, {fmt(r['tpot_mape'])} % TPOT "
-            f"({_length(r['waves'], r['dropped'])}), "
-            f"{'within' if r['ttft_mape'] <= TARGETS['ttft'] else 'outside'} the "
-            f"{TARGETS['ttft']:.0f} % TTFT goal." for d, r in sorted(best.items())]
-
-
-def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
-    """Whether the closed loop's length (requests sent, warm-up left out) is what keeps the
-    oracle from its goal, from ``benchmarks/closed_loop_waves.py``'s JSON."""
-    shown = report_sections.shown_path(path)
-    if not path.exists():
-        return [f"No closed-loop length benchmark at `{shown}` yet (`python "
-                "benchmarks/closed_loop_waves.py --json benchmarks/closed_loop_waves.json`).", ""]
-    bench = json.loads(path.read_text())
-    dropped = " or ".join(str(d) for d in bench["dropped"] if d)
-    return [f"How long a loop the replay runs (`python benchmarks/closed_loop_waves.py --json "
-            f"{shown}`). No record states how many requests a `_silicon` run sent. The "
-            f"replay's headline runs {load_conf()['simulation']['waves']} waves of "
-            "`concurrency` requests. aiconfigurator's own benchmark template sends 50 (unless "
-            "its environment sets another count) after a warm-up of 2, and AIPerf waits for "
-            "every warm-up response before it profiles, so the profiled waves also start from "
-            "an idle engine; public GenAI-Perf benchmark scripts often send 10. The oracle's "
-            "TTFT / TPOT MAPE % for each length, each a replay of its own, over every wave or "
-            f"without the first {dropped} (a warm-up that did not drain):", "",
-            *closed_loop_table(bench), "", *_best_lengths(bench), "",
-            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
-
-
-def engine_choices_tables(bench: dict) -> list[str]:
-    """The oracle's error per serving set under each engine choice of
-    ``benchmarks/engine_choices.py``, then the targets a choice moves, one by one."""
-    choices = bench["choices"]
-    lines = table(["dataset", "engine choice", "n", "TTFT MAPE %", "TPOT MAPE %", "targets moved",
-                   "their TTFT MAPE %", "the same targets, headline %"], [
-        [r["dataset"], r["choice"], str(r["n"]), fmt(r["ttft_mape"]), fmt(r["tpot_mape"]),
-         str(r["moved"]), fmt(r["moved_ttft_mape"]), fmt(r["moved_headline_ttft_mape"])]
-        for r in bench["rows"]], "llrrrrrr")
-    if not bench["moved"]:
-        return lines
-    return lines + ["", "The moved targets (TTFT, ms):", "", *table(
-        ["dataset", "backend", "TP", "isl", "osl", "concurrency", "measured",
-         *(f"{c}" for c in choices)],
-        [[m["dataset"], m["backend"], str(m["tp"]), str(m["isl"]), str(m["osl"]),
-          str(m["concurrency"]), f"{m['gt_ttft_ms']:,.0f}",
-          *(f"{m[f'{c}_ttft_ms']:,.0f}" for c in choices)] for m in bench["moved"]],
-        "llrrrrr" + "r" * len(choices))]
-
-
-def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
-    """What the oracle's error owes to the launch flags no record states, from
-    ``benchmarks/engine_choices.py``'s JSON."""
-    shown = report_sections.shown_path(path)
-    command = f"`python benchmarks/engine_choices.py --json {shown}`"
-    if not path.exists():
-        return [f"No engine-choice benchmark at `{shown}` yet ({command}).", ""]
-    bench = json.loads(path.read_text())
-    return [f"Engine choices no record states ({command}). The `_silicon` CSV holds no launch "
-            "flags. The headline replays vLLM with a BF16 KV cache (`--kv-cache-dtype auto` for "
-            "a BF16 or online-FP8 model) and with prefix caching on (V1's default, which "
-            "aiconfigurator's generator keeps unless asked). `fp8_kv` halves a token's KV "
-            "bytes; `no_prefix_cache` makes a preempted request recompute its whole prompt. "
-            "Both move only KV-bound loads. Each choice is a replay of its own with the "
-            "oracle's step timer. A choice that helped one GPU's runs and hurt another's "
-            "would be a per-GPU fit to the measurements, so the headline keeps what the "
-            "sources support:", "", *engine_choices_tables(bench), "",
-            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 
 def for_card(name: str, runs_dir: Path, rows: dict[str, dict]) -> list[str]:
