@@ -147,7 +147,8 @@ def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
         headline = next((r for r in rows if r["choice"] == "headline"), None)
         said += [f"`{r['choice']}` (`benchmarks/engine_choices.py`) gives {fmt(r['ttft_mape'])} % "
                  f"TTFT against {fmt(headline['ttft_mape'])} % in the same benchmark, "
-                 f"{r['closer']} of the {r['moved']} loads it moves closer"
+                 + (f"{r['closer']} of the {r['moved']} loads it moves closer" if r["moved"]
+                    else "moving no load")
                  for r in rows if headline and r["choice"] != "headline"]
     return " Measured: " + "; ".join(said) + "." if said else ""
 
