@@ -17,7 +17,7 @@ This replays every target of each serving set that has an oracle with the oracle
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
 over every target and over the targets the choice moves (predicted TTFT changed by more than
 0.1 %), and counts the moved targets it brings closer to the measured TTFT. The moved targets
-are also listed one by one. Prints markdown; ``--json PATH`` also
+are also listed one by one, with a progress bar per set and choice. Prints markdown; ``--json PATH`` also
 writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
@@ -34,6 +34,7 @@ from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
 from leaderboard.serving import simulate
 from leaderboard.serving.report_unknowns import engine_choices_tables
+from leaderboard_core import progress
 from leaderboard_core.specs import load_models
 
 # Each choice: the yaml keys it sets, as a path from the top of schedulers.yaml, and the value.
@@ -69,8 +70,9 @@ def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
     targets, models = inputs.target, load_models()
     predicted = {}
     for name, changes in CHOICES.items():
-        with engine_choice(changes):
-            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, timer)
+        with engine_choice(changes), progress.track(f"{dataset}: {name}", len(targets)) as bar:
+            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, timer,
+                                                        progress=bar.advance)
         predicted[name] = (ttft, tpot)
     gt_ttft, gt_tpot = targets["gt_ttft_ms"].to_numpy(), targets["gt_tpot_ms"].to_numpy()
 
@@ -91,10 +93,10 @@ def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
                         "moved_ttft_mape": mape(ttft, gt_ttft, moved),
                         "moved_headline_ttft_mape": mape(headline_ttft, gt_ttft, moved)})
     shown = targets.select("backend", "tp", "isl", "osl", "concurrency", "gt_ttft_ms")
-    moved = [{"dataset": dataset, **row,
-              **{f"{name}_ttft_ms": float(ttft[i]) for name, (ttft, _) in predicted.items()}}
-             for i, row in enumerate(shown.iter_rows(named=True)) if moved_rows[i]]
-    return summary, moved
+    moved_targets = [{"dataset": dataset, **row,
+                      **{f"{name}_ttft_ms": float(ttft[i]) for name, (ttft, _) in predicted.items()}}
+                     for i, row in enumerate(shown.iter_rows(named=True)) if moved_rows[i]]
+    return summary, moved_targets
 
 
 def main() -> None:
