@@ -522,6 +522,42 @@ def test_kv_capacity_counts_gib_and_fp8_layers_at_one_byte():
         expected = int((memory - 80 * layer * layer_bytes - embeddings) // per_token)
         assert kv_capacity(m, 2, gpu, 0.9, load_conf(), dtype) == expected, dtype
 
+    # TensorRT-LLM's fraction is of the memory the weights leave free
+    for dtype, layer_bytes in (("bf16", 2), ("fp8", 1)):
+        free = 2 * (80 * 2**30 - (80 * layer * layer_bytes + embeddings) / 2)
+        expected = int(0.9 * free // per_token)
+        assert kv_capacity(m, 2, gpu, 0.9, load_conf(), dtype, of_free=True) == expected, dtype
+
+
+def test_sglang_memory_fraction_follows_its_version_rule_and_trtllm_takes_the_free_memory():
+    from leaderboard.serving.sglang_kv import static_memory_fraction
+    from leaderboard.serving.simulate import kv_capacity, load_conf, policy_for
+
+    gib = 1024  # MiB
+    # up to 0.5.1.post1: an 80 GB GPU reserves (9.5 + TP / 2) GiB, a 141 GB one (12 + TP / 2)
+    assert static_memory_fraction(80, 1, general=False) == round((80 - 10) / 80, 3) == 0.875
+    assert static_memory_fraction(80, 8, general=False) == round((80 - 13.5) / 80, 3)
+    assert static_memory_fraction(141, 2, general=False) == round((141 - 13) / 141, 3)
+    # general rule: 512 MiB + 1.5 x chunk + 2 x CUDA-graph ceiling + TP / 8 GiB, >= 10 GiB
+    assert static_memory_fraction(80, 1, general=True) == round(
+        (80 * gib - (512 + 8192 * 1.5 + 256 * 2 + gib / 8)) / (80 * gib), 3)
+    assert static_memory_fraction(80, 4, general=True) == round(
+        (80 * gib - (512 + 8192 * 1.5 + 512 * 2 + gib / 2)) / (80 * gib), 3)
+    assert static_memory_fraction(180, 2, general=True) == round(
+        (180 * gib - (512 + 16384 * 1.5 + 512 * 2 + gib / 4)) / (180 * gib), 3)
+    # under 60 GB no 10 GiB floor
+    assert static_memory_fraction(40, 1, general=True) == round(
+        (40 * gib - (512 + 4096 * 1.5 + 32 * 2 + gib / 8)) / (40 * gib), 3)
+    with pytest.raises(ValueError, match="35 GiB"):
+        static_memory_fraction(24, 1, general=True)
+
+    m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
+    for version, fraction in (("0.5.1.post1", 0.875), ("0.5.8.post1", 0.836), (None, 0.836)):
+        policy = policy_for("sglang", "any", m, 1, gpu, version=version)
+        assert policy.kv_tokens == kv_capacity(m, 1, gpu, fraction, load_conf()), version
+    trtllm = policy_for("trtllm", "any", m, 2, gpu)
+    assert trtllm.kv_tokens == kv_capacity(m, 2, gpu, 0.9, load_conf(), of_free=True)
+
 
 def test_an_fp8_serving_set_replays_fp8_steps_and_a_bf16_only_predictor_declines(store_home,
                                                                                   tmp_path):

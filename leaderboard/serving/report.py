@@ -192,7 +192,7 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "sample, BF16 dense models, aggregated mode); `rtx4090_serving` holds the requests "
              "of one vLLM run with recorded arrivals. The replay schedules each load with the "
              "backend's defaults (`conf/serving/schedulers.yaml`: a closed loop of 4 waves whose "
-             "clients start together; KV capacity in GiB; vLLM's KV allocated on demand with "
+             "clients start together; KV capacity in GiB by each backend's memory rule (SGLang's `mem_fraction_static` derived as its version derives it, TRT-LLM's fraction of the memory the weights leave free); vLLM's KV allocated on demand with "
              "recompute preemption, a preempted request resumed from what the prefix cache "
              "kept, from 0.19.0 a waiting request admitted only when its whole sequence fits, "
              "and a host time per step from Vidur's measured vLLM CPU "

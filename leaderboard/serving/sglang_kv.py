@@ -30,6 +30,37 @@ RETRACT_DECODE_STEPS = 20
 CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
 
 
+# mem_fraction_static when the launch leaves it unset, by GPU memory (MiB): before the general
+# heuristics, a reserve of (base + per GPU x TP x PP) GiB per bucket of memory below each bound;
+# with them, a reserve derived from the chunked-prefill size and the CUDA-graph batch ceiling
+# each bucket sets (sources in the yaml, backend ``sglang``, ``memory_rule``).
+BUCKETED_RESERVE_GIB = ((35, 2.8, 0.1), (90, 9.5, 0.5), (160, 12.0, 0.5), (float("inf"), 32.0, 0.0))
+# (below GiB, chunked_prefill_size, cuda_graph_max_bs at TP < 4, at TP >= 4)
+GENERAL_BUCKETS = ((60, 4096, 32, 160), (90, 8192, 256, 512), (160, 8192, 256, 512),
+                   (float("inf"), 16384, 512, 512))
+
+
+def static_memory_fraction(gpu_gib: float, tp: int, general: bool) -> float:
+    """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_gib`` at ``tp`` (no pipeline
+    or DP attention, no speculative decoding): bucketed reserves, or with ``general`` the reserve
+    from the chunked-prefill size and CUDA-graph ceiling."""
+    gpu_mib = gpu_gib * 1024
+    if not general:
+        base, per_gpu = next((b, g) for bound, b, g in BUCKETED_RESERVE_GIB if gpu_gib < bound)
+        reserved = (base + per_gpu * tp) * 1024
+    else:
+        if gpu_gib < 35:
+            raise ValueError(f"SGLang's general memory rule for a {gpu_gib} GiB GPU is not in "
+                             "leaderboard/serving/sglang_kv.py (buckets from 35 GiB up); add its "
+                             "bucket from sglang server_args.py")
+        chunk, small_tp, large_tp = next(b[1:] for b in GENERAL_BUCKETS if gpu_gib < b[0])
+        graphs = small_tp if tp < 4 else large_tp
+        reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp / 8 * 1024
+        if gpu_mib > 60 * 1024:
+            reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
 class EstimatedEngine(Engine):
     """The scheduler state of an SGLang engine: ``Engine`` plus the output-ratio estimate."""
 

@@ -16,6 +16,7 @@ import yaml
 from leaderboard.cells import memory
 from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
+from leaderboard.serving.sglang_kv import static_memory_fraction
 from leaderboard_core import paths
 from leaderboard_core.specs import GpuSpec
 from leaderboard_core.versioning import release
@@ -29,16 +30,28 @@ def load_conf() -> dict:
 
 
 def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
-                gemm_dtype: str = "bf16") -> int:
+                gemm_dtype: str = "bf16", of_free: bool = False) -> int:
     """KV tokens an engine of ``tp`` GPUs holds after its weights (memory in GiB, as
-    ``nvidia-smi`` and the engines count it)."""
+    ``nvidia-smi`` and the engines count it): ``fraction`` of each GPU's memory less its weight
+    shard, or with ``of_free`` (TensorRT-LLM's ``free_gpu_memory_fraction``) ``fraction`` of what
+    the weight shard leaves free."""
     sim = conf["simulation"]
-    free = (fraction * float(gpu["mem_gb"]) * 2**30 * tp
-            - tp * memory.weight_bytes(m, tp, gemm_dtype))  # every GPU's shard
+    total, weights = float(gpu["mem_gb"]) * 2**30, memory.weight_bytes(m, tp, gemm_dtype)
+    free = tp * (fraction * (total - weights) if of_free else fraction * total - weights)
     per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * sim["kv_bytes_per_element"]
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
     return int(free // per_token)
+
+
+def memory_fraction(b: dict, gpu: GpuSpec, tp: int, version: str | None) -> float:
+    """The share of memory an engine of ``tp`` GPUs (its backend's yaml entry ``b``) gives
+    weights and KV: the yaml's ``memory_fraction``, or SGLang's own rule where it has one."""
+    rule = b.get("memory_rule")
+    if rule is None:
+        return b["memory_fraction"]
+    general = version is None or _from_version(version, rule)  # an unknown version: today's rule
+    return static_memory_fraction(float(gpu["mem_gb"]), tp, general)
 
 
 def _from_version(version: str | None, rule: dict | None) -> bool:
@@ -66,8 +79,9 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                   **stated}
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
                   stated.get("max_seqs", limits["max_seqs"]),
-                  stated.get("kv_tokens") or kv_capacity(model, tp, gpu, b["memory_fraction"], conf,
-                                                         gemm_dtype),
+                  stated.get("kv_tokens") or kv_capacity(
+                      model, tp, gpu, memory_fraction(b, gpu, tp, version), conf, gemm_dtype,
+                      b.get("memory_budget") == "of_free"),
                   b.get("kv_rule", "reserve"), b.get("prefix_caching", {}).get("block_tokens", 0),
                   _from_version(version, b.get("whole_sequence_admission")))
 
