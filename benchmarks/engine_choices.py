@@ -12,13 +12,26 @@ many requests a KV-bound load holds at once:
   whole prompt. The headline keeps it on, V1's default, which aiconfigurator's generator leaves
   alone unless asked.
 
+A third choice decides how many tokens a step takes:
+
+- ``launch_rule``: the token budget of aiconfigurator's benchmark rule for an aggregated
+  worker, concurrency + isl + 1500 (``generator/rule_plugin/benchmark/vllm.rule`` and
+  ``trtllm.rule``, ``agg max_num_tokens``, ``max_batch_size`` taken as the concurrency), for
+  every vLLM and TRT-LLM run. The headline applies it to vLLM from 0.14.1 only, whose launch
+  template passes the flag (the 0.12.0 one does not). TRT-LLM's templates pass
+  ``max_num_tokens`` at every version, but the generator's deployment rule
+  (``rule_plugin/trtllm.rule``) sets 512 or more as ``max_batch_size`` where the benchmark
+  rule sets the concurrency, so which budget a TRT-LLM run had is not known either way.
+  SGLang's rule caps a prefill batch's new tokens (``max_prefill_tokens`` isl + 1500) rather
+  than a step's, which the replay does not model, so it is left out.
+
 This replays every target of each serving set that has an oracle with the oracle's step timer
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
 over every target and over the targets the choice moves (predicted TTFT changed by more than
-0.1 %), and counts the moved targets it brings closer to the measured TTFT. The moved targets
-are also listed one by one, with a progress bar per set and choice. Prints markdown; ``--json PATH`` also
-writes the rows, which the report shows:
+0.1 %), and counts the moved targets it brings closer to the measured TTFT. The targets the
+KV choices move are also listed one by one. A progress bar runs per set and choice. Prints
+markdown; ``--json PATH`` also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
 """
@@ -42,7 +55,14 @@ CHOICES = {
     "headline": {},
     "fp8_kv": {("simulation", "kv_bytes_per_element"): 1},
     "no_prefix_cache": {("backends", "vllm", "prefix_caching", "block_tokens"): 0},
+    "launch_rule": {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0",
+                    ("backends", "trtllm", "closed_loop_launch"): {"extra_tokens": 1500,
+                                                                   "from_version": "0.0"}},
 }
+# The choices whose moved targets are listed one by one: the KV choices move a few KV-bound
+# loads; the launch rule moves most loads, and its table row says how many it brings closer.
+LISTED = ("fp8_kv", "no_prefix_cache")
+ABSENT = object()  # a key the yaml does not have: the choice adds it, and it is removed again
 MOVED = 1e-3  # a target is moved when its predicted TTFT changes by more than this share
 
 
@@ -55,12 +75,15 @@ def engine_choice(changes: dict[tuple[str, ...], object]):
             node = conf
             for parent in parents:
                 node = node[parent]
-            saved.append((node, key, node[key]))
+            saved.append((node, key, node.get(key, ABSENT)))
             node[key] = value
         yield
     finally:
         for node, key, old in reversed(saved):
-            node[key] = old
+            if old is ABSENT:
+                del node[key]
+            else:
+                node[key] = old
 
 
 def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
@@ -85,7 +108,8 @@ def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
     for name, (ttft, tpot) in predicted.items():
         moved = np.abs(ttft / headline_ttft - 1) > MOVED
         closer = moved & (np.abs(ttft / gt_ttft - 1) < np.abs(headline_ttft / gt_ttft - 1))
-        moved_rows |= moved
+        if name in LISTED:
+            moved_rows |= moved
         summary.append({"dataset": dataset, "choice": name, "n": len(targets),
                         "ttft_mape": mape(ttft, gt_ttft, every),
                         "tpot_mape": mape(tpot, gt_tpot, every), "moved": int(moved.sum()),

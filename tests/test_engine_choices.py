@@ -49,6 +49,29 @@ def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
     assert simulate.load_conf()["simulation"]["kv_bytes_per_element"] == 2
 
 
+
+def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_taken_back(bench):
+    """Under ``launch_rule`` a closed loop of 8 clients of 1024 tokens gets 8 + 1024 + 1500
+    tokens a step from vLLM 0.12.0 and TRT-LLM alike; SGLang keeps its default; after the block
+    vLLM 0.12.0 has its default again and TRT-LLM has no launch rule at all."""
+    m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
+
+    def budget(backend, version):
+        return simulate.policy_for(backend, "any", m, 2, gpu, version=version,
+                                   closed_loop=(8, 1024)).token_budget
+
+    before = {b: budget(b, v) for b, v in (("vllm", "0.12.0"), ("trtllm", "1.0.0rc3"),
+                                            ("sglang", "0.5.1.post1"))}
+    assert before == {"vllm": 8192, "trtllm": 8192, "sglang": 8192}
+    with bench.engine_choice(bench.CHOICES["launch_rule"]):
+        assert budget("vllm", "0.12.0") == budget("trtllm", "1.0.0rc3") == 8 + 1024 + 1500
+        assert budget("sglang", "0.5.1.post1") == 8192
+    assert {b: budget(b, v) for b, v in (("vllm", "0.12.0"), ("trtllm", "1.0.0rc3"),
+                                         ("sglang", "0.5.1.post1"))} == before
+    assert "closed_loop_launch" not in simulate.load_conf()["backends"]["trtllm"]
+    assert simulate.load_conf()["backends"]["vllm"]["closed_loop_launch"]["from_version"] == "0.14.1"
+
+
 def test_replay_choices_moves_only_the_kv_bound_load_and_keeps_each_row_its_own(bench, monkeypatch):
     """Two vLLM loads of Llama-3.1-70B in FP8 on H200s, every step 5 ms: 64 clients of 8192 + 256
     tokens on one GPU (540 K tokens of KV against about 190 K in BF16, 380 K in FP8) and 2

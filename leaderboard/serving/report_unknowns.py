@@ -114,11 +114,18 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "caching on (V1's default, which aiconfigurator's generator keeps unless asked). "
             "`fp8_kv` halves a token's KV bytes in every backend's cache: KV capacity only, the "
             "steps still priced with BF16 attention. `no_prefix_cache` makes a preempted vLLM "
-            "request recompute its whole prompt. Both move only KV-bound loads. Each choice is "
+            "request recompute its whole prompt. Both move only KV-bound loads. "
+            "`launch_rule` gives every vLLM and TRT-LLM closed loop the token budget of "
+            "aiconfigurator's benchmark rule, `concurrency + isl + 1500`, which the headline "
+            "gives only vLLM from 0.14.1, whose launch template passes the flag (TRT-LLM's "
+            "templates pass one at every version, but the generator's deployment rule sets a "
+            "budget from 512 requests, so which one a run had is unknown; SGLang's rule caps a "
+            "prefill batch, which the replay does not model). Each choice is "
             "a replay of its own with the oracle's step timer; a moved target is closer when "
             "its TTFT error shrinks. A choice that helped one GPU's runs and hurt another's "
             "would be a per-GPU fit to the measurements, so the headline keeps what the "
-            "sources support:", "", *engine_choices_tables(bench), "",
+            "sources support. The targets the KV choices move are listed after the table:",
+            "", *engine_choices_tables(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 
