@@ -538,21 +538,22 @@ def test_sglang_memory_fraction_follows_its_version_rule_and_trtllm_takes_the_fr
     assert static_memory_fraction(80, 1, general=False) == round((80 - 10) / 80, 3) == 0.875
     assert static_memory_fraction(80, 8, general=False) == round((80 - 13.5) / 80, 3)
     assert static_memory_fraction(141, 2, general=False) == round((141 - 13) / 141, 3)
-    # general rule: 512 MiB + 1.5 x chunk + 2 x CUDA-graph ceiling + TP / 8 GiB, >= 10 GiB
+    # general rule: 512 MiB + 1.5 x chunk + 2 x CUDA-graph ceiling + TP / 8 GiB
     assert static_memory_fraction(80, 1, general=True) == round(
         (80 * gib - (512 + 8192 * 1.5 + 256 * 2 + gib / 8)) / (80 * gib), 3)
     assert static_memory_fraction(80, 4, general=True) == round(
         (80 * gib - (512 + 8192 * 1.5 + 512 * 2 + gib / 2)) / (80 * gib), 3)
     assert static_memory_fraction(180, 2, general=True) == round(
         (180 * gib - (512 + 16384 * 1.5 + 512 * 2 + gib / 4)) / (180 * gib), 3)
-    # under 60 GB no 10 GiB floor
+    # under 60 GB a 4096-token chunk and a CUDA-graph ceiling of 32
     assert static_memory_fraction(40, 1, general=True) == round(
         (40 * gib - (512 + 4096 * 1.5 + 32 * 2 + gib / 8)) / (40 * gib), 3)
     with pytest.raises(ValueError, match="35 GiB"):
         static_memory_fraction(24, 1, general=True)
 
     m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
-    for version, fraction in (("0.5.1.post1", 0.875), ("0.5.8.post1", 0.836), (None, 0.836)):
+    for version, fraction in (("0.5.1.post1", 0.875), ("0.5.8.post1", 0.836), (None, 0.836),
+                              ("unknown", 0.836)):
         policy = policy_for("sglang", "any", m, 1, gpu, version=version)
         assert policy.kv_tokens == kv_capacity(m, 1, gpu, fraction, load_conf()), version
     trtllm = policy_for("trtllm", "any", m, 2, gpu)

@@ -42,8 +42,10 @@ GENERAL_BUCKETS = ((60, 4096, 32, 160), (90, 8192, 256, 512), (160, 8192, 256, 5
 
 def static_memory_fraction(gpu_gib: float, tp: int, general: bool) -> float:
     """SGLang's default ``mem_fraction_static`` on a GPU of ``gpu_gib`` at ``tp`` (no pipeline
-    or DP attention, no speculative decoding): bucketed reserves, or with ``general`` the reserve
-    from the chunked-prefill size and CUDA-graph ceiling."""
+    or DP attention, no speculative decoding, the default CUDA-graph sizes): bucketed reserves,
+    or with ``general`` the reserve from the chunked-prefill size and CUDA-graph ceiling. SGLang
+    reads the memory nvidia-smi reports (81,559 MiB on an H100 80GB); the replay, the
+    datasheet's GiB, which puts an H100's fraction 0.001 higher."""
     gpu_mib = gpu_gib * 1024
     if not general:
         base, per_gpu = next((b, g) for bound, b, g in BUCKETED_RESERVE_GIB if gpu_gib < bound)
@@ -55,9 +57,8 @@ def static_memory_fraction(gpu_gib: float, tp: int, general: bool) -> float:
                              "bucket from sglang server_args.py")
         chunk, small_tp, large_tp = next(b[1:] for b in GENERAL_BUCKETS if gpu_gib < b[0])
         graphs = small_tp if tp < 4 else large_tp
+        # SGLang also floors the reserve at 10 GiB above 60 GB; these buckets' chunks reach it
         reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp / 8 * 1024
-        if gpu_mib > 60 * 1024:
-            reserved = max(reserved, 10 * 1024)
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 

@@ -34,7 +34,8 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     """KV tokens an engine of ``tp`` GPUs holds after its weights (memory in GiB, as
     ``nvidia-smi`` and the engines count it): ``fraction`` of each GPU's memory less its weight
     shard, or with ``of_free`` (TensorRT-LLM's ``free_gpu_memory_fraction``) ``fraction`` of what
-    the weight shard leaves free."""
+    the weight shard leaves free (TensorRT-LLM also subtracts its profiled activation peak, CUDA
+    graphs and NCCL buffers, which no record gives, so this overstates its KV)."""
     sim = conf["simulation"]
     total, weights = float(gpu["mem_gb"]) * 2**30, memory.weight_bytes(m, tp, gemm_dtype)
     free = tp * (fraction * (total - weights) if of_free else fraction * total - weights)
@@ -50,7 +51,8 @@ def memory_fraction(b: dict, gpu: GpuSpec, tp: int, version: str | None) -> floa
     rule = b.get("memory_rule")
     if rule is None:
         return b["memory_fraction"]
-    general = version is None or _from_version(version, rule)  # an unknown version: today's rule
+    # a version not recorded, or not a release number ('unknown', a commit): today's rule
+    general = release(version) is None or _from_version(version, rule)
     return static_memory_fraction(float(gpu["mem_gb"]), tp, general)
 
 
