@@ -49,7 +49,6 @@ def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
     assert simulate.load_conf()["simulation"]["kv_bytes_per_element"] == 2
 
 
-
 def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_taken_back(bench):
     """Under ``launch_rule`` a closed loop of 8 clients of 1024 tokens gets 8 + 1024 + 1500
     tokens a step from vLLM 0.12.0 and TRT-LLM alike; SGLang keeps its default; after the block
