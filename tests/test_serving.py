@@ -765,7 +765,25 @@ def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store)
     conf = load_conf()["backends"]
     assert conf["vllm"]["host_time"]["base_ms"] == pytest.approx(base, abs=5e-4)
     assert conf["vllm"]["host_time"]["per_request_ms"] == pytest.approx(per_request, abs=5e-5)
-    assert "host_time" not in conf["sglang"] and "host_time" not in conf["trtllm"]
+    assert "base_ms" not in conf["sglang"]["host_time"]
+    assert "base_ms" not in conf["trtllm"]["host_time"]
+
+
+@pytest.mark.parametrize(("backend", "version", "adds_host_time"), [
+    ("vllm", "0.12.0", True), ("vllm", "0.13.0", True), ("vllm", "unknown", True),
+    ("vllm", None, True), ("vllm", "0.14.0", False), ("vllm", "0.19.0", False),
+    ("sglang", "0.5.1.post1", False), ("trtllm", "1.0.0rc3", False)])
+def test_a_step_adds_host_time_only_where_its_engine_does_not_overlap_it(
+        backend, version, adds_host_time):
+    """vLLM schedules asynchronously by default from 0.14.0 (release notes, PR 27614), SGLang
+    and TRT-LLM run overlap schedulers: their steps add no host time. A vLLM step before
+    0.14.0, or of an unrecorded version, adds Vidur's 1.422 ms + 0.0416 ms per request."""
+    from leaderboard.serving.simulate import with_host_time
+
+    cells = pl.DataFrame({"num_requests": [1, 8, 64]})
+    timed = with_host_time(lambda c: np.full(len(c), 10.0), backend, version)
+    host = 1.422 + 0.0416 * np.array([1, 8, 64]) if adds_host_time else 0.0
+    np.testing.assert_allclose(timed(cells), 10.0 + host)
 
 
 def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():

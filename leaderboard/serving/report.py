@@ -188,22 +188,22 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
     if not datasets:
         return []
     lines = ["## Serving: TTFT and TPOT against measured deployments", "",
-             "Each `_silicon` target is one measured serving run (aiconfigurator's silicon "
-             "sample, BF16 dense models, aggregated mode); `rtx4090_serving` holds the requests "
-             "of one vLLM run with recorded arrivals. The replay schedules each load with the "
-             "backend's defaults (`conf/serving/schedulers.yaml`: a closed loop of 4 waves whose "
-             "clients start together; KV capacity in GiB by each backend's memory rule "
-             "(SGLang's `mem_fraction_static` from its version's default rule, TRT-LLM's "
-             "fraction of what the weights leave free); vLLM's KV allocated on demand with "
-             "recompute preemption, a preempted request resumed from what the prefix cache "
-             "kept, from 0.19.0 a waiting request admitted only when its whole sequence fits, "
-             "and a host time per step from Vidur's measured vLLM CPU "
-             "overheads, and a closed-loop run of vLLM 0.14.1 or later, whose launch "
-             "template passes the flag, with the token budget aiconfigurator's launcher sets, "
-             "`concurrency + isl + 1500`; SGLang's admitted on an estimated output and retracted "
-             "when a decode step runs out; TRT-LLM's reserved for prompt and output at "
-             "admission) and the predictor times every step; TTFT and TPOT follow. The "
-             "`_silicon_fp8` sets hold vLLM's FP8 runs. Left-out rows: the dataset cards.", ""]
+             "Each `_silicon` target is one measured serving run (aiconfigurator's silicon sample, BF16 "
+             "dense models, aggregated mode); `rtx4090_serving` holds the requests of one vLLM run with "
+             "recorded arrivals. The replay schedules each load with the backend's defaults "
+             "(`conf/serving/schedulers.yaml`: a closed loop of 4 waves whose clients start together; KV "
+             "capacity in GiB by each backend's memory rule (SGLang's `mem_fraction_static` from its "
+             "version's default rule, TRT-LLM's fraction of what the weights leave free); vLLM's KV "
+             "allocated on demand with recompute preemption, a preempted request resumed from what the "
+             "prefix cache kept, from 0.19.0 a waiting request admitted only when its whole sequence "
+             "fits, a host time per step from Vidur's measured vLLM CPU overheads before 0.14.0 (none "
+             "from 0.14.0, whose async scheduling overlaps it, nor for SGLang and TRT-LLM, whose overlap "
+             "schedulers do), and a closed-loop run of vLLM 0.14.1 or later, whose launch template passes "
+             "the flag, with the token budget aiconfigurator's launcher sets, `concurrency + isl + 1500`; "
+             "SGLang's admitted on an estimated output and retracted when a decode step runs out; "
+             "TRT-LLM's reserved for prompt and output at admission) and the predictor times every step; "
+             "TTFT and TPOT follow. The `_silicon_fp8` sets hold vLLM's FP8 runs. Left-out rows: the "
+             "dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()
     predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
     lines += oracle_section(oracle, predictions) + closed_loop_lengths() + engine_choices()

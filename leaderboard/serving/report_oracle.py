@@ -111,18 +111,17 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
     (measured minus oracle) grows with the clients, and how far the measured TTFT lies above
     the steady state's (the time a first token spends outside the replayed steps); per dataset
     that misses the goal, what the replay's unknowns were measured to give."""
-    lines = ["What keeps the oracle from the replay's goal (TTFT MAPE <= 12 %, TPOT <= 7 % on "
-             "every `_silicon` set; docs/design.md), measured from its predictions: the signed "
-             "median error (negative: the replay is faster than the engine), and its TPOT gap, "
-             "measured minus oracle, at the lowest and highest concurrency and per added client "
-             "(the median over (model, TP, isl) of a line fitted over their loads). The gap holds "
-             "what the kernel tables and the vLLM host time leave out of a step (light kernels, "
-             "another engine's host work, detokenisation), and also the tables' interpolation and "
-             "the replay's own error; a gap that grows with the clients points to per-request "
-             "work. The steady-state TTFT gap is the same reading of the measured TTFT against "
-             "the steady state's: what a first token waits outside the replayed steps, if the "
-             "clients had drifted fully apart. The engine limits each backend is replayed with, "
-             "and their sources, are in `conf/serving/schedulers.yaml`.", ""]
+    lines = ["What keeps the oracle from the replay's goal (TTFT MAPE <= 12 %, TPOT <= 7 % on every "
+             "`_silicon` set; docs/design.md), measured from its predictions: the signed median error "
+             "(negative: the replay is faster than the engine), and its TPOT gap, measured minus oracle, "
+             "at the lowest and highest concurrency and per added client (the median over (model, TP, "
+             "isl) of a line fitted over their loads). The gap holds what the kernel tables and the vLLM "
+             "host time leave out of a step (light kernels, sampling, host work an overlap scheduler does "
+             "not hide, detokenisation), and also the tables' interpolation and the replay's own error; a "
+             "gap that grows with the clients points to per-request work. The steady-state TTFT gap is "
+             "the same reading of the measured TTFT against the steady state's: what a first token waits "
+             "outside the replayed steps, if the clients had drifted fully apart. The engine limits each "
+             "backend is replayed with, and their sources, are in `conf/serving/schedulers.yaml`.", ""]
     rows = []
     for (dataset, backend), group in mine.group_by("dataset", "backend", maintain_order=True):
         ttft, tpot = group.filter(phase="ttft"), group.filter(phase="tpot")

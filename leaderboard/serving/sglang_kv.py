@@ -57,8 +57,9 @@ def static_memory_fraction(gpu_gib: float, tp: int, general: bool) -> float:
                              "bucket from sglang server_args.py")
         chunk, small_tp, large_tp = next(b[1:] for b in GENERAL_BUCKETS if gpu_gib < b[0])
         graphs = small_tp if tp < 4 else large_tp
-        # SGLang also floors the reserve at 10 GiB above 60 GB; these buckets' chunks reach it
-        reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp / 8 * 1024
+        # SGLang takes max(chunk, 2048) and floors the reserve at 10 GiB above 60 GB: neither
+        # binds for these buckets (chunks from 4096, reserves from 13 GiB above 60 GB)
+        reserved = 512 + chunk * 1.5 + graphs * 2 + tp / 8 * 1024
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 

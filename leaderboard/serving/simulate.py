@@ -48,8 +48,8 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
 def memory_fraction(b: dict, gpu: GpuSpec, tp: int, version: str | None) -> float:
     """The share of memory an engine of ``tp`` GPUs (its backend's yaml entry ``b``) gives
     weights and KV: the yaml's ``memory_fraction``, or SGLang's own rule where it has one."""
-    rule = b.get("memory_rule")
-    if rule is None:
+    rule = b.get("memory_rule", {})
+    if rule.get("kind") != "sglang_static":
         return b["memory_fraction"]
     # a version not recorded, or not a release number ('unknown', a commit): today's rule
     general = release(version) is None or _from_version(version, rule)
@@ -83,7 +83,7 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                   stated.get("max_seqs", limits["max_seqs"]),
                   stated.get("kv_tokens") or kv_capacity(
                       model, tp, gpu, memory_fraction(b, gpu, tp, version), conf, gemm_dtype,
-                      b.get("memory_budget") == "of_free"),
+                      b.get("memory_rule", {}).get("kind") == "of_free"),
                   b.get("kv_rule", "reserve"), b.get("prefix_caching", {}).get("block_tokens", 0),
                   _from_version(version, b.get("whole_sequence_admission")))
 
@@ -95,15 +95,16 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
     closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
     policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
                         gpu, first["gemm_dtype"], first["backend_version"], closed)
-    return policy, with_expert_placement(with_host_time(timer, first["backend"]),
-                                         first.get("moe_ep"))
+    timed = with_host_time(timer, first["backend"], first["backend_version"])
+    return policy, with_expert_placement(timed, first.get("moe_ep"))
 
 
-def with_host_time(timer: StepTimer, backend: str) -> StepTimer:
-    """``timer`` plus the backend's per-step host time (``host_time`` in the yaml), where it
-    states one: the same for every predictor."""
-    host = load_conf()["backends"][backend].get("host_time")
-    if host is None:
+def with_host_time(timer: StepTimer, backend: str, version: str | None = None) -> StepTimer:
+    """``timer`` plus the backend's per-step host time (``host_time`` in the yaml), the same
+    for every predictor: its measured time, unless the ``version`` overlaps it (``overlapped``:
+    its scheduler runs a step's host work while the GPU runs the step before)."""
+    host = load_conf()["backends"][backend]["host_time"]
+    if "base_ms" not in host or _from_version(version, host["overlapped"]):
         return timer
     return lambda cells: (timer(cells) + host["base_ms"]
                           + host["per_request_ms"] * cells["num_requests"].to_numpy())
