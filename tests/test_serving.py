@@ -769,21 +769,24 @@ def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store)
     assert "base_ms" not in conf["trtllm"]["host_time"]
 
 
-@pytest.mark.parametrize(("backend", "version", "adds_host_time"), [
-    ("vllm", "0.12.0", True), ("vllm", "0.13.0", True), ("vllm", "unknown", True),
-    ("vllm", None, True), ("vllm", "0.14.0", False), ("vllm", "0.19.0", False),
-    ("sglang", "0.5.1.post1", False), ("trtllm", "1.0.0rc3", False)])
-def test_a_step_adds_host_time_only_where_its_engine_does_not_overlap_it(
-        backend, version, adds_host_time):
-    """vLLM schedules asynchronously by default from 0.14.0 (release notes, PR 27614), SGLang
-    and TRT-LLM run overlap schedulers: their steps add no host time. A vLLM step before
-    0.14.0, or of an unrecorded version, adds Vidur's 1.422 ms + 0.0416 ms per request."""
+@pytest.mark.parametrize(("backend", "version", "host"), [
+    ("vllm", "0.12.0", "added"), ("vllm", "0.13.1", "added"), ("vllm", "unknown", "added"),
+    ("vllm", None, "added"), ("vllm", "0.14.0rc1", "overlapped"), ("vllm", "0.14.0", "overlapped"),
+    ("vllm", "0.19.0", "overlapped"), ("sglang", "0.5.1.post1", "none"),
+    ("trtllm", "1.0.0rc3", "none")])
+def test_a_step_pays_host_time_unless_its_engine_overlaps_it(backend, version, host):
+    """A vLLM step before 0.14.0, or of an unrecorded version, adds Vidur's 1.422 ms + 0.0416
+    ms per request. From 0.14.0 vLLM schedules asynchronously by default (release notes, PR
+    27614): a step takes the longer of its GPU time and that host time. SGLang and TRT-LLM
+    have no measured host time (and run overlap schedulers): their steps add none."""
     from leaderboard.serving.simulate import with_host_time
 
-    cells = pl.DataFrame({"num_requests": [1, 8, 64]})
+    requests = np.array([1, 8, 64, 512])  # 512 requests: 22.7 ms of host time, over a 10 ms step
     timed = with_host_time(lambda c: np.full(len(c), 10.0), backend, version)
-    host = 1.422 + 0.0416 * np.array([1, 8, 64]) if adds_host_time else 0.0
-    np.testing.assert_allclose(timed(cells), 10.0 + host)
+    measured = 1.422 + 0.0416 * requests
+    expected = {"added": 10.0 + measured, "overlapped": np.maximum(10.0, measured),
+                "none": np.full(4, 10.0)}[host]
+    np.testing.assert_allclose(timed(pl.DataFrame({"num_requests": requests})), expected)
 
 
 def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():

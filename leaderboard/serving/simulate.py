@@ -100,14 +100,21 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
 
 
 def with_host_time(timer: StepTimer, backend: str, version: str | None = None) -> StepTimer:
-    """``timer`` plus the backend's per-step host time (``host_time`` in the yaml), the same
-    for every predictor: its measured time, unless the ``version`` overlaps it (``overlapped``:
-    its scheduler runs a step's host work while the GPU runs the step before)."""
-    host = load_conf()["backends"][backend]["host_time"]
-    if "base_ms" not in host or _from_version(version, host["overlapped"]):
+    """``timer`` with the backend's measured per-step host time (``host_time`` in the yaml),
+    the same for every predictor: added to the step, or, from the version whose scheduler
+    overlaps it (``overlapped``: a step's host work runs while the GPU runs the step before),
+    only where it outlasts the step's GPU time. A backend with no measured host time adds
+    none."""
+    host = load_conf()["backends"][backend].get("host_time", {})
+    if "base_ms" not in host:
         return timer
-    return lambda cells: (timer(cells) + host["base_ms"]
-                          + host["per_request_ms"] * cells["num_requests"].to_numpy())
+
+    def host_ms(cells: pl.DataFrame) -> np.ndarray:
+        return host["base_ms"] + host["per_request_ms"] * cells["num_requests"].to_numpy()
+
+    if _from_version(version, host.get("overlapped")):
+        return lambda cells: np.maximum(timer(cells), host_ms(cells))
+    return lambda cells: timer(cells) + host_ms(cells)
 
 
 def with_expert_placement(timer: StepTimer, moe_ep: int | None) -> StepTimer:
