@@ -769,6 +769,20 @@ def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store)
     assert "base_ms" not in conf["trtllm"]["host_time"]
 
 
+def test_every_backend_states_its_host_time_and_when_its_engine_overlaps_it():
+    """Each backend's yaml entry says what a step's host time is (measured, or none) and from
+    which version its engine overlaps host work with the GPU, each with a source: a backend
+    added without them would be replayed with a host time nobody chose."""
+    from leaderboard.serving.simulate import load_conf
+    from leaderboard_core.versioning import release
+
+    for name, backend in load_conf()["backends"].items():
+        host = backend["host_time"]
+        assert ("base_ms" in host) == ("per_request_ms" in host) == ("source" in host), name
+        assert release(host["overlapped"]["from_version"]) is not None, name
+        assert len(host["overlapped"]["source"]) > 40, name
+
+
 @pytest.mark.parametrize(("backend", "version", "host"), [
     ("vllm", "0.12.0", "added"), ("vllm", "0.13.1", "added"), ("vllm", "unknown", "added"),
     ("vllm", None, "added"), ("vllm", "0.14.0rc1", "overlapped"), ("vllm", "0.14.0", "overlapped"),
