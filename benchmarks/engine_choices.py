@@ -25,6 +25,15 @@ A third choice decides how many tokens a step takes:
   SGLang's rule caps a prefill batch's new tokens (``max_prefill_tokens`` isl + 1500) rather
   than a step's, which the replay does not model, so it is left out.
 
+A fourth decides what a step's host work costs:
+
+- ``trtllm_no_overlap``: TRT-LLM with its overlap scheduler off, so each step pays its host
+  work on top of its GPU time. aiconfigurator's TRT-LLM launch templates default
+  ``disable_overlap_scheduler`` to true; its generator's rules set it false for an aggregated
+  worker, and the headline follows them and the engine's own default (overlap on, no host
+  time added). No TRT-LLM host time is measured, so vLLM's measured one (Vidur's, the yaml's
+  ``backends.vllm.host_time``) stands in.
+
 This replays every target of each serving set that has an oracle with the oracle's step timer
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
@@ -58,6 +67,9 @@ CHOICES = {
     "launch_rule": {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0",
                     ("backends", "trtllm", "closed_loop_launch"): {"extra_tokens": 1500,
                                                                    "from_version": "0.0"}},
+    "trtllm_no_overlap": {("backends", "trtllm", "host_time", "overlapped"): None} | {
+        ("backends", "trtllm", "host_time", key): simulate.load_conf()["backends"]["vllm"][
+            "host_time"][key] for key in ("base_ms", "per_request_ms")},
 }
 # The choices whose moved targets are listed one by one: the KV choices move a few KV-bound
 # loads; the launch rule moves most loads, and its table row says how many it brings closer.

@@ -71,6 +71,23 @@ def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_take
     assert simulate.load_conf()["backends"]["vllm"]["closed_loop_launch"]["from_version"] == "0.14.1"
 
 
+def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step(bench):
+    """Under ``trtllm_no_overlap`` a TRT-LLM 1.0.0rc3 step of 10 ms with 8 requests takes 10 +
+    1.422 + 8 x 0.0416 ms (vLLM's measured host time, added in full); before and after the
+    block it takes 10 ms, and the yaml's TRT-LLM entry is as it was."""
+    cells = pl.DataFrame({"num_requests": [8]})
+    before = simulate.load_conf()["backends"]["trtllm"]["host_time"].copy()
+
+    def step_ms():
+        return simulate.with_host_time(lambda c: np.full(len(c), 10.0), "trtllm", "1.0.0rc3")(cells)
+
+    np.testing.assert_allclose(step_ms(), [10.0])
+    with bench.engine_choice(bench.CHOICES["trtllm_no_overlap"]):
+        np.testing.assert_allclose(step_ms(), [10.0 + 1.422 + 8 * 0.0416])
+    np.testing.assert_allclose(step_ms(), [10.0])
+    assert simulate.load_conf()["backends"]["trtllm"]["host_time"] == before
+
+
 def test_replay_choices_moves_only_the_kv_bound_load_and_keeps_each_row_its_own(bench, monkeypatch):
     """Two vLLM loads of Llama-3.1-70B in FP8 on H200s, every step 5 ms: 64 clients of 8192 + 256
     tokens on one GPU (540 K tokens of KV against about 190 K in BF16, 380 K in FP8) and 2
