@@ -3,6 +3,7 @@ back, and the report shows every choice and the targets a choice moves."""
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -76,7 +77,7 @@ def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step
     1.422 + 8 x 0.0416 ms (vLLM's measured host time, added in full); before and after the
     block it takes 10 ms, and the yaml's TRT-LLM entry is as it was."""
     cells = pl.DataFrame({"num_requests": [8]})
-    before = simulate.load_conf()["backends"]["trtllm"]["host_time"].copy()
+    before = copy.deepcopy(simulate.load_conf()["backends"]["trtllm"]["host_time"])
 
     def step_ms():
         return simulate.with_host_time(lambda c: np.full(len(c), 10.0), "trtllm", "1.0.0rc3")(cells)

@@ -106,8 +106,9 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     2 ms decode steps, every wave alike: TTFT 8, TPOT 2. Staggered (client 1 one step later):
     A's prompt alone (4 ms, TTFT 4); then each prompt shares its step with one decode (5 ms)
     and is sent at the start of that step: TTFT 5 for the other seven. The steady state drops
-    the first wave (2 requests): 5, not the 4.875 of all eight. vLLM's host time h(n) = base +
-    per request x n is added to every step, each of these of two requests: h(2) on each."""
+    the first wave (2 requests): 5, not the 4.875 of all eight. vLLM 0.12.0's host time h(n) =
+    base + per request x n (before async scheduling) is added to every step, each of these of
+    two requests: h(2) on each."""
     from leaderboard.serving.simulate import load_conf, predict_targets
 
     target = pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"],
@@ -120,6 +121,24 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     h2 = host["base_ms"] + 2 * host["per_request_ms"]
     np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0 + h2, 2.0 + h2, 5.0 + h2])
     assert np.isnan(service[0])  # closed loops have no recorded arrivals
+
+
+def test_a_vllm_run_from_0_14_is_replayed_with_its_host_time_overlapped():
+    """The run's version reaches the host time: the same two clients of 4 + 3 tokens under vLLM
+    0.19.0, a step taking 0.25 ms a token. The prompts' 8-token step (2 ms) outlasts the host
+    time h(2) = 1.505 ms, so TTFT is 2 ms; each 2-token decode step (0.5 ms) is shorter, so
+    TPOT is h(2). Added in full, as for 0.12.0, they would be 2 + h(2) and 0.5 + h(2)."""
+    from leaderboard.serving.simulate import load_conf, predict_targets
+
+    target = pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"],
+                           "tp": [1], "backend": ["vllm"], "backend_version": ["0.19.0"],
+                           "gemm_dtype": ["bf16"], "concurrency": [2], "isl": [4], "osl": [3]})
+    ttft, tpot, _, _ = predict_targets(
+        target, load_models(), load_gpu_specs()["h100_sxm"],
+        lambda cells: 0.25 * cells["total_tokens"].to_numpy().astype(np.float64))
+    host = load_conf()["backends"]["vllm"]["host_time"]
+    h2 = host["base_ms"] + 2 * host["per_request_ms"]
+    np.testing.assert_allclose([ttft[0], tpot[0]], [2.0, h2])
 
 
 def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():
