@@ -36,6 +36,7 @@ def _check(metrics: list[dict]) -> None:
     assert len(counts) == 2, counts  # both predictors scored every cell of each dataset
 
 
+@pytest.mark.long  # four sealed runs in two processes: about 16 s
 @pytest.mark.usefixtures("store_home")
 def test_joblib_multirun_runs_in_parallel_and_loses_nothing(tmp_path):
     metrics, output = _sweep(tmp_path)

@@ -159,6 +159,7 @@ NEEDS_STORE = [
 ]
 
 
+@pytest.mark.long  # one subprocess per bad input: about 18 s
 def test_every_bad_input_that_needs_the_store_is_one_line(store_home):
     outcomes = _many([argv for argv, _ in NEEDS_STORE])
     problems = {" ".join(argv): problem for (argv, fragments), done in zip(NEEDS_STORE, outcomes, strict=True)
