@@ -100,6 +100,13 @@ def test_a_staggered_closed_loop_matches_the_hand_computation():
         closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "drifting")
 
 
+def two_clients_of_vllm(version: str) -> pl.DataFrame:
+    """One closed-loop vLLM target of ``version``: two clients of 4 prompt + 3 output tokens."""
+    return pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"], "tp": [1],
+                         "backend": ["vllm"], "backend_version": [version], "gemm_dtype": ["bf16"],
+                         "concurrency": [2], "isl": [4], "osl": [3]})
+
+
 def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     """Two clients, 4+3 requests, 4 waves, a step taking as many ms as it has tokens (vLLM's
     defaults: one step takes every prompt). Lockstep: both prompts in one 8 ms step, then two
@@ -111,9 +118,7 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     two requests: h(2) on each."""
     from leaderboard.serving.simulate import load_conf, predict_targets
 
-    target = pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"],
-                           "tp": [1], "backend": ["vllm"], "backend_version": ["0.12.0"],
-                           "gemm_dtype": ["bf16"], "concurrency": [2], "isl": [4], "osl": [3]})
+    target = two_clients_of_vllm("0.12.0")
     ttft, tpot, service, steady = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: cells["total_tokens"].to_numpy().astype(np.float64))
@@ -130,9 +135,7 @@ def test_a_vllm_run_from_0_14_is_replayed_with_its_host_time_overlapped():
     TPOT is h(2). Added in full, as for 0.12.0, they would be 2 + h(2) and 0.5 + h(2)."""
     from leaderboard.serving.simulate import load_conf, predict_targets
 
-    target = pl.DataFrame({"run": ["r"], "load": ["closed"], "model": ["llama-3.1-8b"],
-                           "tp": [1], "backend": ["vllm"], "backend_version": ["0.19.0"],
-                           "gemm_dtype": ["bf16"], "concurrency": [2], "isl": [4], "osl": [3]})
+    target = two_clients_of_vllm("0.19.0")
     ttft, tpot, _, _ = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: 0.25 * cells["total_tokens"].to_numpy().astype(np.float64))
