@@ -2,7 +2,7 @@
 
 A `_silicon` run is a closed loop whose request count the CSV does not record. The replay runs
 ``simulation.waves`` waves of ``concurrency`` requests (``conf/serving/schedulers.yaml``), all
-clients starting together. aiconfigurator's own benchmark template
+clients sending their first request together. aiconfigurator's own benchmark template
 (``generator/config/backend_templates/benchmark/bench_run.sh.j2``) sends concurrency x
 ``BENCH_MULTI_ROUND`` requests (50 unless its environment sets another count) after
 2 x concurrency warm-up ones, and AIPerf waits for every warm-up response before it profiles, so
@@ -65,7 +65,8 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
         policy, timed = simulate.run_engine(first, models, inputs.gpu, timer)
         for waves in WAVES:
             loop = closed_loop(policy, first["isl"], first["osl"], c, waves * c, first["model"],
-                               int(first["tp"]), timed, gemm_dtype=first["gemm_dtype"])
+                               int(first["tp"]), timed, gemm_dtype=first["gemm_dtype"],
+                               idle_burst=simulate.load_conf()["simulation"]["idle_burst"])
             for dropped in DROPPED:
                 kept = slice(dropped * c, None)
                 predicted += [{"backend": first["backend"], "waves": waves, "dropped": dropped,

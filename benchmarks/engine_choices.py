@@ -34,6 +34,15 @@ A fourth decides what a step's host work costs:
   time added). No TRT-LLM host time is measured, so vLLM's measured one (Vidur's, the yaml's
   ``backends.vllm.host_time``) stands in.
 
+A fifth decides how a closed loop's clients part:
+
+- ``burst_together``: requests sent in one instant to an idle engine (a closed loop's first
+  wave, and every client's resend when a wave ends in one step) run in one step. The headline
+  runs the first of them alone and the rest in the next step, as each backend's idle loop
+  takes what has arrived when it wakes (``simulation.idle_burst`` in the yaml, with the
+  sources); with the first alone, a burst's requests end on different steps and the clients
+  part.
+
 This replays every target of each serving set that has an oracle with the oracle's step timer
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
@@ -70,6 +79,7 @@ CHOICES = {
     "trtllm_no_overlap": {("backends", "trtllm", "host_time", "overlapped"): None} | {
         ("backends", "trtllm", "host_time", key): simulate.load_conf()["backends"]["vllm"][
             "host_time"][key] for key in ("base_ms", "per_request_ms")},
+    "burst_together": {("simulation", "idle_burst"): "together"},
 }
 # The choices whose moved targets are listed one by one: the KV choices move a few KV-bound
 # loads; the launch rule moves most loads, and its table row says how many it brings closer.

@@ -89,6 +89,26 @@ def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step
     assert simulate.load_conf()["backends"]["trtllm"]["host_time"] == before
 
 
+def test_burst_together_sends_a_burst_to_an_idle_engine_in_one_step(bench):
+    """Two clients of 4 + 3 tokens, each step as many ms as it has tokens: the headline runs
+    A's prompt alone (4 ms) and B's beside A's decode (5 ms), so B's first token comes at 9;
+    under ``burst_together`` both prompts share one 8 ms step."""
+    from leaderboard.serving.replay import closed_loop
+    from leaderboard.serving.scheduler import Policy
+
+    def first_wave_ttft() -> list[float]:
+        policy = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
+        loop = closed_loop(policy, 4, 3, 2, 2, "llama-3.1-8b", 1,
+                           lambda cells: cells["total_tokens"].to_numpy().astype(np.float64),
+                           idle_burst=simulate.load_conf()["simulation"]["idle_burst"])
+        return loop.ttft.tolist()
+
+    assert first_wave_ttft() == [4.0, 9.0]
+    with bench.engine_choice(bench.CHOICES["burst_together"]):
+        assert first_wave_ttft() == [8.0, 8.0]
+    assert simulate.load_conf()["simulation"]["idle_burst"] == "first_alone"
+
+
 def test_replay_choices_moves_only_the_kv_bound_load_and_keeps_each_row_its_own(bench, monkeypatch):
     """Two vLLM loads of Llama-3.1-70B in FP8 on H200s, every step 5 ms: 64 clients of 8192 + 256
     tokens on one GPU (540 K tokens of KV against about 190 K in BF16, 380 K in FP8) and 2

@@ -45,7 +45,7 @@ def test_two_request_toy_load_matches_the_hand_computation():
     np.testing.assert_allclose(t.service, [20.0, 10.0])
     # Closed loop, one client, two 10+3 requests: A runs steps 0-3 (10+10+1+1 ms), B is sent
     # when A ends at 22 and repeats it.
-    c = closed_loop(policy, 10, 3, 1, 2, "llama-3.1-8b", 1, fixed_steps)
+    c = closed_loop(policy, 10, 3, 1, 2, "llama-3.1-8b", 1, fixed_steps, idle_burst="first_alone")
     np.testing.assert_allclose(c.arrival, [0.0, 22.0])
     np.testing.assert_allclose(c.ttft, [20.0, 20.0])
     np.testing.assert_allclose(c.tpot, [1.0, 1.0])
@@ -89,15 +89,42 @@ def test_a_staggered_closed_loop_matches_the_hand_computation():
     # sent. step 3 [21,31): B decodes (done), C's prompt. step 4 [31,41): C decodes, D's
     # prompt. step 5 [41,42): C (done) and D decode. step 6 [42,43): D is done.
     policy = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
-    t = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "staggered")
+    t = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "staggered",
+                    idle_burst="first_alone")
     np.testing.assert_allclose(t.arrival, [0.0, 10.0, 21.0, 31.0])
     np.testing.assert_allclose(t.ttft, [10.0, 10.0, 10.0, 10.0])
     np.testing.assert_allclose(t.tpot, [(21 - 10) / 2, (31 - 20) / 2, (42 - 31) / 2, (43 - 41) / 2])
-    lockstep = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps)
+    lockstep = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps,
+                           idle_burst="together")
     np.testing.assert_allclose(lockstep.ttft, 10.0)  # both prompts share step 0, then C and D
     np.testing.assert_allclose(lockstep.arrival, [0.0, 0.0, 12.0, 12.0])
     with pytest.raises(ValueError, match="'drifting' is not one of"):
-        closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "drifting")
+        closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, "drifting",
+                    idle_burst="together")
+    with pytest.raises(ValueError, match="idle burst 'all' is not one of"):
+        closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps, idle_burst="all")
+
+
+def test_an_idle_engine_runs_the_first_request_of_a_burst_alone():
+    """Two clients, 4+3 requests, lockstep, each step 10 ms with a prompt token and 1 ms without.
+    first_alone: step 0 [0,10) A's prompt alone; B, sent at 0 too, joins step 1 [10,20) beside
+    A's decode (B's first token at 20); step 2 [20,21) both decode, A is done and C is sent;
+    step 3 [21,31) B's last decode and C's prompt, B is done and D is sent; step 4 [31,41) C
+    decodes, D's prompt; step 5 [41,42) both decode; step 6 [42,43) D alone. The clients part
+    after one burst. together: A and B share step 0 [0,10), decode in [10,11) and [11,12), and
+    C and D are sent together at 12 to an idle engine, again in one step."""
+    policy = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
+    alone = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps,
+                        idle_burst="first_alone")
+    np.testing.assert_allclose(alone.arrival, [0.0, 0.0, 21.0, 31.0])
+    np.testing.assert_allclose(alone.ttft, [10.0, 20.0, 10.0, 10.0])
+    np.testing.assert_allclose(alone.tpot, [(21 - 10) / 2, (31 - 20) / 2, (42 - 31) / 2,
+                                            (43 - 41) / 2])
+    together = closed_loop(policy, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps,
+                           idle_burst="together")
+    np.testing.assert_allclose(together.arrival, [0.0, 0.0, 12.0, 12.0])
+    np.testing.assert_allclose(together.ttft, 10.0)
+    np.testing.assert_allclose(together.tpot, 1.0)
 
 
 def two_clients_of_vllm(version: str) -> pl.DataFrame:
@@ -108,14 +135,17 @@ def two_clients_of_vllm(version: str) -> pl.DataFrame:
 
 
 def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
-    """Two clients, 4+3 requests, 4 waves, a step taking as many ms as it has tokens (vLLM's
-    defaults: one step takes every prompt). Lockstep: both prompts in one 8 ms step, then two
-    2 ms decode steps, every wave alike: TTFT 8, TPOT 2. Staggered (client 1 one step later):
+    """Two clients, 4+3 requests, 4 waves (A to H), a step taking as many ms as it has tokens,
+    and vLLM 0.12.0's host time h(n) = base + per request x n (before async scheduling) added to
+    every step of n requests. Lockstep, the idle engine taking A alone: step 0 A's prompt
+    (4 + h(1)); step 1 A's decode and B's prompt (5 + h(2)); step 2 both decode (2 + h(2)), A
+    done and C sent; from there each prompt shares a step with one decode (5 + h(2)) and each
+    second step is two decodes (2 + h(2)), until H's last decode runs alone (1 + h(1)). TTFT:
+    A 4 + h(1), B 9 + h(1) + h(2), the other six 5 + h(2). TPOT: 7 + 2 h(2) over two tokens for
+    all but H, whose last two steps give 3 + h(2) + h(1). Staggered (client 1 one step later):
     A's prompt alone (4 ms, TTFT 4); then each prompt shares its step with one decode (5 ms)
     and is sent at the start of that step: TTFT 5 for the other seven. The steady state drops
-    the first wave (2 requests): 5, not the 4.875 of all eight. vLLM 0.12.0's host time h(n) =
-    base + per request x n (before async scheduling) is added to every step, each of these of
-    two requests: h(2) on each."""
+    the first wave (2 requests): 5 + h(2), not the mean of all eight."""
     from leaderboard.serving.simulate import load_conf, predict_targets
 
     target = two_clients_of_vllm("0.12.0")
@@ -123,16 +153,21 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: cells["total_tokens"].to_numpy().astype(np.float64))
     host = load_conf()["backends"]["vllm"]["host_time"]
-    h2 = host["base_ms"] + 2 * host["per_request_ms"]
-    np.testing.assert_allclose([ttft[0], tpot[0], steady[0]], [8.0 + h2, 2.0 + h2, 5.0 + h2])
+    h1, h2 = (host["base_ms"] + n * host["per_request_ms"] for n in (1, 2))
+    np.testing.assert_allclose(
+        [ttft[0], tpot[0], steady[0]],
+        [(4 + h1 + 9 + h1 + h2 + 6 * (5 + h2)) / 8, (7 * (7 + 2 * h2) + 3 + h2 + h1) / 16,
+         5.0 + h2])
     assert np.isnan(service[0])  # closed loops have no recorded arrivals
 
 
 def test_a_vllm_run_from_0_14_is_replayed_with_its_host_time_overlapped():
     """The run's version reaches the host time: the same two clients of 4 + 3 tokens under vLLM
-    0.19.0, a step taking 0.25 ms a token. The prompts' 8-token step (2 ms) outlasts the host
-    time h(2) = 1.505 ms, so TTFT is 2 ms; each 2-token decode step (0.5 ms) is shorter, so
-    TPOT is h(2). Added in full, as for 0.12.0, they would be 2 + h(2) and 0.5 + h(2)."""
+    0.19.0, a step taking 0.25 ms a token, so every step (at most 5 tokens, 1.25 ms) is shorter
+    than its host time h(n) (h(1) = 1.46 ms) and takes h(n). The steps as in the 0.12.0 test:
+    h(1), then h(2) until H's last decode, h(1). TTFT: A h(1), B h(1) + h(2), six more h(2);
+    TPOT h(2) for seven, (h(2) + h(1)) / 2 for H. Added in full, as for 0.12.0, each step would
+    be its GPU time plus h(n)."""
     from leaderboard.serving.simulate import load_conf, predict_targets
 
     target = two_clients_of_vllm("0.19.0")
@@ -140,8 +175,9 @@ def test_a_vllm_run_from_0_14_is_replayed_with_its_host_time_overlapped():
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: 0.25 * cells["total_tokens"].to_numpy().astype(np.float64))
     host = load_conf()["backends"]["vllm"]["host_time"]
-    h2 = host["base_ms"] + 2 * host["per_request_ms"]
-    np.testing.assert_allclose([ttft[0], tpot[0]], [2.0, h2])
+    h1, h2 = (host["base_ms"] + n * host["per_request_ms"] for n in (1, 2))
+    np.testing.assert_allclose([ttft[0], tpot[0]],
+                               [(2 * h1 + 7 * h2) / 8, (15 * h2 + h1) / 16])
 
 
 def test_sglang_pauses_decodes_while_a_prompt_is_prefilled():
@@ -594,7 +630,8 @@ def test_an_fp8_serving_set_replays_fp8_steps_and_a_bf16_only_predictor_declines
             return np.full(len(cells), 2.0)
 
     policy = Policy("chunked_mixed", 64, 16, 1000, "on_demand")
-    closed_loop(policy, 8, 3, 2, 4, "llama-3.1-70b", 2, Spy(), gemm_dtype="fp8")
+    closed_loop(policy, 8, 3, 2, 4, "llama-3.1-70b", 2, Spy(), gemm_dtype="fp8",
+                idle_burst="first_alone")
     assert seen == [{"fp8"}]
     with pytest.raises(NotSupported, match="prices bf16 GEMMs only; dataset h200_silicon_fp8"):
         run(RunSpec("genz", "h200_silicon_fp8", {}, runs_dir=tmp_path / "runs"))

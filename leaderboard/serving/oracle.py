@@ -31,8 +31,9 @@ STEP_FAMILY = {"silicon": "vidur", "silicon_fp8": "vidur_fp8", "serving": "vidur
 def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:
     """The oracle's home for a serving ``dataset``: the step set of the same GPU and precision
     (its GEMM tables at that precision, read at the set's own version), or None: no kernel
-    table holds the GPU (the RTX4090), or no step set of that precision was built for it (the
-    B200 has no FP8 set: its tables time block-scaled FP8 GEMMs only)."""
+    table of aiconfigurator's holds the GPU (the RTX4090), or no step set of that precision
+    was built for it (the B200 has no FP8 set: its per-tensor FP8 GEMM tables fail the
+    build's FP8 check)."""
     sku, step = rows[dataset]["sku"], STEP_FAMILY.get(families.suffix_of(dataset))
     same_gpu = sorted(n for n, r in rows.items() if r["sku"] == sku and r["kind"] == "cells"
                       and step and families.suffix_of(n) == step

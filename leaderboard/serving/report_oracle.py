@@ -44,10 +44,13 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
              "kernel predictor would score about this; what it misses is the replay's and the "
              "tables' (light kernels, host and frontend time, another backend's kernels). It is "
              "never ranked. A `_silicon_fp8` set's oracle is fitted on the GPU's `_vidur_fp8` "
-             "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving` has no oracle (no kernel "
-             "table holds the RTX4090), nor has `b200_silicon_fp8` (no FP8 step set of the B200: "
-             "its tables time block-scaled FP8 GEMMs only), nor have the `_silicon_moe` sets "
-             "(the MoE family's expert tables are BF16, the runs FP8).", ""]
+             "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving` has no oracle (no "
+             "aiconfigurator kernel table holds the RTX4090, and `table_scaled` does not read "
+             "LLMServingSim's per-layer profiles of it), nor has `b200_silicon_fp8` (no FP8 "
+             "step set of the B200: its per-tensor FP8 GEMM tables fail the build's FP8 check, "
+             "as the `_vidur_fp8` card measures), nor have the `_silicon_moe` sets "
+             "(the MoE step family is composed from BF16 expert tables, the runs are FP8, and no "
+             "step set is composed from the store's FP8 expert tables yet).", ""]
     if oracle.is_empty():
         return lines + ["No oracle run is current (`python -m leaderboard.rerun` runs it).", ""]
     mine = predictions.filter(pl.col("run_id").is_in(oracle["run_id"].to_list()))
@@ -63,8 +66,9 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
          if r["dataset"] in bracket else "—",
          fmt(bracket[r["dataset"]][2]) if r["dataset"] in bracket else "—"]
         for r in oracle.sort("dataset").iter_rows(named=True)])
-    lines += ["The TTFT columns replay a closed loop whose clients start together and never part "
-              "(`lockstep`, the headline); the steady TTFT columns its steady state (clients "
+    lines += ["The TTFT columns replay a closed loop whose clients start together (`lockstep`, "
+              "the headline), parted only where an idle engine runs the first request of a "
+              "burst alone; the steady TTFT columns its steady state (clients "
               "staggered over one request's decode, the first wave dropped). A benchmark's "
               "clients drift apart, so a measured TTFT should lie between the two: the last "
               "column but one counts how often it does. Above the bracket lies time outside "
@@ -156,7 +160,8 @@ def for_card(name: str, runs_dir: Path, rows: dict[str, dict]) -> list[str]:
         why = ("no step family of its runs' kind holds the GPU's own kernel tables (see \"No "
                "oracle here\" above)" if step is None else
                f"no `_{step}` set of its GPU holds the GPU's own kernel tables at the runs' "
-               "precision (no kernel table holds the RTX4090; the B200 has no FP8 step set)")
+               "precision (no aiconfigurator kernel table holds the RTX4090; the B200's per-tensor FP8 "
+               "GEMM tables fail the FP8 check of the `_vidur_fp8` card)")
         return heading + [f"{name} has no oracle: {why}.", ""]
     current = results.current(results.load_runs(runs_dir)).pl() if Path(runs_dir).is_dir() \
         else pl.DataFrame()

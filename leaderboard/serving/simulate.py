@@ -45,15 +45,16 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     return int(free // per_token)
 
 
-def memory_fraction(b: dict, gpu: GpuSpec, tp: int, version: str | None) -> float:
-    """The share of memory an engine of ``tp`` GPUs (its backend's yaml entry ``b``) gives
-    weights and KV: the yaml's ``memory_fraction``, or SGLang's own rule where it has one."""
-    rule = b.get("memory_rule", {})
-    if rule.get("kind") != "sglang_static":
-        return b["memory_fraction"]
+def memory_rule(b: dict, gpu: GpuSpec, tp: int, version: str | None) -> tuple[float, bool]:
+    """An engine's memory rule (its backend's yaml entry ``b``, ``tp`` GPUs): the share of memory
+    it gives weights and KV (the yaml's ``memory_fraction``, or SGLang's own rule where it has
+    one), and whether that share is of the memory the weights leave free (``of_free``)."""
+    kind = b.get("memory_rule", {}).get("kind")
+    if kind != "sglang_static":
+        return b["memory_fraction"], kind == "of_free"
     # a version not recorded, or not a release number ('unknown', a commit): today's rule
-    general = release(version) is None or _from_version(version, rule)
-    return static_memory_fraction(float(gpu["mem_gb"]), tp, general)
+    general = release(version) is None or _from_version(version, b["memory_rule"])
+    return static_memory_fraction(float(gpu["mem_gb"]), tp, general), False
 
 
 def _from_version(version: str | None, rule: dict | None) -> bool:
@@ -79,11 +80,12 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
         concurrency, isl = closed_loop
         stated = {"token_budget": concurrency + isl + b["closed_loop_launch"]["extra_tokens"],
                   **stated}
+    kv_tokens = stated.get("kv_tokens")
+    if not kv_tokens:
+        fraction, of_free = memory_rule(b, gpu, tp, version)
+        kv_tokens = kv_capacity(model, tp, gpu, fraction, conf, gemm_dtype, of_free)
     return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
-                  stated.get("max_seqs", limits["max_seqs"]),
-                  stated.get("kv_tokens") or kv_capacity(
-                      model, tp, gpu, memory_fraction(b, gpu, tp, version), conf, gemm_dtype,
-                      b.get("memory_rule", {}).get("kind") == "of_free"),
+                  stated.get("max_seqs", limits["max_seqs"]), kv_tokens,
                   b.get("kv_rule", "reserve"), b.get("prefix_caching", {}).get("block_tokens", 0),
                   _from_version(version, b.get("whole_sequence_admission")))
 
@@ -91,7 +93,8 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
 def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
                ) -> tuple[Policy, StepTimer]:
     """The scheduler of the run of a target row ``first``, and ``timer`` as that run's steps
-    are priced: plus its backend's host time, with its experts' placement."""
+    are priced: with its backend's host time at its version (added, or overlapped with the
+    step) and its experts' placement."""
     closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
     policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
                         gpu, first["gemm_dtype"], first["backend_version"], closed)
@@ -99,12 +102,12 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
     return policy, with_expert_placement(timed, first.get("moe_ep"))
 
 
-def with_host_time(timer: StepTimer, backend: str, version: str | None = None) -> StepTimer:
+def with_host_time(timer: StepTimer, backend: str, version: str | None) -> StepTimer:
     """``timer`` with the backend's measured per-step host time (``host_time`` in the yaml),
     the same for every predictor: added to the step, or, from the version whose scheduler
     overlaps it (``overlapped``: a step's host work runs while the GPU runs the step before),
-    only where it outlasts the step's GPU time. A backend with no measured host time adds
-    none."""
+    only where it outlasts the step's GPU time. A ``version`` not recorded (None, 'unknown') is
+    taken as older. A backend with no measured host time adds none."""
     host = load_conf()["backends"][backend].get("host_time", {})
     if "base_ms" not in host:
         return timer
@@ -141,7 +144,8 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         if load == "closed":
             c = first["concurrency"]
             loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
-                           model, tp, timed, gemm_dtype=first["gemm_dtype"])
+                           model, tp, timed, gemm_dtype=first["gemm_dtype"],
+                           idle_burst=sim["idle_burst"])
             timeline = loop(start=sim["closed_loop_start"])
             kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
             ttft[rows] = np.mean(timeline.ttft[kept])
