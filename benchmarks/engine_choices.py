@@ -34,14 +34,13 @@ A fourth decides what a step's host work costs:
   time added). No TRT-LLM host time is measured, so vLLM's measured one (Vidur's, the yaml's
   ``backends.vllm.host_time``) stands in.
 
-A fifth decides how a closed loop's clients part:
+A fifth decides how an idle engine takes a burst of requests:
 
 - ``burst_together``: requests sent in one instant to an idle engine (a closed loop's first
   wave, and every client's resend when a wave ends in one step) run in one step. The headline
-  runs the first of them alone and the rest in the next step, as each backend's idle loop
-  takes what has arrived when it wakes (``simulation.idle_burst`` in the yaml, with the
-  sources); with the first alone, a burst's requests end on different steps and the clients
-  part.
+  runs the first of them alone and the rest in the next step (``simulation.idle_burst`` in
+  the yaml): TRT-LLM's idle executor takes one request, and for vLLM and SGLang how many of a
+  burst make the first step is a race no record times, of which these are the two ends.
 
 This replays every target of each serving set that has an oracle with the oracle's step timer
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),

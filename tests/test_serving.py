@@ -51,6 +51,43 @@ def test_two_request_toy_load_matches_the_hand_computation():
     np.testing.assert_allclose(c.tpot, [1.0, 1.0])
 
 
+def test_a_burst_to_a_busy_engine_is_not_split_and_resends_count_from_their_send():
+    """first_alone, each step 10 ms with a prompt token and 1 ms without, 4 + 3 tokens.
+
+    vLLM-like mixed steps, three clients: step 0 [0,10) A alone; [10,20) A decodes, B and C
+    prefill; [20,21) all decode, A is done and D sent; [21,31) B and C end, D prefills, E and F
+    are sent to a busy engine and so share [31,41) beside D's decode; [41,42) D ends;
+    [42,43) E and F end. Only A parts from the others.
+
+    SGLang-like prefill-first steps, two clients: [0,10) A alone, [10,20) B's prompt alone (A's
+    decode waits), [20,21) and [21,22) both decode and end together, so C and D, sent at 22,
+    reach an idle engine: [22,32) C alone, [32,42) D, which waited from 22. Every wave pays the
+    lone step."""
+    mixed = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
+    t = closed_loop(mixed, 4, 3, 3, 6, "llama-3.1-8b", 1, fixed_steps, idle_burst="first_alone")
+    np.testing.assert_allclose(t.arrival, [0.0, 0.0, 0.0, 21.0, 31.0, 31.0])
+    np.testing.assert_allclose(t.ttft, [10.0, 20.0, 20.0, 10.0, 10.0, 10.0])
+    np.testing.assert_allclose(t.tpot, [5.5, 5.5, 5.5, 5.5, 1.0, 1.0])
+    prefill_first = Policy("prefill_first", token_budget=64, max_seqs=16, kv_tokens=1000)
+    s = closed_loop(prefill_first, 4, 3, 2, 4, "llama-3.1-8b", 1, fixed_steps,
+                    idle_burst="first_alone")
+    np.testing.assert_allclose(s.arrival, [0.0, 0.0, 22.0, 22.0])
+    np.testing.assert_allclose(s.ttft, [10.0, 20.0, 10.0, 20.0])
+    np.testing.assert_allclose(s.tpot, [6.0, 1.0, 6.0, 1.0])
+
+
+def test_clients_due_during_a_bursts_lone_step_join_the_next_step():
+    """Staggered, four clients of 4 + 2 tokens: client i starts at step (2 i) // 4, so A and B
+    at step 0, C and D at step 1. A runs [0,10) alone; B, C and D (C and D sent at 10, as the
+    lone step ends) prefill in [10,20) beside A's last decode; [20,21) they end."""
+    policy = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
+    t = closed_loop(policy, 4, 2, 4, 4, "llama-3.1-8b", 1, fixed_steps, "staggered",
+                    idle_burst="first_alone")
+    np.testing.assert_allclose(t.arrival, [0.0, 0.0, 10.0, 10.0])
+    np.testing.assert_allclose(t.ttft, [10.0, 20.0, 10.0, 10.0])
+    np.testing.assert_allclose(t.tpot, [10.0, 1.0, 1.0, 1.0])
+
+
 def test_a_step_shape_seen_before_is_priced_once_and_timed_the_same():
     """Steps with the same (new, cached) tokens request by request are one cell to the
     predictor; a step with the same tokens in another order, or another context, is not."""

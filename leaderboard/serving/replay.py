@@ -29,9 +29,8 @@ StepTimer = Callable[[pl.DataFrame], np.ndarray]  # cells -> ms per cell
 LOOKAHEAD_STEPS = 64
 CLOSED_LOOP_STARTS = ("lockstep", "staggered")
 # How an idle engine takes requests sent in the same instant: ``first_alone``, the first to
-# arrive runs one step alone and the rest join the next (each backend's loop takes what has
-# arrived when it wakes; conf/serving/schedulers.yaml gives the sources); ``together``, the
-# whole burst in one step.
+# arrive runs one step alone and the rest join the next; ``together``, the whole burst in one
+# step. conf/serving/schedulers.yaml says which the replay takes, and why.
 IDLE_BURSTS = ("first_alone", "together")
 
 
@@ -146,27 +145,18 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
                 gemm_dtype: str = "bf16", *, idle_burst: str) -> Timeline:
     """``requests`` fixed-length requests from ``concurrency`` clients that resend at once.
 
-    ``start``: ``lockstep`` sends every client's first request at step 0, so the clients never
-    drift apart (a deterministic replay has no jitter to part them) but where ``idle_burst``
-    parts them; ``staggered`` sends client i's first request after i/concurrency of one
-    request's decode steps, the steady state of a closed loop whose clients have drifted apart.
-    A measured run lies between the two. ``idle_burst``: one of ``IDLE_BURSTS``, how an idle
-    engine takes the requests sent in one instant (the first wave, or every client's resend
-    when a wave ends in one step)."""
+    ``start``: ``lockstep`` sends every client's first request at step 0 (a deterministic
+    replay has no jitter to part the clients; ``idle_burst`` alone splits them); ``staggered``
+    sends client i's first request after i/concurrency of one request's decode steps, the
+    steady state of a closed loop whose clients have drifted apart. A measured run lies between
+    the two. ``idle_burst``: one of ``IDLE_BURSTS``, how an idle engine takes the requests sent
+    in one instant (the first wave, or every client's resend when a wave ends in one step)."""
     if start not in CLOSED_LOOP_STARTS:
         raise ValueError(f"closed-loop start '{start}' is not one of {CLOSED_LOOP_STARTS}")
     if idle_burst not in IDLE_BURSTS:
         raise ValueError(f"idle burst '{idle_burst}' is not one of {IDLE_BURSTS}")
     prompt, output = np.full(requests, isl), np.full(requests, osl)
     engine, log = new_engine(policy, prompt, output), StepLog()
-
-    def send(burst: list[int]) -> None:
-        if idle_burst == "first_alone" and len(burst) > 1 and not engine.busy:
-            engine.arrive(burst[0])
-            engine.step(log, 1)  # a prompt step: it finishes no request
-            burst = burst[1:]
-        for r in burst:
-            engine.arrive(r)
 
     issued = min(concurrency, requests)
     first_sends = (np.zeros(issued, np.int64) if start == "lockstep"
@@ -175,24 +165,46 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
     arrival_step[:issued] = first_sends
     pending = 0  # first requests not yet sent, in sending order
     sent = issued
-    while pending < issued or engine.busy:
-        if not engine.busy:  # every sent request done before the next client starts: send now
-            first_sends[pending] = arrival_step[pending] = log.steps
-        burst = []
+
+    def due_first_sends() -> list[int]:
+        nonlocal pending
+        due = []
         while pending < issued and first_sends[pending] <= log.steps:
-            burst.append(pending)
+            due.append(pending)
             pending += 1
-        send(burst)
-        until = first_sends[pending] - log.steps if pending < issued else requests * (isl + osl)
-        engine.step(log, int(until))
-        resent = []
+        return due
+
+    def resends() -> list[int]:
+        """The next requests of the clients whose requests the last step ended."""
+        nonlocal sent
+        burst = []
         while engine.finished:
             engine.finished.pop()
             if sent < requests:
                 arrival_step[sent] = log.steps
-                resent.append(sent)
+                burst.append(sent)
                 sent += 1
-        send(resent)
+        return burst
+
+    def send(burst: list[int]) -> None:
+        if idle_burst == "first_alone" and len(burst) > 1 and not engine.busy:
+            engine.arrive(burst[0])
+            engine.step(log, 1)
+            for r in burst[1:]:
+                engine.arrive(r)
+            send(resends())  # a one-token request ends in its prompt step
+            return
+        for r in burst:
+            engine.arrive(r)
+
+    while pending < issued or engine.busy:
+        if not engine.busy:  # every sent request done before the next client starts: send now
+            first_sends[pending] = arrival_step[pending] = log.steps
+        while due := due_first_sends():  # a burst's lone step may make more clients due
+            send(due)
+        until = first_sends[pending] - log.steps if pending < issued else requests * (isl + osl)
+        engine.step(log, int(until))
+        send(resends())
     arrays = log.arrays()
     step_end = np.cumsum(step_times(arrays, model, tp, timer, gemm_dtype))
     start_ms = np.concatenate([[0.0], step_end])
