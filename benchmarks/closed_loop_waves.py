@@ -57,6 +57,7 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
     set's closed-loop targets."""
     timer, inputs = oracle_timer(dataset, home)
     models, predicted = load_models(), []
+    idle_burst = simulate.load_conf()["simulation"]["idle_burst"]
     for (_, load), group in inputs.target.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         if load != "closed":
@@ -66,7 +67,7 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
         for waves in WAVES:
             loop = closed_loop(policy, first["isl"], first["osl"], c, waves * c, first["model"],
                                int(first["tp"]), timed, gemm_dtype=first["gemm_dtype"],
-                               idle_burst=simulate.load_conf()["simulation"]["idle_burst"])
+                               idle_burst=idle_burst)
             for dropped in DROPPED:
                 kept = slice(dropped * c, None)
                 predicted += [{"backend": first["backend"], "waves": waves, "dropped": dropped,
