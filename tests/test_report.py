@@ -483,3 +483,17 @@ def test_a_run_on_another_home_is_not_a_second_leaderboard_row():
     current = pl.DataFrame([run("a100_vidur"), run("h100_vidur")])
     kept = report_leaderboard.leaderboard_runs(current, ["a100_vidur", "h100_vidur", "h200_vidur"])
     assert kept["home_dataset"].to_list() == ["a100_vidur"]
+
+
+def test_the_rerun_replaces_a_worker_after_its_runs(monkeypatch):
+    """A worker keeps the heap its runs freed, so the rerun's pool starts a fresh process after
+    RUNS_PER_WORKER runs: 5 tasks at 2 per worker are three processes, one at a time."""
+    import os
+
+    from leaderboard import rerun
+
+    monkeypatch.setattr(rerun, "RUNS_PER_WORKER", 2)
+    with rerun.worker_pool(1) as pool:
+        pids = [pool.submit(os.getpid).result() for _ in range(5)]
+    assert len(set(pids)) == 3
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
