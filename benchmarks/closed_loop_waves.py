@@ -89,10 +89,13 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
 
 
 def oracle_sets() -> list[tuple[str, str]]:
-    """Every serving set that has an oracle, with the step set the oracle fits on."""
+    """Every serving set of closed loops that has an oracle, with the step set the oracle fits
+    on (a run of recorded arrivals has no unstated loop length or launch flags to try)."""
     with StoreCatalog() as catalog:
         rows = catalog.datasets()
-    return [(name, home) for name in sorted(n for n, r in rows.items() if r["kind"] == "serving")
+        closed = {n for n, r in rows.items() if r["kind"] == "serving"
+                  and (catalog.serving_targets(n)["load"] == "closed").any()}
+    return [(name, home) for name in sorted(closed)
             if (home := oracle_home(name, rows)) is not None]
 
 

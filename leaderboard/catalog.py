@@ -15,7 +15,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
-from leaderboard.cells.ops import collective_points, op_points, points_at
+from leaderboard.cells.ops import collective_points, op_points, points_at, profile_points_at
 
 
 class StoreCatalog:
@@ -51,6 +51,9 @@ class StoreCatalog:
 
     def op_points_at(self, sku: str, version: str) -> pl.DataFrame:
         return points_at(self._con, sku, version)
+
+    def profile_points_at(self, sku: str, version: str, models: dict) -> pl.DataFrame:
+        return profile_points_at(self._con, sku, version, models)
 
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         return collective_points(self._con, sku, version)

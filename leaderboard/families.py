@@ -36,8 +36,10 @@ class DatasetFamily:
     ``leave_one_out``: whether the leave-one-GPU-out protocol runs too. ``ranking``:
     whether its GPUs are ranked against each other per workload. ``op_grid``: whether the
     ``<sku>_ops`` grid holds every op family its cells read, so a home of it can give its whole
-    grid (``full_grid``); an MoE family's experts are not in it. ``card_template``: the card of
-    a dataset whose builder wrote none.
+    grid (``full_grid``); an MoE family's experts are not in it. ``profile_grid``: whether
+    ``every_shape`` reads the GPU's LLMServingSim vLLM profile instead, where a release version
+    names it (``cells.ops.profile_points_at``). ``card_template``: the card of a dataset whose
+    builder wrote none.
     """
 
     suffix: str
@@ -53,6 +55,7 @@ class DatasetFamily:
     leave_one_out: bool = False
     ranking: bool = False
     op_grid: bool = True  # the ``<sku>_ops`` grid holds every op its cells read (full_grid)
+    profile_grid: bool = False
     card_template: str = "{name}: {title} dataset on the {sku}."
 
     def __post_init__(self):
@@ -147,7 +150,7 @@ for _fam in (
     DatasetFamily("splitwise", "step", "cells", "Splitwise's wall-clock steps",
                   builder="leaderboard.cells.wallclock:build_splitwise"),
     DatasetFamily("llmservingsim", "step", "cells", "steps over LLMServingSim's profiles",
-                  builder=f"{_PROFILES}:build_llmservingsim", leaderboard=False,
+                  builder=f"{_PROFILES}:build_llmservingsim", leaderboard=False, profile_grid=True,
                   home="a6000_llmservingsim"),  # the family has no A100 set
     DatasetFamily("ops", "op", "ops", "op level (`<sku>_ops`, one measured kernel per row)",
                   phases=("all", "gemm", "attn_prefill", "attn_decode")),

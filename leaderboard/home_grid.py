@@ -20,13 +20,16 @@ made of them), so every op of a scored cell is a shape fit never saw.
 ``home_points=every_shape`` gives every measured point of the home GPU at that
 version, whatever the shape (every GEMM n and k of the precision, every bf16 head layout,
 every all-reduce group): the serving oracle's home (``leaderboard.serving.oracle``), whose
-targets run models the home's cells never do.
+targets run models the home's cells never do. A GPU no aiconfigurator table holds (the RTX4090)
+gives instead the vLLM profile LLMServingSim took of it (``cells.ops.profile_points_at``): its
+projections and LM head as GEMMs of the profiled model, its prefill and decode attention.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
+from leaderboard import families
 from leaderboard.cells.grid import GEMM_DTYPES
 from leaderboard_core.contract import HELD_OUT_SHAPES, HOME_POINTS
 from leaderboard_core.specs import tp_shapes
@@ -64,7 +67,9 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
     GEMM op gets the whole GEMM table)."""
     sku, version = row["sku"], grid_version(row)
     shapes = [tp_shapes(models[name], tp) for name, tp in configs or []]
-    points = catalog.op_points_at(sku, version).rename({"backend_version": "version"})
+    fam = families.of(row["name"])
+    points = (catalog.profile_points_at(sku, version, models) if fam and fam.profile_grid
+              else catalog.op_points_at(sku, version)).rename({"backend_version": "version"})
     if points.is_empty():
         raise ValueError(f"the catalog (store or export) has no {sku} GEMM and attention points "
                          f"at version {version}, "

@@ -24,6 +24,7 @@ from leaderboard.families import suffix_of as family
 from leaderboard_core import paths
 from leaderboard_core.contract import Home
 from leaderboard_core.naming import suggestion
+from leaderboard_core.versioning import release
 
 
 def with_family(runs: pl.DataFrame) -> pl.DataFrame:
@@ -107,12 +108,16 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
     lacks (the MoE family's experts), has only the points behind its cells, and the run records
     ``behind_cells``. ``every_shape`` (the serving oracle's) reads the GPU's measured tables at
     the home's own version, whichever version its ``_ops`` set is of (``home_grid.full_grid``
-    names a version the store lacks)."""
+    names a version the store lacks); for a family with ``profile_grid``, the GPU's vLLM profile,
+    where the home was built from one (a release version; LLMServingSim's older PyTorch
+    profiles record none)."""
     home_grid.require_choice(home_points)
 
     def has_grid(row: dict) -> bool:
         grid = rows.get(f"{row['sku']}{home_grid.OPS_SUFFIX}")
         fam = families.of(row["name"])
+        if home_points == "every_shape" and fam is not None and fam.profile_grid:
+            return all(release(v) is not None for v in row["backend_versions"])
         same_version = home_points == "every_shape" or (
             grid is not None and grid["backend_versions"] == row["backend_versions"])
         return grid is not None and same_version and (fam is None or fam.op_grid)

@@ -166,6 +166,11 @@ class HubCatalog:
         # An export holds each GPU's op grid at its ``_ops`` version only.
         return self.op_points(f"{sku}_ops").filter(backend_version=version)
 
+    def profile_points_at(self, sku: str, version: str, models: dict) -> pl.DataFrame:
+        raise HubError(f"{self.repo} holds no LLMServingSim profile points ({sku} at {version}); "
+                       "an export carries each GPU's aiconfigurator op grid only, so read this "
+                       "home from the local store, or pass split.home_points=behind_cells")
+
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         if self._kind(f"{sku}_ops") != "ops":
             raise HubError(f"{self.repo} holds no {sku}_ops, so no {sku} all-reduce points for a "

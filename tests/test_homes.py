@@ -265,3 +265,55 @@ def test_a_bundle_frame_is_the_same_bytes_whatever_memory_lay_under_its_nulls(tm
     write_frame(other, tmp_path / "other.arrow")
     assert (tmp_path / "one.arrow").read_bytes() == (tmp_path / "other.arrow").read_bytes()
     assert read_frame(tmp_path / "one.arrow").equals(one)
+
+
+def test_a_vllm_profile_gives_gemm_and_attention_points_of_the_profiled_model():
+    """LLMServingSim's vLLM profile as op points: each projection and the LM head a GEMM of
+    Llama-3.1-8B's shapes at the row's TP (hidden 4096, 32 heads and 8 KV heads of 128,
+    FFN 14336, vocabulary 128256, worked by hand), in the dtype its attention rows record;
+    its prefill and decode attention kept, its mixed rows, light ops, v0 rows and other
+    sources' rows left out."""
+    from leaderboard.cells.ops import profile_points_at
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE model_ops (source VARCHAR, sku VARCHAR, backend VARCHAR, "
+                "backend_version VARCHAR, model VARCHAR, tp BIGINT, op VARCHAR, "
+                "num_tokens BIGINT, latency_ms DOUBLE, flags VARCHAR)")
+    ops = [("qkv_proj", 1, 64, 0.1), ("o_proj", 1, 64, 0.2), ("gate_up_proj", 1, 64, 0.3),
+           ("down_proj", 1, 64, 0.4), ("lm_head", 1, 8, 0.5), ("qkv_proj", 2, 64, 0.6),
+           ("o_proj", 2, 64, 0.7), ("gate_up_proj", 2, 64, 0.8), ("down_proj", 2, 64, 0.9),
+           ("lm_head", 2, 8, 1.0), ("layernorm", 1, 64, 9.0)]
+    con.executemany("INSERT INTO model_ops VALUES ('llmservingsim', 'rtx4090', 'vllm', "
+                    "'0.19.0', 'llama-3.1-8b', ?, ?, ?, ?, NULL)",
+                    [(tp, op, t, ms) for op, tp, t, ms in ops])
+    con.execute("INSERT INTO model_ops VALUES ('llmservingsim', 'rtx4090', 'pytorch', '0.19.0', "
+                "'llama-3.1-8b', 1, 'o_proj', 32, 9.0, NULL), ('vidur', 'rtx4090', 'vllm', "
+                "'0.19.0', 'llama-3.1-8b', 1, 'o_proj', 32, 9.0, NULL)")
+    con.execute("CREATE TABLE attention (source VARCHAR, sku VARCHAR, backend_version VARCHAR, "
+                "phase VARCHAR, dtype VARCHAR, kv_dtype VARCHAR, batch BIGINT, q_len BIGINT, "
+                "kv_len BIGINT, num_heads BIGINT, num_kv_heads BIGINT, head_dim BIGINT, "
+                "window_size BIGINT, latency_ms DOUBLE, flags VARCHAR)")
+    con.execute("INSERT INTO attention VALUES "
+                "('llmservingsim', 'rtx4090', '0.19.0', 'prefill', 'bfloat16', 'bfloat16', 1, "
+                "512, 0, 32, 8, 128, 0, 0.3, NULL), "
+                "('llmservingsim', 'rtx4090', '0.19.0', 'decode', 'bfloat16', 'bfloat16', 16, 1, "
+                "1024, 32, 8, 128, 0, 0.1, NULL), "
+                "('llmservingsim', 'rtx4090', '0.19.0', 'mixed', 'bfloat16', 'bfloat16', 1, 256, "
+                "0, 32, 8, 128, 0, 9.0, NULL)")
+    points = profile_points_at(con, "rtx4090", "0.19.0", load_models())
+    gemm = points.filter(op_family="gemm").sort("latency_ms")
+    assert gemm.select("m", "n", "k", "latency_ms").rows() == [
+        (64, 6144, 4096, 0.1), (64, 4096, 4096, 0.2), (64, 28672, 4096, 0.3),
+        (64, 4096, 14336, 0.4), (8, 128256, 4096, 0.5),
+        (64, 3072, 4096, 0.6), (64, 4096, 2048, 0.7), (64, 14336, 4096, 0.8),
+        (64, 4096, 7168, 0.9), (8, 64128, 4096, 1.0)]
+    assert set(gemm["dtype"]) == {"bfloat16"} and set(gemm["sku"]) == {"rtx4090"}
+    attention = points.filter(op_family="attention")
+    assert sorted(attention["phase"]) == ["decode", "prefill"]
+    assert profile_points_at(con, "rtx4090", "0.18.0", load_models()).is_empty()
+    con.execute("UPDATE attention SET dtype = 'float16' WHERE phase = 'decode'")
+    with pytest.raises(ValueError, match="dtypes"):
+        profile_points_at(con, "rtx4090", "0.19.0", load_models())
+    con.execute("UPDATE attention SET dtype = 'bfloat16'")
+    with pytest.raises(ValueError, match="model 'llama-3.1-8b', which conf/model"):
+        profile_points_at(con, "rtx4090", "0.19.0", {})

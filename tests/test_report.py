@@ -400,7 +400,7 @@ def test_ttft_within_the_oracles_error_of_the_best_is_a_tie():
     ties = ttft_ties(scored, oracle)
     # best 30; the oracle misses by 10 points, so 39.9 is inside it and 41.0 is 11 points behind
     assert ties == {("a", "h100_silicon"): "tie", ("b", "h100_silicon"): "tie",
-                    ("c", "h100_silicon"): "+11.0"}  # no oracle on the RTX4090: no verdict
+                    ("c", "h100_silicon"): "+11.0"}  # no RTX4090 oracle run here: no verdict
 
 
 def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):

@@ -501,6 +501,12 @@ def test_the_oracle_fits_on_the_same_gpus_kernels_of_the_sets_precision():
     assert oracle_home("h100_silicon", rows) == "h100_vidur"
     assert oracle_home("h100_silicon_fp8", rows) == "h100_vidur_fp8"  # 0.19.0, not the grid's
     assert oracle_home("rtx4090_serving", rows) is None  # no kernel table of the GPU
+    # LLMServingSim's profile of the GPU: a vLLM profiler's (a release) serves; v0's does not
+    rows["rtx4090_llmservingsim"] = {"name": "rtx4090_llmservingsim",
+                                     **row("cells", "rtx4090", "unknown")}
+    assert oracle_home("rtx4090_serving", rows) is None
+    rows["rtx4090_llmservingsim"]["backend_versions"] = ["0.19.0"]
+    assert oracle_home("rtx4090_serving", rows) == "rtx4090_llmservingsim"
     rows["b200_silicon_fp8"] = {**rows["h100_silicon_fp8"], "name": "b200_silicon_fp8",
                                 "sku": "b200_sxm"}
     rows["b200_vidur"] = {**rows["h100_vidur"], "name": "b200_vidur", "sku": "b200_sxm"}
@@ -765,6 +771,26 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     assert [x.strip() for x in row.strip("|").split("|")][8] == "50.0"
 
 
+def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_time(tmp_path):
+    """Recorded arrivals (no concurrency, a prompt length per request): no gap by load, and the
+    verdict gives the service time's error, here 20 % and 40 % short: mean 30, median -30."""
+    from leaderboard.serving import report_oracle
+
+    rows = pl.DataFrame({
+        "dataset": "rtx4090_serving", "backend": "vllm", "model": "llama-3.1-8b", "tp": 1,
+        "isl": [100, 900] * 3, "concurrency": pl.Series([None] * 6, dtype=pl.Int64),
+        "workload_id": [0, 1] * 3, "phase": ["ttft"] * 2 + ["tpot"] * 2 + ["service"] * 2,
+        "pred_ms": [1000.0, 2000.0, 10.0, 10.0, 80.0, 60.0],
+        "gt_ms": [1000.0, 2000.0, 10.0, 10.0, 100.0, 100.0]}).with_columns(
+        signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
+    text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no"))
+    row = next(line for line in text.splitlines() if line.startswith("| rtx4090_serving | vllm"))
+    assert [x.strip() for x in row.strip("|").split("|")][7:] == ["—"] * 4
+    assert "`rtx4090_serving`: met." in text
+    assert "service time (first token minus first scheduled, TTFT without the queue) is 30.0 % " \
+           "MAPE, signed median -30.0 %" in text
+
+
 def test_the_bracket_counts_measured_ttfts_between_lockstep_and_steady_state():
     """Three closed-loop targets with both bounds (lockstep 8, steady 5 ms): measured 6 lies
     between them, 9 above, 4 below: one in three, off the bracket by 0, 1/9 and 1/4 of the
@@ -824,7 +850,7 @@ def test_the_closed_loop_lengths_table_shows_each_length_and_the_best_per_set(tm
 def test_a_serving_card_ends_with_its_current_oracle_runs_error(store_home, tmp_path):
     """``data card`` of a serving set: before an oracle run it names the command; after one,
     it states the oracle's TTFT MAPE, the mean over the run's own predictions recomputed here;
-    a set whose GPU has no kernel table says it has no oracle."""
+    a set with no step set of its GPU and precision says it has no oracle."""
     from leaderboard import data
 
     runs = tmp_path / "runs"
@@ -840,7 +866,7 @@ def test_a_serving_card_ends_with_its_current_oracle_runs_error(store_home, tmp_
     after = data.card("gb200_silicon", runs, **where)
     row = next(line for line in after.splitlines() if line.startswith("| gb200_silicon | 2 |"))
     assert [x.strip() for x in row.strip("|").split("|")][2] == f"{mape:.1f}"
-    assert "has no oracle" in data.card("rtx4090_serving", runs, **where)
+    assert "has no oracle" in data.card("b200_silicon_fp8", runs, **where)
 
 
 def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store):

@@ -12,6 +12,7 @@ import polars as pl
 
 from leaderboard.cells.common import render_card, source_lines
 from leaderboard.ingest.aiconfigurator import WARM_FLAG
+from leaderboard_core.specs import tp_shapes
 from leaderboard_core.versioning import release
 
 SOURCE = "aiconfigurator"
@@ -30,6 +31,48 @@ SELECT = {
                  "NULL AS k, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim, "
                  "window_size, latency_ms, flags, sku, backend_version",
 }
+
+
+PROFILE_SOURCE = "llmservingsim"
+# The vLLM profiler's projections, by the tp_shapes GEMM each one is.
+PROFILE_GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+
+
+def profile_points_at(con: duckdb.DuckDBPyConnection, sku: str, version: str,
+                      models: dict) -> pl.DataFrame:
+    """LLMServingSim's vLLM profile of ``sku`` at ``version``, as points of ``SCHEMA``: its
+    projections and LM head as GEMMs (m = the tokens it ran, or the sequences for the LM head;
+    n and k from the profiled model's shapes at its TP; the dtype its attention rows record,
+    the profiler running one model in one dtype), and its prefill and decode attention rows.
+    Left out: its mixed attention rows (a prefill and decodes in one kernel, which a table of
+    one phase cannot key) and its norms, rotary and activation (no GEMM or attention shape)."""
+    attention = pl.DataFrame(con.execute(
+        f"SELECT {SELECT['attention']} FROM attention WHERE source = ? AND sku = ? "
+        "AND backend_version = ? AND phase IN ('prefill', 'decode') ORDER BY ALL",
+        [PROFILE_SOURCE, sku, version]).fetchall(), schema=SCHEMA, orient="row")
+    ops = con.execute(
+        "SELECT model, tp, op, num_tokens, latency_ms, flags FROM model_ops WHERE source = ? "
+        "AND sku = ? AND backend_version = ? AND backend = 'vllm' AND op IN "
+        f"({', '.join('?' * (len(PROFILE_GEMMS) + 1))}) ORDER BY ALL",
+        [PROFILE_SOURCE, sku, version, *PROFILE_GEMMS, "lm_head"]).fetchall()
+    dtypes = set(attention["dtype"])
+    if not ops and attention.is_empty():
+        return attention
+    if len(dtypes) != 1:
+        raise ValueError(f"{PROFILE_SOURCE}'s {sku} profile at {version} has attention rows of "
+                         f"dtypes {sorted(dtypes)}; its GEMMs' dtype is read from them, so one is "
+                         "needed")
+    dtype, gemm = dtypes.pop(), []
+    for model, tp, op, tokens, latency, flags in ops:
+        if model not in models:
+            raise ValueError(f"{PROFILE_SOURCE}'s {sku} profile times model '{model}', which "
+                             "conf/model does not describe; add it there")
+        shapes = tp_shapes(models[model], tp)
+        n, k = ((models[model]["vocab_size"] // tp, shapes["hidden"]) if op == "lm_head"
+                else shapes[PROFILE_GEMMS[op]])
+        gemm.append({"op_family": "gemm", "dtype": dtype, "m": tokens, "n": n, "k": k,
+                     "latency_ms": latency, "flags": flags, "sku": sku, "backend_version": version})
+    return pl.concat([pl.DataFrame(gemm, schema=SCHEMA), attention]) if gemm else attention
 
 
 def op_versions(con: duckdb.DuckDBPyConnection,

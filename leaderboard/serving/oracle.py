@@ -3,11 +3,14 @@
 The oracle prices each replayed step from the target GPU's own measured kernels: the
 ``table_scaled`` lookup fitted on the target's ``<short>_vidur`` set instead of the A100 home, so
 every GEMM, attention kernel and all-reduce is read from the target's tables (exact on their grid,
-log-log interpolated between grid points) and no cross-GPU scaling is left. Whatever error it
-still has belongs to the replay and to what the tables do not hold (light kernels, host time,
-the frontend, another backend's kernels), not to a predictor. It is a self-check, never ranked:
-the report gives its TTFT and TPOT error beside the predictors' and calls predictors tied when
-their TTFT errors differ by less than the oracle's.
+log-log interpolated between grid points) and no cross-GPU scaling is left. The RTX4090, which
+no aiconfigurator table holds, is read from LLMServingSim's vLLM profile of it, of the serving
+run's model and vLLM version (``rtx4090_llmservingsim``: its projections, LM head, and prefill
+and decode attention). Whatever error it still has belongs to the replay and to what the
+tables do not hold (light kernels, host time, the frontend, another backend's kernels), not to
+a predictor. It is a self-check, never ranked: the report gives its TTFT and TPOT error beside
+the predictors' and calls predictors tied when their TTFT errors differ by less than the
+oracle's.
 
 An oracle run is an ordinary sealed run (``predictor=table_scaled dataset=<set>
 dataset.home=<short>_vidur split.home_points=every_shape``: every measured shape of the target,
@@ -23,22 +26,28 @@ ORACLE = "table_scaled"
 # Every measured shape of the target GPU: the serving models are not the step sets' models, so
 # their projections and head layouts are not in those sets' grid (``leaderboard.home_grid``).
 ORACLE_POINTS = "every_shape"
-# Per serving family, the step family whose op points are the target's own kernels at its
-# precision (FP8 GEMM tables only in the FP8 family's, at the versions that pass its check).
-STEP_FAMILY = {"silicon": "vidur", "silicon_fp8": "vidur_fp8", "serving": "vidur"}
+# Per serving family, the step families whose op points are the target's own kernels at its
+# precision, the first that holds the GPU taken (FP8 GEMM tables only in the FP8 family's, at
+# the versions that pass its check; LLMServingSim's vLLM profile where no aiconfigurator table
+# holds the GPU).
+STEP_FAMILY = {"silicon": ("vidur",), "silicon_fp8": ("vidur_fp8",),
+               "serving": ("vidur", "llmservingsim")}
 
 
 def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:
     """The oracle's home for a serving ``dataset``: the step set of the same GPU and precision
-    (its GEMM tables at that precision, read at the set's own version), or None: no kernel
-    table of aiconfigurator's holds the GPU (the RTX4090), or no step set of that precision
-    was built for it (the B200 has no FP8 set: its per-tensor FP8 GEMM tables fail the
-    build's FP8 check)."""
-    sku, step = rows[dataset]["sku"], STEP_FAMILY.get(families.suffix_of(dataset))
-    same_gpu = sorted(n for n, r in rows.items() if r["sku"] == sku and r["kind"] == "cells"
-                      and step and families.suffix_of(n) == step
-                      and homes.points_of(ORACLE_POINTS, [r], rows) == ORACLE_POINTS)
-    return same_gpu[0] if same_gpu else None
+    (its GEMM tables at that precision, read at the set's own version; for the RTX4090, which
+    no aiconfigurator table holds, LLMServingSim's vLLM profile of it), or None: no step set
+    of that precision was built for the GPU (the B200 has no FP8 set: its per-tensor FP8 GEMM
+    tables fail the build's FP8 check), or the step family has no oracle (the MoE sets)."""
+    sku = rows[dataset]["sku"]
+    for step in STEP_FAMILY.get(families.suffix_of(dataset), ()):
+        same_gpu = sorted(n for n, r in rows.items() if r["sku"] == sku and r["kind"] == "cells"
+                          and families.suffix_of(n) == step
+                          and homes.points_of(ORACLE_POINTS, [r], rows) == ORACLE_POINTS)
+        if same_gpu:
+            return same_gpu[0]
+    return None
 
 
 def is_oracle(predictor: str, home_points: str, dataset: str, sku: str,

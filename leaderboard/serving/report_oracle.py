@@ -44,9 +44,10 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
              "kernel predictor would score about this; what it misses is the replay's and the "
              "tables' (light kernels, host and frontend time, another backend's kernels). It is "
              "never ranked. A `_silicon_fp8` set's oracle is fitted on the GPU's `_vidur_fp8` "
-             "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving` has no oracle (no "
-             "aiconfigurator kernel table holds the RTX4090, and `table_scaled` does not read "
-             "LLMServingSim's per-layer profiles of it), nor has `b200_silicon_fp8` (no FP8 "
+             "set (FP8 GEMM tables of vLLM 0.19.0). `rtx4090_serving`'s is fitted on "
+             "LLMServingSim's vLLM profile of the RTX4090 (`rtx4090_llmservingsim`: its "
+             "projections and LM head as GEMMs, its prefill and decode attention; no "
+             "aiconfigurator table holds the GPU). `b200_silicon_fp8` has no oracle (no FP8 "
              "step set of the B200: its per-tensor FP8 GEMM tables fail the build's FP8 check, "
              "as the `_vidur_fp8` card measures), nor have the `_silicon_moe` sets "
              "(the MoE step family is composed from BF16 expert tables, the runs are FP8, and no "
@@ -80,14 +81,17 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
               "granted.", ""]
     if mine.is_empty():
         return lines
-    cube = (mine.group_by("dataset", "backend", "isl", "concurrency", "phase")
+    # a run of recorded arrivals (no concurrency) is one row: its prompts are each of its own length
+    cube = (mine.with_columns(isl=pl.when(pl.col("concurrency").is_not_null()).then("isl"))
+            .group_by("dataset", "backend", "isl", "concurrency", "phase")
             .agg(mape=pl.col("signed_pct").abs().mean(), n=pl.len())
             .pivot("phase", index=["dataset", "backend", "isl", "concurrency"],
                    values=["mape", "n"])
             .sort("dataset", "backend", "isl", "concurrency"))
     lines += ["By backend, prompt length and concurrency (MAPE %):", ""]
     lines += table(["dataset", "backend", "isl", "concurrency", "n", "TTFT MAPE %", "TPOT MAPE %"], [
-        [r["dataset"], r["backend"], str(r["isl"]), str(r["concurrency"]), str(r["n_ttft"]),
+        [r["dataset"], r["backend"], "—" if r["isl"] is None else str(r["isl"]),
+         "recorded arrivals" if r["concurrency"] is None else str(r["concurrency"]), str(r["n_ttft"]),
          fmt(r["mape_ttft"]), fmt(r.get("mape_tpot"))] for r in cube.iter_rows(named=True)],
         "llrrrrr")
     valid = predictions.filter(pl.col("run_id").is_in(oracle.filter(pl.col("valid"))["run_id"]
@@ -105,7 +109,7 @@ def _gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
     c = gap["concurrency"]
     ends = (f"{gap.filter(pl.col('concurrency') == c.min())['gap'].median():.2f} / "
             f"{gap.filter(pl.col('concurrency') == c.max())['gap'].median():.2f}"
-            if len(gap) else "—")
+            if c.drop_nulls().len() else "—")
     return ends, slopes
 
 
@@ -144,9 +148,13 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
     for (dataset,), group in mine.group_by("dataset", maintain_order=True):
         missed = [f"{m.upper()} {mape:.1f} % against {goal:.0f} %" for m, goal in TARGETS.items()
                   if not (mape := group.filter(phase=m)["signed_pct"].abs().mean()) <= goal]
+        service = group.filter(phase="service")["signed_pct"]
         lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")
                   + (unknowns_measured(dataset, bracket.get(dataset), waves, choices)
-                     if missed else "")]
+                     if missed else "")
+                  + (f" Its TTFT is mostly queueing; the service time (first token minus first "
+                     f"scheduled, TTFT without the queue) is {service.abs().mean():.1f} % MAPE, "
+                     f"signed median {service.median():.1f} %." if len(service) else "")]
     return lines + [""]
 
 
@@ -156,12 +164,12 @@ def for_card(name: str, runs_dir: Path, rows: dict[str, dict]) -> list[str]:
     heading = ["## The replay's own error, measured", ""]
     home = oracle_home(name, rows)
     if home is None:
-        step = STEP_FAMILY.get(families.suffix_of(name))
+        steps = STEP_FAMILY.get(families.suffix_of(name), ())
         why = ("no step family of its runs' kind holds the GPU's own kernel tables (see \"No "
-               "oracle here\" above)" if step is None else
-               f"no `_{step}` set of its GPU holds the GPU's own kernel tables at the runs' "
-               "precision (no aiconfigurator kernel table holds the RTX4090; the B200's per-tensor FP8 "
-               "GEMM tables fail the FP8 check of the `_vidur_fp8` card)")
+               "oracle here\" above)" if not steps else
+               f"no {' or '.join(f'`_{s}`' for s in steps)} set of its GPU holds the GPU's own "
+               "kernel tables at the runs' precision (the B200's per-tensor FP8 GEMM tables "
+               "fail the FP8 check of the `_vidur_fp8` card)")
         return heading + [f"{name} has no oracle: {why}.", ""]
     current = results.current(results.load_runs(runs_dir)).pl() if Path(runs_dir).is_dir() \
         else pl.DataFrame()
