@@ -24,7 +24,8 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -112,11 +113,22 @@ def _worker_setup() -> None:
     os.environ[store.STALE_ENV] = "refuse"
 
 
-def worker_pool(jobs: int) -> ProcessPoolExecutor:
-    """``jobs`` worker processes, each replaced after ``RUNS_PER_WORKER`` runs. Spawned, not
-    forked: forking a process that already started Polars' thread pool can deadlock."""
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                               initializer=_worker_setup, max_tasks_per_child=RUNS_PER_WORKER)
+def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
+    """``fn`` of each item in ``jobs`` worker processes, each replaced after ``RUNS_PER_WORKER``
+    calls; results in the order they finish. At most ``jobs`` calls are handed to the pool at
+    once: on Python before 3.13 a pool with ``max_tasks_per_child`` that holds queued work
+    stops replacing its workers and hangs (CPython gh-115634), and a submit is what starts a
+    replacement. Spawned, not forked: forking a process that already started Polars' thread
+    pool can deadlock."""
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
+                             initializer=_worker_setup,
+                             max_tasks_per_child=RUNS_PER_WORKER) as pool:
+        todo, running = list(reversed(items)), set()
+        while todo or running:
+            while todo and len(running) < jobs:
+                running.add(pool.submit(fn, todo.pop()))
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            yield from (future.result() for future in finished)
 
 
 def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
@@ -129,13 +141,11 @@ def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
     with progress.track(f"rerun: {len(specs)} runs, {jobs} processes", total=len(specs)) as bar:
         bar.note(f"starting {jobs} worker processes")
         # The workers draw no bars of their own: this one owns the terminal.
-        with worker_pool(jobs) as pool:
-            for future in as_completed([pool.submit(_run_one, spec) for spec in specs]):
-                done = future.result()
-                outcomes.append(done)
-                bar.note(f"last: {done.predictor} on {done.dataset}, {done.status.split(':')[0]} "
-                         f"in {done.seconds:.0f} s")
-                bar.advance()
+        for done in in_workers(_run_one, specs, jobs):
+            outcomes.append(done)
+            bar.note(f"last: {done.predictor} on {done.dataset}, {done.status.split(':')[0]} "
+                     f"in {done.seconds:.0f} s")
+            bar.advance()
     order = {(s.predictor, s.dataset): i for i, s in enumerate(specs)}
     outcomes.sort(key=lambda o: order[(o.predictor, o.dataset)])
     seconds = time.perf_counter() - started

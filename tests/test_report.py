@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import polars as pl
 import pytest
 
 from leaderboard import atlas, ranking, report, report_headline, report_leaderboard, results
+from leaderboard_core import paths
 from leaderboard_core.contract import PredictorCard
 from leaderboard_core.versioning import code_hash
 from predictors import registry
@@ -485,15 +487,23 @@ def test_a_run_on_another_home_is_not_a_second_leaderboard_row():
     assert kept["home_dataset"].to_list() == ["a100_vidur"]
 
 
-def test_the_rerun_replaces_a_worker_after_its_runs(monkeypatch):
-    """A worker keeps the heap its runs freed, so the rerun's pool starts a fresh process after
-    RUNS_PER_WORKER runs: 5 tasks at 2 per worker are three processes, one at a time."""
-    import os
+def test_the_rerun_replaces_a_worker_after_its_runs(tmp_path):
+    """A worker keeps the heap its runs freed, so the rerun starts a fresh process after
+    RUNS_PER_WORKER runs: 12 calls at 2 per worker in 2 workers are six processes. Run in a
+    child with a time limit: handing a pool with max_tasks_per_child all its work at once
+    hangs it on Python before 3.13 (CPython gh-115634), as the first version of this did."""
+    import subprocess
+    import sys
 
-    from leaderboard import rerun
-
-    monkeypatch.setattr(rerun, "RUNS_PER_WORKER", 2)
-    with rerun.worker_pool(1) as pool:
-        pids = [pool.submit(os.getpid).result() for _ in range(5)]
-    assert len(set(pids)) == 3
-    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+    script = tmp_path / "pids.py"
+    script.write_text("import os\n"
+                      "from leaderboard import rerun\n"
+                      "def pid(_):\n"
+                      "    return os.getpid()\n"
+                      "if __name__ == '__main__':\n"
+                      "    rerun.RUNS_PER_WORKER = 2\n"
+                      "    pids = list(rerun.in_workers(pid, list(range(12)), 2))\n"
+                      "    print(len(pids), len(set(pids)))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)})
+    assert done.stdout.split() == ["12", "6"], done.stderr
