@@ -44,11 +44,13 @@ from leaderboard_core.versioning import code_hash
 
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
-# A worker is replaced after this many runs. A process that has run serving replays keeps heap
-# it has freed (on h100_silicon's vLLM targets 3.8 GB resident, 0.5 GB after malloc_trim), and
-# workers that ran hundreds of runs reached 12 GB each and were killed for memory on a 24 GB
-# machine. A fresh worker costs about 3 s of imports, so 10 adds about 3 % to a rerun.
+# A worker is replaced after this many runs, and runs Polars on one thread. With Polars' thread
+# pool a process kept about 2.1 GB more after each h200_silicon_moe run (ours: 2.3, 4.4, 6.6 GB
+# resident after one, two, three runs; with one thread 2.2, 2.4, 2.4); workers reached 13 GB
+# and were killed for memory on a 24 GB machine. A run is Python-bound and the rerun already
+# runs one per core. A fresh worker costs about 3 s of imports, so 10 adds about 3 % to a rerun.
 RUNS_PER_WORKER = 10
+POLARS_THREADS = "POLARS_MAX_THREADS"  # read once, when a worker imports Polars
 
 
 @dataclass
@@ -119,16 +121,25 @@ def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
     once: on Python before 3.13 a pool with ``max_tasks_per_child`` that holds queued work
     stops replacing its workers and hangs (CPython gh-115634), and a submit is what starts a
     replacement. Spawned, not forked: forking a process that already started Polars' thread
-    pool can deadlock."""
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
-                             initializer=_worker_setup,
-                             max_tasks_per_child=RUNS_PER_WORKER) as pool:
-        todo, running = list(reversed(items)), set()
-        while todo or running:
-            while todo and len(running) < jobs:
-                running.add(pool.submit(fn, todo.pop()))
-            finished, running = wait(running, return_when=FIRST_COMPLETED)
-            yield from (future.result() for future in finished)
+    pool can deadlock. The workers, spawned as the calls need them, inherit Polars' thread
+    count from this process's environment, set for the loop's lifetime."""
+    previous = os.environ.get(POLARS_THREADS)
+    os.environ[POLARS_THREADS] = "1"
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
+                                 initializer=_worker_setup,
+                                 max_tasks_per_child=RUNS_PER_WORKER) as pool:
+            todo, running = list(reversed(items)), set()
+            while todo or running:
+                while todo and len(running) < jobs:
+                    running.add(pool.submit(fn, todo.pop()))
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                yield from (future.result() for future in finished)
+    finally:
+        if previous is None:
+            del os.environ[POLARS_THREADS]
+        else:
+            os.environ[POLARS_THREADS] = previous
 
 
 def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:

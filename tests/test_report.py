@@ -488,22 +488,28 @@ def test_a_run_on_another_home_is_not_a_second_leaderboard_row():
 
 
 def test_the_rerun_replaces_a_worker_after_its_runs(tmp_path):
-    """A worker keeps the heap its runs freed, so the rerun starts a fresh process after
-    RUNS_PER_WORKER runs: 12 calls at 2 per worker in 2 workers are six processes. Run in a
-    child with a time limit: handing a pool with max_tasks_per_child all its work at once
-    hangs it on Python before 3.13 (CPython gh-115634), as the first version of this did."""
+    """The rerun starts a fresh worker after RUNS_PER_WORKER runs, each with Polars on one
+    thread (its thread pool kept the memory of every serving run): 12 calls at 2 per worker in 2
+    workers are six processes, and each sees one Polars thread. Run in a child with a time
+    limit: handing a pool with max_tasks_per_child all its work at once hangs it on Python
+    before 3.13 (CPython gh-115634), as the first version of this did."""
     import subprocess
     import sys
 
     script = tmp_path / "pids.py"
     script.write_text("import os\n"
                       "from leaderboard import rerun\n"
+                      "import polars\n"
                       "def pid(_):\n"
-                      "    return os.getpid()\n"
+                      "    return os.getpid(), polars.thread_pool_size()\n"
                       "if __name__ == '__main__':\n"
                       "    rerun.RUNS_PER_WORKER = 2\n"
-                      "    pids = list(rerun.in_workers(pid, list(range(12)), 2))\n"
-                      "    print(len(pids), len(set(pids)))\n")
+                      "    seen = list(rerun.in_workers(pid, list(range(12)), 2))\n"
+                      "    print(len(seen), len({p for p, _ in seen}), {t for _, t in seen},\n"
+                      "          os.environ.get('POLARS_MAX_THREADS'))\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)})
-    assert done.stdout.split() == ["12", "6"], done.stderr
+                          timeout=120, env={**{k: v for k, v in os.environ.items()
+                                               if k != "POLARS_MAX_THREADS"},
+                                            "PYTHONPATH": str(paths.REPO_ROOT)})
+    # six workers, each with one thread; this process's own environment left as it was
+    assert done.stdout.split() == ["12", "6", "{1}", "None"], done.stderr
