@@ -1,10 +1,10 @@
 """Where a run reads cells from: the local store, or a Hugging Face export (``leaderboard.hub``).
 
-Both give the same six things: the dataset list (name, kind, sku, version), a dataset's cells,
+Both give the same things: the dataset list (name, kind, sku, version), a dataset's cells,
 its lineage (the measured points behind each cell), an op dataset's points, a GPU's measured
-all-reduce points (the rest of a home's full grid), and the published coefficient table that
-some baselines ship with. A run scores the same way whichever catalog it
-reads.
+all-reduce and fused-MoE points (the rest of a home's full grid; an export holds no MoE tables
+and no LLMServingSim profile), and the published coefficient table that some baselines ship
+with. A run scores the same way whichever catalog it reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import duckdb
 import polars as pl
 
 from leaderboard import store
-from leaderboard.cells.ops import collective_points, op_points, points_at, profile_points_at
+from leaderboard.cells.ops import collective_points, moe_points_at, op_points, points_at, profile_points_at
 
 
 class StoreCatalog:
@@ -57,6 +57,9 @@ class StoreCatalog:
 
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         return collective_points(self._con, sku, version)
+
+    def moe_points_at(self, sku: str, version: str) -> pl.DataFrame:
+        return moe_points_at(self._con, sku, version)
 
     def serving_targets(self, name: str) -> pl.DataFrame:
         return self._con.sql("SELECT * FROM serving_targets WHERE dataset = ? ORDER BY run, target_id",

@@ -36,10 +36,13 @@ class DatasetFamily:
     ``leave_one_out``: whether the leave-one-GPU-out protocol runs too. ``ranking``:
     whether its GPUs are ranked against each other per workload. ``op_grid``: whether the
     ``<sku>_ops`` grid holds every op family its cells read, so a home of it can give its whole
-    grid (``full_grid``); an MoE family's experts are not in it. ``profile_grid``: whether
-    ``every_shape`` reads the GPU's LLMServingSim vLLM profile instead, where a release version
-    names it (``cells.ops.profile_points_at``). ``card_template``: the card of a dataset whose
-    builder wrote none.
+    grid (``full_grid``); an MoE family's experts are not in it. ``expert_tables``: whether its
+    cells read aiconfigurator's fused-MoE tables under balanced routing, which ``every_shape``
+    reads beside the GEMM, attention and all-reduce tables, so a home of it can give every
+    shape (not the power-law variant's: ``every_shape`` reads balanced routing only).
+    ``profile_grid``: whether ``every_shape`` reads the GPU's LLMServingSim vLLM profile
+    instead, where a release version names it (``cells.ops.profile_points_at``).
+    ``card_template``: the card of a dataset whose builder wrote none.
     """
 
     suffix: str
@@ -55,6 +58,7 @@ class DatasetFamily:
     leave_one_out: bool = False
     ranking: bool = False
     op_grid: bool = True  # the ``<sku>_ops`` grid holds every op its cells read (full_grid)
+    expert_tables: bool = False
     profile_grid: bool = False
     card_template: str = "{name}: {title} dataset on the {sku}."
 
@@ -137,11 +141,11 @@ for _fam in (
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_fp8"),
     DatasetFamily("vidur_moe", "step", "cells", "Vidur-composed steps of mixture-of-experts models",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe",
-                  op_grid=False),
+                  op_grid=False, expert_tables=True),
     DatasetFamily("vidur_moe_ep", "step", "cells",
                   "Vidur-composed MoE steps, experts spread whole over the GPUs (expert parallel)",
                   builder=_VIDUR, builder_takes_gpus=True, home="h100_vidur_moe_ep",
-                  op_grid=False),
+                  op_grid=False, expert_tables=True),
     DatasetFamily("vidur_moe_powerlaw", "step", "cells",
                   "Vidur-composed MoE steps, experts timed under power-law routing",
                   builder=_VIDUR, builder_takes_gpus=True, op_grid=False),  # home: A100

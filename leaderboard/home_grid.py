@@ -18,9 +18,10 @@ a held-out cell reads (its GEMMs' n and k, its head layout, its all-reduce sizes
 and the training cells that read one of those points are dropped too (their ground truth is
 made of them), so every op of a scored cell is a shape fit never saw.
 ``home_points=every_shape`` gives every measured point of the home GPU at that
-version, whatever the shape (every GEMM n and k of the precision, every bf16 head layout,
-every all-reduce group): the serving oracle's home (``leaderboard.serving.oracle``), whose
-targets run models the home's cells never do. A GPU no aiconfigurator table holds (the RTX4090)
+version, whatever the shape or precision (every GEMM n and k of every dtype, every bf16 head
+layout, every all-reduce group, every fused-MoE kernel under balanced routing): the serving
+oracle's home (``leaderboard.serving.oracle``), whose targets run models, precisions and
+expert placements the home's cells never do. A GPU no aiconfigurator table holds (the RTX4090)
 gives instead the vLLM profile LLMServingSim took of it (``cells.ops.profile_points_at``): its
 projections and LM head as GEMMs of the profiled model, its prefill and decode attention.
 """
@@ -45,6 +46,8 @@ GEMM_COLUMNS = ("dtype", "k", "m", "n", "sku", "version")
 ATTENTION_COLUMNS = ("batch", "dtype", "head_dim", "kv_dtype", "kv_len", "num_heads",
                      "num_kv_heads", "phase", "q_len", "sku", "version")
 COLLECTIVE_COLUMNS = ("backend", "message_bytes", "num_gpus", "sku", "version")
+MOE_COLUMNS = ("dtype", "hidden_size", "inter_size", "moe_ep", "moe_tp", "num_experts",
+               "num_tokens", "sku", "topk", "version")
 
 
 def require_choice(home_points: str) -> None:
@@ -63,8 +66,8 @@ def grid_version(row: dict) -> str:
 def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models: dict,
               gemm_dtype: str = "bf16") -> dict[str, pl.DataFrame]:
     """Per op (the lineage's names), every measured home point of the (model, TP) configs, the
-    GEMMs at ``gemm_dtype`` (the home cells' precision); ``configs=None``: of every shape (each
-    GEMM op gets the whole GEMM table)."""
+    GEMMs at ``gemm_dtype`` (the home cells' precision); ``configs=None``: of every shape and
+    every precision (each GEMM op gets the whole GEMM table, ``moe`` every fused-MoE point)."""
     sku, version = row["sku"], grid_version(row)
     shapes = [tp_shapes(models[name], tp) for name, tp in configs or []]
     fam = families.of(row["name"])
@@ -75,7 +78,9 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
                          f"at version {version}, "
                          f"the version home {row['name']} was built from; pass "
                          "split.home_points=behind_cells")
-    gemm = points.filter(op_family="gemm", dtype=GEMM_DTYPES[gemm_dtype])
+    gemm = points.filter(op_family="gemm")
+    if configs is not None:
+        gemm = gemm.filter(dtype=GEMM_DTYPES[gemm_dtype])
     out = {}
     for op, shape in GEMM_OPS.items():
         if configs is None:
@@ -99,6 +104,8 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
         out["allreduce"] = _select(collectives if tps is None else
                                    collectives.filter(pl.col("num_gpus").is_in(tps)),
                                    COLLECTIVE_COLUMNS)
+    if configs is None and not (experts := catalog.moe_points_at(sku, version)).is_empty():
+        out["moe"] = _select(experts, MOE_COLUMNS)
     return dict(sorted(out.items()))
 
 

@@ -108,7 +108,8 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
     lacks (the MoE family's experts), has only the points behind its cells, and the run records
     ``behind_cells``. ``every_shape`` (the serving oracle's) reads the GPU's measured tables at
     the home's own version, whichever version its ``_ops`` set is of (``home_grid.full_grid``
-    names a version the store lacks); for a family with ``profile_grid``, the GPU's vLLM profile,
+    names a version the store lacks), an MoE family's (``expert_tables``) included, since it
+    reads the fused-MoE tables too; for a family with ``profile_grid``, the GPU's vLLM profile,
     where the home was built from one (a release version; LLMServingSim's older PyTorch
     profiles record none)."""
     home_grid.require_choice(home_points)
@@ -118,9 +119,10 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
         fam = families.of(row["name"])
         if home_points == "every_shape" and fam is not None and fam.profile_grid:
             return all(release(v) is not None for v in row["backend_versions"])
-        same_version = home_points == "every_shape" or (
-            grid is not None and grid["backend_versions"] == row["backend_versions"])
-        return grid is not None and same_version and (fam is None or fam.op_grid)
+        if home_points == "every_shape":  # every table of the GPU, the fused-MoE ones included
+            return grid is not None and (fam is None or fam.op_grid or fam.expert_tables)
+        same_version = grid is not None and grid["backend_versions"] == row["backend_versions"]
+        return same_version and (fam is None or fam.op_grid)
 
     return home_points if all(has_grid(r) for r in home_rows) else "behind_cells"
 
@@ -143,9 +145,10 @@ def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
         if train.is_empty():
             raise ValueError(f"every training cell of home {row['name']} reads a shape of its "
                              "held-out configurations; change split.seed or split.test_fraction")
-    if home_points != "behind_cells" and not train.is_empty():
-        configs = (None if home_points == "every_shape"
-                   else sorted(set(train.select("model", "tp").iter_rows())))
+    if home_points == "every_shape" and not train.is_empty():
+        ops = home_grid.full_grid(catalog, row, None, models)  # every shape and precision
+    elif home_points != "behind_cells" and not train.is_empty():
+        configs = sorted(set(train.select("model", "tp").iter_rows()))
         dtypes = train["gemm_dtype"].unique().to_list()
         if len(dtypes) != 1:
             raise ValueError(f"home {row['name']} mixes GEMM precisions {dtypes}; "

@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 from rich.console import Console
 
-from leaderboard.cells.ops import COLLECTIVE_SCHEMA
+from leaderboard.cells.ops import COLLECTIVE_SCHEMA, MOE_SCHEMA
 from leaderboard.cells.ops import SCHEMA as OP_SCHEMA
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
@@ -170,6 +170,11 @@ class HubCatalog:
         raise HubError(f"{self.repo} holds no LLMServingSim profile points ({sku} at {version}); "
                        "an export carries each GPU's aiconfigurator op grid only, so read this "
                        "home from the local store, or pass split.home_points=behind_cells")
+
+    def moe_points_at(self, sku: str, version: str) -> pl.DataFrame:
+        # An export carries no fused-MoE table: a home reading one gets none, and a predictor
+        # that needs experts refuses the run ("the home measured no moe points").
+        return pl.DataFrame(schema=MOE_SCHEMA)
 
     def collective_points(self, sku: str, version: str) -> pl.DataFrame:
         if self._kind(f"{sku}_ops") != "ops":

@@ -14,6 +14,7 @@ from leaderboard import home_grid, homes, readings
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
 from leaderboard.hub import HubCatalog
+from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS
 from leaderboard.split import default_split, split
 from leaderboard_core import paths
 from leaderboard_core.contract import Home, NotSupported, expert_parallel
@@ -85,6 +86,11 @@ class RunInputs:
 
 def load_inputs(spec: RunSpec) -> RunInputs:
     """The home (training rows only) and the target of a run, from the store or a hub export."""
+    if spec.home_points == ORACLE_POINTS and spec.predictor != ORACLE:
+        raise ValueError(f"split.home_points={ORACLE_POINTS} is the serving oracle's (predictor="
+                         f"{ORACLE}): it gives every precision of the GPU's tables at once, "
+                         f"which only {ORACLE} keys by dtype; run predictor={spec.predictor} "
+                         "with split.home_points=full_grid or behind_cells")
     catalog = (HubCatalog(spec.hub_repo, spec.hub_revision) if spec.hub_repo
                else StoreCatalog(spec.sources_root, spec.gpu_specs))
     with catalog:

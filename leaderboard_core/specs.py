@@ -62,6 +62,11 @@ MOE_FIELDS = ("num_experts", "experts_per_token", "shared_experts", "moe_interme
 # latent attention, whose shape needs the MLA fields.
 ATTENTION_KINDS = ("gqa", "mla")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# How the model's published FP8 checkpoint scales its weights: one scale per tensor (the
+# default) or per 128 x 128 block (DeepSeek-style ``weight_block_size``). vLLM runs a different
+# kernel for each, and aiconfigurator times them as separate tables (``fp8``, ``fp8_block``).
+FP8_SCALINGS = ("tensor", "block")
+FP8_BLOCK_TABLES = "fp8_block"  # the measured tables' dtype of the block-scaled kernels
 MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
                                               "num_kv_heads", "head_dim", "intermediate_size",
                                               "vocab_size")}
@@ -182,8 +187,8 @@ def load_models() -> dict[str, dict[str, Any]]:
 
 
 def _validate_layers(path: Path, model: dict) -> None:
-    """The MoE fields come all together and fit the model; the attention kind is known and an
-    MLA model gives its dims."""
+    """The MoE fields come all together and fit the model; the attention kind is known, an
+    MLA model gives its dims, and the FP8 scaling is a known one."""
     given = [f for f in MOE_FIELDS if f in model]
     if given and len(given) != len(MOE_FIELDS):
         raise SpecError(f"{path}: an MoE model needs all of {', '.join(MOE_FIELDS)}; missing "
@@ -204,10 +209,18 @@ def _validate_layers(path: Path, model: dict) -> None:
                         f"{closest(str(kind), list(ATTENTION_KINDS))}")
     if kind == "mla" and (missing := [f for f in MLA_FIELDS if f not in model]):
         raise SpecError(f"{path}: an MLA model needs {', '.join(missing)}")
+    if (scaling := model.get("fp8_scaling", "tensor")) not in FP8_SCALINGS:
+        raise SpecError(f"{path}: fp8_scaling = {scaling!r} is not one of {', '.join(FP8_SCALINGS)}."
+                        f"{closest(str(scaling), list(FP8_SCALINGS))}")
 
 
 def is_moe(model: dict) -> bool:
     return "num_experts" in model
+
+
+def fp8_scaling(model: dict) -> str:
+    """How the model's FP8 checkpoint scales its weights (``FP8_SCALINGS``)."""
+    return model.get("fp8_scaling", "tensor")
 
 
 def attention_kind(model: dict) -> str:

@@ -9,7 +9,9 @@ activations at TP > 1; times the layers. A step whose ground truth is not the la
 kernels alone (``gt_kind`` other than ``gpu_block``) also runs the LM head: one GEMM at m = the
 step's requests, n = vocabulary / TP, k = hidden, in the fewest equal column slices no wider
 than ``lm_head_max_n`` (a measured table stops short of the vocabulary sizes), at BF16 (vLLM
-never quantizes it).
+never quantizes it). Each point carries the table dtype it is read at: an FP8 step of a model
+whose checkpoint scales per block (``fp8_scaling: block``) runs vLLM's block-scaled kernels,
+the ``fp8_block`` tables, its projections and experts alike.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ import numpy as np
 import polars as pl
 
 from leaderboard_core.contract import expert_parallel
-from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
+from leaderboard_core.specs import FP8_BLOCK_TABLES, fp8_scaling, is_moe, moe_shapes, tp_shapes
 from predictors._roofline import ALLREDUCES_PER_LAYER, BF16_BYTES
 
 TABLE_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}  # a cell's gemm_dtype -> the tables' dtype
+
+
+def table_dtype(gemm_dtype: str, model: dict) -> str:
+    """The measured tables' dtype a step of ``gemm_dtype`` reads for ``model``'s projections
+    and experts."""
+    if gemm_dtype == "fp8" and fp8_scaling(model) == "block":
+        return FP8_BLOCK_TABLES
+    return TABLE_DTYPES[gemm_dtype]
 
 
 def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None = None
@@ -37,8 +47,9 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
         tokens = group["total_tokens"].to_numpy()
         heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
                  "head_dim": model["head_dim"]}
-        dtypes = [TABLE_DTYPES[d] for d in (group["gemm_dtype"].fill_null("bf16")
-                                            if "gemm_dtype" in group.columns else ["bf16"] * len(i))]
+        dtypes = [table_dtype(d, model) for d in (group["gemm_dtype"].fill_null("bf16")
+                                                  if "gemm_dtype" in group.columns
+                                                  else ["bf16"] * len(i))]
         ffn_layers = layers
         if is_moe(model):  # one fused-MoE kernel per MoE layer, dense FFN GEMMs in the others
             e = moe_shapes(model, tp)
@@ -48,7 +59,7 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
                 "num_tokens": tokens, "hidden_size": np.full(len(i), e["hidden"]),
                 "inter_size": np.full(len(i), model["moe_intermediate_size"]),
                 "topk": np.full(len(i), e["topk"]), "num_experts": np.full(len(i), e["experts"]),
-                "moe_tp": tp // ep, "moe_ep": ep})))
+                "moe_tp": tp // ep, "moe_ep": ep, "dtype": dtypes})))
         for op in ("qkv", "o", "gate_up", "down"):
             n, k = s[op]
             count = layers if op in ("qkv", "o") else ffn_layers

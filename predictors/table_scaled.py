@@ -20,7 +20,8 @@ and one decode-attention kernel over its decodes (at their mean context), two al
 the activations at TP > 1; times the layers. On the home every ``_vidur`` cell is a measured
 grid point, so the home column is in-sample for this predictor. An MoE layer's routed experts
 are one fused-MoE kernel, read from the home's MoE points of the same expert shape and TP,
-interpolated in the token count.
+interpolated in the token count, at the dtype the step's GEMMs read (block-scaled FP8 for a
+checkpoint that scales per block, ``_step_ops.table_dtype``).
 
 A step whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than
 ``gpu_block``: measured serving, wall-clock steps) also runs the LM head, as aiconfigurator's own
@@ -50,7 +51,7 @@ AXES = {"gemm": ("m", "n", "k"), "attn_prefill": ("batch", "q_len", "kv_len"),
 KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_dim", "dtype",
                                             "kv_dtype", "window_size"),
         "allreduce": ("num_gpus",),
-        "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp", "moe_ep")}
+        "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp", "moe_ep", "dtype")}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
 
 
@@ -86,13 +87,16 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
 
 
 def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
-    """The measured key sharing most columns with ``wanted``, then nearest in log distance."""
-    def distance(candidate: dict) -> tuple[int, float]:
+    """The measured key sharing most columns with ``wanted``, then the one whose named columns
+    (dtype) match, since another dtype is another kernel while another shape is rescaled by the
+    roofline, then nearest in log distance; ties go to the first in sorted order."""
+    def distance(candidate: dict) -> tuple[int, int, float, str]:
         same = sum(candidate[c] == v for c, v in wanted.items())
+        renamed = sum(candidate[c] != v for c, v in wanted.items() if isinstance(v, str))
         apart = sum(abs(np.log(max(float(candidate[c]), 1.0)) - np.log(max(float(v), 1.0)))
                     for c, v in wanted.items() if isinstance(v, (int, float))
                     and isinstance(candidate[c], (int, float)))
-        return -same, apart
+        return -same, renamed, apart, repr(sorted(candidate.items()))
     return min(table.select(list(wanted)).unique().to_dicts(), key=distance)
 
 
@@ -184,14 +188,15 @@ class TableScaled(Predictor):
                      / point_seconds(family, query, self.home_peaks_))
 
     def predict(self, cells: pl.DataFrame, gpu) -> np.ndarray:
-        wanted = set(cells["gemm_dtype"].drop_nulls()) if "gemm_dtype" in cells.columns else set()
-        measured = set(self.tables_["gemm"]["dtype"]) if "dtype" in self.tables_["gemm"].columns else set()
-        missing = {d for d in wanted if TABLE_DTYPES[d] not in measured and d != "bf16"}
-        if missing:
-            raise NotSupported(f"the home measured no {'/'.join(sorted(missing))} GEMMs to look up "
-                               "(a home of the FP8 family has them)")
         max_n = int(self.tables_["gemm"]["n"].max()) if self.lm_head else None
         total, parts = np.zeros(len(cells)), step_points(cells, load_models(), max_n)
+        wanted = {d for f, i, _, query in parts if f == "gemm" and len(i) for d in query["dtype"]}
+        measured = set(self.tables_["gemm"]["dtype"]) if "dtype" in self.tables_["gemm"].columns else set()
+        missing = wanted - measured - {TABLE_DTYPES["bf16"]}
+        if missing:
+            raise NotSupported(f"the home measured no {'/'.join(sorted(missing))} GEMMs to look up "
+                               "(a home of the FP8 family has fp8; the oracle's every_shape home "
+                               "every dtype its GPU's tables hold)")
         for family in AXES:  # one lookup per family: its interpolants are built once
             mine = [(i, calls, query) for f, i, calls, query in parts if f == family and len(i)]
             if mine:

@@ -139,6 +139,7 @@ def test_weights_count_every_expert():
     ({"dense_layers": 32}, "leaves no MoE layer"),
     ({"attention": "sparse"}, "attention = 'sparse'"),
     ({"attention": "mla"}, "an MLA model needs"),
+    ({"fp8_scaling": "blocks"}, "fp8_scaling = 'blocks' is not one of tensor, block. Did you mean 'block'"),
 ])
 def test_bad_moe_fields_name_the_field(change, message):
     model = dict(load_models()["mixtral-8x7b"])

@@ -512,14 +512,25 @@ def test_the_oracle_fits_on_the_same_gpus_kernels_of_the_sets_precision():
     rows["b200_vidur"] = {**rows["h100_vidur"], "name": "b200_vidur", "sku": "b200_sxm"}
     rows["b200_sxm_ops"] = {**rows["h100_sxm_ops"], "name": "b200_sxm_ops", "sku": "b200_sxm"}
     assert oracle_home("b200_silicon_fp8", rows) is None  # no FP8 step set of the B200
+    # MoE runs: the FP8 family's version where the GPU has one, else the MoE family's set
+    rows["h100_silicon_moe"] = {**rows["h100_silicon_fp8"], "name": "h100_silicon_moe"}
+    rows["b200_silicon_moe"] = {**rows["b200_silicon_fp8"], "name": "b200_silicon_moe"}
+    rows["h100_vidur_moe"] = {**rows["h100_vidur"], "name": "h100_vidur_moe"}
+    assert oracle_home("h100_silicon_moe", rows) == "h100_vidur_fp8"
+    assert oracle_home("b200_silicon_moe", rows) is None
+    rows["b200_vidur_moe"] = {**rows["b200_vidur"], "name": "b200_vidur_moe",
+                              "backend_versions": ["0.19.0"]}
+    assert oracle_home("b200_silicon_moe", rows) == "b200_vidur_moe"
     del rows["h100_sxm_ops"]
     assert oracle_home("h100_silicon", rows) is None  # no measured op grid of the GPU
     assert oracle_home("h100_silicon_fp8", rows) is None
+    assert oracle_home("h100_silicon_moe", rows) is None
 
 
 def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
     """``full_grid`` reads the points of the ``_ops`` set's version only; ``every_shape`` (the
-    oracle's) those of the home's own version, as the store holds them."""
+    oracle's) those of the home's own version, as the store holds them, at every precision and
+    with the fused-MoE points, an MoE family's home included."""
     from leaderboard import home_grid, homes
 
     calls = []
@@ -528,12 +539,20 @@ def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
         def op_points_at(self, sku, version):
             calls.append((sku, version))
             return pl.DataFrame({
-                "op_family": ["gemm", "attention"], "phase": [None, "decode"],
-                "dtype": ["fp8", "bfloat16"], "kv_dtype": [None, "bfloat16"], "m": [8, None],
-                "n": [1024, None], "k": [8192, None], "batch": [1, 4], "q_len": [None, 1],
-                "kv_len": [None, 512], "num_heads": [None, 64], "num_kv_heads": [None, 8],
-                "head_dim": [None, 128], "window_size": [None, 0], "latency_ms": [0.01, 0.02],
-                "flags": [None, None], "sku": [sku] * 2, "backend_version": [version] * 2})
+                "op_family": ["gemm", "gemm", "attention"], "phase": [None, None, "decode"],
+                "dtype": ["fp8", "fp8_block", "bfloat16"], "kv_dtype": [None, None, "bfloat16"],
+                "m": [8, 8, None], "n": [1024, 1024, None], "k": [8192, 8192, None],
+                "batch": [1, 1, 4], "q_len": [None, None, 1], "kv_len": [None, None, 512],
+                "num_heads": [None, None, 64], "num_kv_heads": [None, None, 8],
+                "head_dim": [None, None, 128], "window_size": [None, None, 0],
+                "latency_ms": [0.01, 0.015, 0.02], "flags": [None] * 3, "sku": [sku] * 3,
+                "backend_version": [version] * 3})
+
+        def moe_points_at(self, sku, version):
+            return pl.DataFrame({"dtype": ["fp8_block"], "num_tokens": [64], "hidden_size": [3072],
+                                 "inter_size": [1536], "topk": [8], "num_experts": [256],
+                                 "moe_tp": [1], "moe_ep": [4], "sku": [sku], "version": [version],
+                                 "latency_ms": [0.3]})
 
         def collective_points(self, sku, version):
             return pl.DataFrame({"backend": ["vllm_graph"], "message_bytes": [4096],
@@ -547,10 +566,20 @@ def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
     assert homes.points_of("every_shape", [row], rows) == "every_shape"
     grid = home_grid.full_grid(Store(), row, None, {}, "fp8")
     assert calls == [("h100_sxm", "0.19.0")]
-    assert grid["gemm_qkv"]["version"].to_list() == ["0.19.0"]
-    assert grid["gemm_qkv"]["dtype"].to_list() == ["fp8"]
+    assert grid["gemm_qkv"]["version"].to_list() == ["0.19.0"] * 2
+    assert grid["gemm_qkv"]["dtype"].to_list() == ["fp8", "fp8_block"]  # every precision
     assert grid["attn_decode"]["kv_len"].to_list() == [512]
     assert grid["allreduce"]["num_gpus"].to_list() == [2]
+    assert grid["moe"].select("dtype", "moe_ep", "latency_ms").row(0) == ("fp8_block", 4, 0.3)
+    configs = home_grid.full_grid(Store(), {**row, "backend_versions": ["0.14.0"]},
+                                  [("llama-3-8b", 1)], load_models(), "fp8")
+    assert "moe" not in configs  # the grid of a home's configurations has no experts
+    moe_home = {"name": "h100_vidur_moe", "sku": "h100_sxm", "backend_versions": ["0.14.0"]}
+    rows["h100_vidur_moe"] = moe_home
+    assert homes.points_of("every_shape", [moe_home], rows) == "every_shape"
+    assert homes.points_of("full_grid", [moe_home], rows) == "behind_cells"  # experts off the grid
+    del rows["h100_sxm_ops"]
+    assert homes.points_of("every_shape", [moe_home], rows) == "behind_cells"  # no tables
     empty = type("Empty", (Store,), {"op_points_at": lambda self, sku, version:
                                      Store.op_points_at(self, sku, version).clear()})
     with pytest.raises(ValueError, match="has no h100_sxm GEMM and attention points at version 0.19.0"):
@@ -955,3 +984,13 @@ def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():
     text = "\n".join(sku_ranking(pl.DataFrame(rows + again)))
     assert "Loads measured on more than one GPU: 1." in text and ": 1 such." in text
     assert "| right | 1 | 1 | 1 | 0 | 0 |" in text and "| wrong | 1 | 1 | 0 | 0 | 1 |" in text
+
+
+def test_every_shape_is_refused_to_any_predictor_but_the_oracles():
+    """``every_shape`` pools every precision of a GPU's tables; a predictor that does not key
+    them by dtype would fit bf16 and FP8 kernels as one, so the run is refused up front."""
+    from leaderboard.run_inputs import load_inputs
+
+    with pytest.raises(ValueError, match="every_shape is the serving oracle's .*run predictor=rf "
+                                         "with split.home_points=full_grid"):
+        load_inputs(RunSpec("rf", "h100_silicon", {}, home="h100_vidur", home_points="every_shape"))

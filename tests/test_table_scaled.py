@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard_core.contract import Home
+from leaderboard_core.contract import Home, NotSupported
 from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes
 from predictors._roofline import peaks, point_seconds
 from predictors.table_scaled import TableScaled, lookup
@@ -39,6 +39,24 @@ def test_lookup_interpolates_in_two_axes_and_borrows_a_missing_key():
     borrowed, outside = lookup(table, "attn_decode", other, gpu)
     ratio = point_seconds("attn_decode", other, gpu) / point_seconds("attn_decode", query, gpu)
     assert borrowed[0] == pytest.approx(ms[0] * ratio[0], rel=1e-9) and outside[0]
+
+
+def test_a_missing_expert_key_borrows_the_same_dtype_at_the_nearest_placement():
+    """A fused-MoE key the home never timed (block FP8 with the experts split 8 ways) borrows
+    the same dtype's nearest placement (split 4 ways), rescaled by the roofline, not another
+    dtype's kernel at the same placement; the choice is the same whatever the rows' order."""
+    shape = {"hidden_size": 3072, "inter_size": 1536, "topk": 8, "num_experts": 256, "moe_ep": 1}
+    keys = [("fp8", 8, 0.18), ("bfloat16", 8, 0.27), ("fp8_block", 4, 0.40), ("fp8_block", 1, 0.9)]
+    table = pl.DataFrame([{**shape, "dtype": d, "moe_tp": tp, "num_tokens": t, "latency_ms": ms * t}
+                          for d, tp, ms in keys for t in (1, 64)])
+    query = pl.DataFrame([{**shape, "dtype": "fp8_block", "moe_tp": 8, "num_tokens": 64}])
+    gpu = peaks(load_gpu_specs()["h200_sxm"])
+    ratio = (point_seconds("moe", query, gpu)
+             / point_seconds("moe", query.with_columns(moe_tp=pl.lit(4)), gpu))
+    assert 0.4 < ratio[0] < 1  # a 4-way split's share of the experts is twice the 8-way's
+    for order in (table, table.reverse(), table.sample(fraction=1.0, shuffle=True, seed=1)):
+        ms, outside = lookup(order, "moe", query, gpu)
+        assert ms[0] == pytest.approx(0.40 * 64 * ratio[0], rel=1e-9) and outside[0]
 
 
 def test_a_cached_lookup_answers_as_a_fresh_one_across_batches():
@@ -122,3 +140,40 @@ def test_a_serving_step_adds_the_lm_head_read_in_slices_inside_the_grid():
     kernels, served = TableScaled().fit(home).predict(step, home.gpu)
     assert served - kernels == pytest.approx(slices * 0.5, rel=1e-9)
     assert TableScaled(lm_head=False).fit(home).predict(step, home.gpu)[1] == pytest.approx(kernels)
+
+
+def test_a_block_scaled_fp8_checkpoint_reads_the_block_tables_for_projections_and_experts():
+    """MiniMax-M2.5's FP8 checkpoint scales per 128 x 128 block: an FP8 step reads the
+    ``fp8_block`` GEMM and fused-MoE rows, never the per-tensor ``fp8`` ones beside them."""
+    model, tp, ep, batch, ctx = "minimax-m2.5", 4, 4, 16, 2048
+    spec, s = load_models()[model], tp_shapes(load_models()[model], tp)
+    assert spec["fp8_scaling"] == "block"
+    both = {"dtype": ["fp8", "fp8_block"]}
+    ops = {f"gemm_{op}": pl.DataFrame({"m": [batch] * 2, "n": [s[op][0]] * 2,
+                                       "k": [s[op][1]] * 2, **both, "latency_ms": [5.0, t]})
+           for op, t in (("qkv", 0.011), ("o", 0.007))}
+    ops["moe"] = pl.DataFrame({"num_tokens": [batch] * 2, "hidden_size": [spec["hidden_size"]] * 2,
+                               "inter_size": [spec["moe_intermediate_size"]] * 2,
+                               "topk": [spec["experts_per_token"]] * 2,
+                               "num_experts": [spec["num_experts"]] * 2, "moe_tp": [1] * 2,
+                               "moe_ep": [ep] * 2, **both, "latency_ms": [5.0, 0.05]})
+    ops["attn_decode"] = pl.DataFrame({"batch": [batch], "kv_len": [ctx], "q_len": [1],
+                                       "num_heads": [s["heads"]], "num_kv_heads": [s["kv_heads"]],
+                                       "head_dim": [spec["head_dim"]], "latency_ms": [0.02]})
+    ops["allreduce"] = pl.DataFrame({"message_bytes": [batch * s["hidden"] * 2], "num_gpus": [tp],
+                                     "latency_ms": [0.004]})
+    gpu = load_gpu_specs()["h200_sxm"]
+    home = Home(sku="h200_sxm", gpu=gpu, dataset="tiny", cells=pl.DataFrame(), ops=ops)
+    step = pl.DataFrame({"model": [model], "tp": [tp], "moe_ep": [ep], "total_tokens": [batch],
+                         "num_decode": [batch], "num_prefill": [0], "prefill_tokens": [0],
+                         "decode_ctx_sum": [batch * ctx], "gemm_dtype": ["fp8"],
+                         "gt_kind": ["gpu_block"]})
+    layers = spec["num_layers"]  # every layer routes: no dense FFN
+    want = layers * (0.011 + 0.007 + 0.02 + 2 * 0.004 + 0.05)
+    assert TableScaled().fit(home).predict(step, gpu)[0] == pytest.approx(want, rel=1e-9)
+    per_tensor = {**ops, **{op: ops[op].filter(pl.col("dtype") == "fp8")
+                            for op in ("gemm_qkv", "gemm_o")}}
+    refused = TableScaled().fit(Home(sku="h200_sxm", gpu=gpu, dataset="tiny",
+                                     cells=pl.DataFrame(), ops=per_tensor))
+    with pytest.raises(NotSupported, match="no fp8_block GEMMs"):
+        refused.predict(step, gpu)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from leaderboard_core.specs import GpuSpec
+from leaderboard.cells.ops import MOE_DISTRIBUTION
+from leaderboard_core.specs import FP8_BLOCK_TABLES, GpuSpec
 
 LARGE = 8192
 TOLERANCE = 0.20
@@ -58,3 +59,35 @@ def quarantine_failing(gemm: pl.DataFrame, gpus: dict[str, GpuSpec], quarantine)
         quarantine.add("gemm", gemm.filter(mine), "suspect", REASON, detail(row))
         gemm = gemm.filter(~mine)
     return gemm
+
+
+def block_ratios(con, sku: str) -> str:
+    """Per backend version, the median block-scaled FP8 / bf16 time of ``sku``'s GEMMs (m, n,
+    k >= ``LARGE``) and fused-MoE kernels (>= ``LARGE`` tokens, same expert shape and
+    placement, balanced routing): a markdown table, for a card. Not a check: a block-scaled
+    kernel also reads a scale per 128 x 128 block and no datasheet ratio bounds it."""
+    rows = con.execute(f"""
+        WITH g AS (SELECT backend_version v, dtype, m, n, k, latency_ms l FROM gemm
+                   WHERE source = '{SOURCE}' AND sku = ? AND backend = 'vllm' AND m >= {LARGE}
+                   AND n >= {LARGE} AND k >= {LARGE}),
+             e AS (SELECT backend_version v, dtype, num_tokens, hidden_size, inter_size, topk,
+                          num_experts, moe_tp, moe_ep, latency_ms l FROM moe
+                   WHERE source = '{SOURCE}' AND sku = ? AND num_tokens >= {LARGE}
+                   AND distribution = '{MOE_DISTRIBUTION}' AND backend = 'vllm'),
+             gr AS (SELECT b.v, median(f.l / b.l) r, count(*) n FROM g b JOIN g f USING (v, m, n, k)
+                    WHERE b.dtype = '{BF16}' AND f.dtype = '{FP8_BLOCK_TABLES}' GROUP BY b.v),
+             er AS (SELECT b.v, median(f.l / b.l) r, count(*) n FROM e b
+                    JOIN e f USING (v, num_tokens, hidden_size, inter_size, topk, num_experts,
+                                    moe_tp, moe_ep)
+                    WHERE b.dtype = '{BF16}' AND f.dtype = '{FP8_BLOCK_TABLES}' GROUP BY b.v)
+        SELECT coalesce(gr.v, er.v) v, gr.r, gr.n, er.r, er.n FROM gr FULL JOIN er USING (v)
+        ORDER BY v""", [sku, sku]).fetchall()
+    if not rows:
+        return f"(the store holds no block-scaled FP8 table of {sku} beside a bf16 one)"
+    lines = ["| vLLM | GEMM block FP8 / bf16 (shapes) | fused MoE block FP8 / bf16 (points) |",
+             "|---|---|---|"]
+    for version, gemm, n_gemm, moe, n_moe in rows:
+        lines.append(f"| {version} | " + " | ".join(
+            "—" if r is None else f"{r:.2f} ({n:,})" for r, n in ((gemm, n_gemm), (moe, n_moe)))
+            + " |")
+    return "\n".join(lines)

@@ -33,6 +33,23 @@ SELECT = {
 }
 
 
+MOE_SCHEMA = {"dtype": S, "num_tokens": INT, "hidden_size": INT, "inter_size": INT, "topk": INT,
+              "num_experts": INT, "moe_tp": INT, "moe_ep": INT, "sku": S, "version": S,
+              "latency_ms": pl.Float64}
+MOE_DISTRIBUTION = "balanced"  # the routing the MoE step family's headline reads
+
+
+def moe_points_at(con: duckdb.DuckDBPyConnection, sku: str, version: str) -> pl.DataFrame:
+    """Every fused-MoE kernel ``sku`` timed at ``version`` with tokens spread evenly over the
+    experts, at every precision and expert placement: what the serving oracle's ``every_shape``
+    home reads for an MoE layer's routed experts."""
+    cursor = con.execute(
+        f"SELECT {', '.join(c if c != 'version' else 'backend_version' for c in MOE_SCHEMA)} "
+        "FROM moe WHERE source = ? AND sku = ? AND backend_version = ? AND backend = 'vllm' "
+        "AND distribution = ? ORDER BY ALL", [SOURCE, sku, version, MOE_DISTRIBUTION])
+    return pl.DataFrame(cursor.fetchall(), schema=MOE_SCHEMA, orient="row")
+
+
 PROFILE_SOURCE = "llmservingsim"
 # The vLLM profiler's projections, by the tp_shapes GEMM each one is.
 PROFILE_GEMMS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}

@@ -21,6 +21,7 @@ import polars as pl
 
 from leaderboard.cells import memory
 from leaderboard.cells.common import render_card, source_lines
+from leaderboard.cells.fp8_check import block_ratios
 from leaderboard.serving import artefacts
 from leaderboard_core.specs import GpuSpec, is_moe, load_models, uncomposable_reason
 from leaderboard_core.versioning import content_hash
@@ -129,8 +130,9 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
             run="run_id", isl="isl", osl="osl", concurrency="batch_size",
             gt_ttft_ms="ttft_ms", gt_tpot_ms="tpot_ms", source="source", file="file",
             file_sha256="file_sha256")
+        experts = {"block_ratios": block_ratios(con, sku)} if fam == MOE_FAMILY else {}
         card = render_card("silicon_moe" if fam == MOE_FAMILY else "silicon", name=name, sku=sku,
-                           precision=precision.upper(),
+                           precision=precision.upper(), **experts,
                            rows=len(group),
                            runs_total=len(runs), usable_total=int(runs["why"].is_null().sum()),
                            coverage=coverage, sources=sources,

@@ -6,7 +6,8 @@ every GEMM, attention kernel and all-reduce is read from the target's tables (ex
 log-log interpolated between grid points) and no cross-GPU scaling is left. The RTX4090, which
 no aiconfigurator table holds, is read from LLMServingSim's vLLM profile of it, of the serving
 run's model and vLLM version (``rtx4090_llmservingsim``: its projections, LM head, and prefill
-and decode attention). Whatever error it still has belongs to the replay and to what the
+and decode attention). An MoE run's experts are read from the GPU's fused-MoE tables, at the
+block-scaled FP8 its checkpoints load. Whatever error it still has belongs to the replay and to what the
 tables do not hold (light kernels, host time, the frontend, another backend's kernels), not to
 a predictor. It is a self-check, never ranked: the report gives its TTFT and TPOT error beside
 the predictors' and calls predictors tied when their TTFT errors differ by less than the
@@ -29,17 +30,21 @@ ORACLE_POINTS = "every_shape"
 # Per serving family, the step families whose op points are the target's own kernels at its
 # precision, the first that holds the GPU taken (FP8 GEMM tables only in the FP8 family's, at
 # the versions that pass its check; LLMServingSim's vLLM profile where no aiconfigurator table
-# holds the GPU).
+# holds the GPU). An MoE run reads the GPU's block-scaled FP8 GEMM and fused-MoE tables
+# (``every_shape`` reads every precision): at the FP8 family's version where the GPU has one
+# (vLLM 0.19.0; the MoE family's H100 and H200 sets are of 0.14.0, whose FP8 collector fails
+# the FP8 check), else at the MoE family's (the B200's, 0.19.0).
 STEP_FAMILY = {"silicon": ("vidur",), "silicon_fp8": ("vidur_fp8",),
+               "silicon_moe": ("vidur_fp8", "vidur_moe"),
                "serving": ("vidur", "llmservingsim")}
 
 
 def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:
-    """The oracle's home for a serving ``dataset``: the step set of the same GPU and precision
-    (its GEMM tables at that precision, read at the set's own version; for the RTX4090, which
-    no aiconfigurator table holds, LLMServingSim's vLLM profile of it), or None: no step set
-    of that precision was built for the GPU (the B200 has no FP8 set: its per-tensor FP8 GEMM
-    tables fail the build's FP8 check), or the step family has no oracle (the MoE sets)."""
+    """The oracle's home for a serving ``dataset``: the GPU's step set of the first family of
+    ``STEP_FAMILY`` that has one (its tables read at the set's own version; for the RTX4090,
+    which no aiconfigurator table holds, LLMServingSim's vLLM profile of it), or None: no step
+    set of that precision was built for the GPU (the B200 has no FP8 set: its per-tensor FP8 GEMM
+    tables fail the build's FP8 check), or the serving family has no oracle."""
     sku = rows[dataset]["sku"]
     for step in STEP_FAMILY.get(families.suffix_of(dataset), ()):
         same_gpu = sorted(n for n, r in rows.items() if r["sku"] == sku and r["kind"] == "cells"

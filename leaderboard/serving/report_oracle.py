@@ -49,9 +49,14 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
              "projections and LM head as GEMMs, its prefill and decode attention; no "
              "aiconfigurator table holds the GPU). `b200_silicon_fp8` has no oracle (no FP8 "
              "step set of the B200: its per-tensor FP8 GEMM tables fail the build's FP8 check, "
-             "as the `_vidur_fp8` card measures), nor have the `_silicon_moe` sets "
-             "(the MoE step family is composed from BF16 expert tables, the runs are FP8, and no "
-             "step set is composed from the store's FP8 expert tables yet).", ""]
+             "as the `_vidur_fp8` card measures). A `_silicon_moe` set's oracle reads the GPU's "
+             "block-scaled FP8 GEMM and fused-MoE tables of vLLM 0.19.0 (the published "
+             "checkpoints scale per 128 x 128 block; balanced routing, the run's expert "
+             "placement where the tables time it, else the nearest placement of the same dtype "
+             "rescaled by the roofline), through the `_vidur_fp8` set on the H100 and H200 and "
+             "the `_vidur_moe` set on the B200; the router and routing imbalance stay outside "
+             "it.",
+             ""]
     if oracle.is_empty():
         return lines + ["No oracle run is current (`python -m leaderboard.rerun` runs it).", ""]
     mine = predictions.filter(pl.col("run_id").is_in(oracle["run_id"].to_list()))
