@@ -317,3 +317,6 @@ def test_a_vllm_profile_gives_gemm_and_attention_points_of_the_profiled_model():
     con.execute("UPDATE attention SET dtype = 'bfloat16'")
     with pytest.raises(ValueError, match="model 'llama-3.1-8b', which conf/model"):
         profile_points_at(con, "rtx4090", "0.19.0", {})
+    con.execute("DELETE FROM attention WHERE phase IN ('prefill', 'decode')")
+    with pytest.raises(ValueError, match="has no prefill or decode attention rows; its GEMMs'"):
+        profile_points_at(con, "rtx4090", "0.19.0", load_models())

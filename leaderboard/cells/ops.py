@@ -76,9 +76,9 @@ def profile_points_at(con: duckdb.DuckDBPyConnection, sku: str, version: str,
     if not ops and attention.is_empty():
         return attention
     if len(dtypes) != 1:
-        raise ValueError(f"{PROFILE_SOURCE}'s {sku} profile at {version} has attention rows of "
-                         f"dtypes {sorted(dtypes)}; its GEMMs' dtype is read from them, so one is "
-                         "needed")
+        found = f"dtypes {sorted(dtypes)}" if dtypes else "no prefill or decode attention rows"
+        raise ValueError(f"{PROFILE_SOURCE}'s {sku} profile at {version} has {found}; its GEMMs' "
+                         "dtype is read from its attention rows, so exactly one is needed")
     dtype, gemm = dtypes.pop(), []
     for model, tp, op, tokens, latency, flags in ops:
         if model not in models:
