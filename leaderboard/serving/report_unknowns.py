@@ -76,8 +76,15 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
             "an idle engine; public GenAI-Perf benchmark scripts often send 10. The oracle's "
             "TTFT / TPOT MAPE % for each length, each a replay of its own, over every wave or "
             f"without the first {dropped} (a warm-up that did not drain):", "",
-            *closed_loop_table(bench), "", *_best_lengths(bench), "",
+            *closed_loop_table(bench), "", *_best_lengths(bench), "", *not_replayed(bench),
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+
+
+def not_replayed(bench: dict) -> list[str]:
+    """The serving families a benchmark's JSON says it did not replay, with why."""
+    return [f"Not replayed: the `_{fam}` sets ({why})." for fam, why in
+            sorted(bench.get("not_replayed", {}).items())] + ([""] if bench.get("not_replayed")
+                                                            else [])
 
 
 def engine_choices_tables(bench: dict) -> list[str]:
@@ -134,7 +141,7 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "its TTFT error shrinks. A choice that helped one GPU's runs and hurt another's "
             "would be a per-GPU fit to the measurements, so the headline keeps what the "
             "sources support. The targets the KV choices move are listed after the table:",
-            "", *engine_choices_tables(bench), "",
+            "", *engine_choices_tables(bench), "", *not_replayed(bench),
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 
