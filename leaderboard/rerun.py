@@ -11,8 +11,8 @@ predictor on the ``_vidur`` home with whole configurations and their shapes held
 (``split.home_points=held_out_shapes``).
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
-dataset's configured home), run in a pool of worker processes (Polars on one thread, each replaced after
-``RUNS_PER_WORKER`` runs: see there why) because a run is single-threaded,
+dataset's configured home), run in a pool of worker processes (Polars on one thread, each
+replaced after ``RUNS_PER_WORKER`` runs: see there why) because a run is single-threaded,
 Python-bound work. ``python -m leaderboard.rerun [report.jobs=N runs_dir=DIR]`` reruns into
 ``runs_dir`` and prints each outcome; ``python -m leaderboard.report report.rerun=true`` does the
 same, then writes RESULTS.md.

@@ -82,9 +82,9 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
 
 def not_replayed(bench: dict) -> list[str]:
     """The serving families a benchmark's JSON says it did not replay, with why."""
-    return [f"Not replayed: the `_{fam}` sets ({why})." for fam, why in
-            sorted(bench.get("not_replayed", {}).items())] + ([""] if bench.get("not_replayed")
-                                                            else [])
+    skipped = sorted(bench.get("not_replayed", {}).items())
+    return [*(f"Not replayed: the `_{fam}` sets ({why})." for fam, why in skipped),
+            *([""] if skipped else [])]
 
 
 def engine_choices_tables(bench: dict) -> list[str]:
