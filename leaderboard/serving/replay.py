@@ -187,13 +187,15 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
         return burst
 
     def send(burst: list[int]) -> None:
-        if idle_burst == "first_alone" and len(burst) > 1 and not engine.busy:
+        # A loop, not a recursive closure: a closure naming itself is a reference cycle that
+        # keeps this frame's engine and step log (gigabytes at 512 clients) alive until the
+        # cyclic collector happens to run.
+        while idle_burst == "first_alone" and len(burst) > 1 and not engine.busy:
             engine.arrive(burst[0])
             engine.step(log, 1)
             for r in burst[1:]:
                 engine.arrive(r)
-            send(resends())  # a one-token request ends in its prompt step
-            return
+            burst = resends()  # a one-token request ends in its prompt step
         for r in burst:
             engine.arrive(r)
 
