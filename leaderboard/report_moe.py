@@ -43,7 +43,7 @@ def _step_table(runs: pl.DataFrame, fam: str) -> list[str]:
     mapes = PhaseMapes(mine, unseen)
     valid = sorted(set(mine.filter("valid")["predictor"]),
                    key=lambda p: (mapes.unseen_mean(p, "all") is None,
-                                  mapes.unseen_mean(p, "all") or 0.0))
+                                  round(mapes.unseen_mean(p, "all") or 0.0, 1), p))
     rows = [[p, *(fmt(mapes.mape(p, d, "all")) for d in homes + unseen),
              *(fmt(mapes.unseen_mean(p, phase)) for phase in ("all", "prefill", "decode"))]
             for p in valid]

@@ -12,6 +12,7 @@ import pytest
 from leaderboard import atlas, ranking, report, report_headline, report_leaderboard, results
 from leaderboard_core import paths
 from leaderboard_core.contract import PredictorCard
+from leaderboard_core.report_tables import PhaseMapes
 from leaderboard_core.versioning import code_hash
 from predictors import registry
 from predictors.base import Predictor
@@ -225,6 +226,25 @@ def test_leaderboard_shows_target_rows_and_sandbox(tmp_path, monkeypatch):
     rows = {line.split(" | ")[0]: line for line in lines if line.startswith(("| tiny", "| reader"))}
     assert rows["| tiny"].endswith("| 10.0 | 0 | namespaces+landlock |")
     assert rows["| reader"].endswith("| 10.0 | 16 | namespaces/namespaces+landlock |")
+
+
+def test_rows_equal_to_the_printed_digit_keep_their_name_order(tmp_path, monkeypatch):
+    """Two predictors whose unseen means differ in the fifteenth digit print the same mean and
+    must come in name order, render after render, not in the order of that last bit."""
+    for name in ("alpha", "zeta"):
+        monkeypatch.setitem(registry._REGISTRY, name, TinyPredictor)
+    runs = tmp_path / "runs"
+    for i, dataset in enumerate(VERSIONS):
+        for name, mape in (("alpha", 10.0), ("zeta", 10.0 - 1e-14)):
+            write_run(runs, f"{name}{i}", dataset=dataset, predictor=name,
+                      phases={"all": {"n": 40, "mape": mape}})
+    current = results.current(results.load_runs(runs), VERSIONS).pl()
+    board = report_leaderboard.leaderboard_runs(current, sorted(VERSIONS))
+    mapes = PhaseMapes(board, ["h100_vidur", "h200_vidur"])
+    assert mapes.unseen_mean("zeta", "all") < mapes.unseen_mean("alpha", "all")  # the last bit
+    lines = report_leaderboard.main_leaderboard(board)
+    order = [line.split(" | ")[0] for line in lines if line.startswith(("| alpha", "| zeta"))]
+    assert order[:2] == ["| alpha", "| zeta"]
 
 
 @pytest.fixture
