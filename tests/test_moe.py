@@ -272,6 +272,20 @@ def test_moe_serving_sets_hold_replayable_moe_runs_only(real_store):
     assert not any(specs.is_moe(models[m]) for (m,) in dense if m)
 
 
+@requires_shared
+def test_an_moe_serving_card_lists_its_runs_vllm_versions_oldest_first(real_store):
+    """The card says which vLLM versions its runs are of (the oracle's tables are of 0.19.0):
+    every version of the set's targets with its count, in release order."""
+    for dataset in ("h200_silicon_moe", "b200_silicon_moe"):
+        counts = real_store.sql("SELECT backend_version, count(*) FROM serving_targets WHERE "
+                                f"dataset = '{dataset}' GROUP BY ALL")
+        in_order = sorted(counts, key=lambda row: [int(x) for x in row[0].split(".")])
+        (card,) = real_store.sql(f"SELECT card FROM datasets WHERE name = '{dataset}'")[0]
+        listed = ", ".join(f"{version} ({n})" for version, n in in_order)
+        assert f"This set's runs by vLLM version (count): {listed}." in card
+        assert len(in_order) > 1  # the ordering is tested on more than one version
+
+
 def _run(predictor, dataset, family, split, mape=None, why=None):
     import json
     phases = {} if mape is None else {p: {"mape": mape, "n": 10}

@@ -24,7 +24,7 @@ from leaderboard.cells.common import render_card, source_lines
 from leaderboard.cells.fp8_check import block_ratios
 from leaderboard.serving import artefacts
 from leaderboard_core.specs import GpuSpec, is_moe, load_models, uncomposable_reason
-from leaderboard_core.versioning import content_hash
+from leaderboard_core.versioning import content_hash, release
 
 SUPPORTED_PRECISIONS = ("bf16", "fp8")
 FP8_BACKENDS = ("vllm",)  # FP8 rows replayed so far; another backend's FP8 kernels are unchecked
@@ -102,6 +102,14 @@ def _coverage(runs: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _versions(versions: pl.Series) -> str:
+    """Each backend version of ``versions`` with its count of runs, oldest first."""
+    counts = versions.value_counts()
+    return ", ".join(f"{v} ({n})" for v, n in sorted(
+        counts.iter_rows(), key=lambda row: (release(row[0]) is None, release(row[0]) or (),
+                                             str(row[0]))))
+
+
 def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     runs = con.sql("SELECT * FROM serving_runs ORDER BY row").pl()
     if not len(runs):
@@ -130,7 +138,9 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
             run="run_id", isl="isl", osl="osl", concurrency="batch_size",
             gt_ttft_ms="ttft_ms", gt_tpot_ms="tpot_ms", source="source", file="file",
             file_sha256="file_sha256")
-        experts = {"block_ratios": block_ratios(con, sku)} if fam == MOE_FAMILY else {}
+        experts = ({"block_ratios": block_ratios(con, sku),
+                    "run_versions": _versions(group["backend_version"])}
+                   if fam == MOE_FAMILY else {})
         card = render_card("silicon_moe" if fam == MOE_FAMILY else "silicon", name=name, sku=sku,
                            precision=precision.upper(), **experts,
                            rows=len(group),

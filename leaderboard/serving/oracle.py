@@ -7,11 +7,11 @@ log-log interpolated between grid points) and no cross-GPU scaling is left. The 
 no aiconfigurator table holds, is read from LLMServingSim's vLLM profile of it, of the serving
 run's model and vLLM version (``rtx4090_llmservingsim``: its projections, LM head, and prefill
 and decode attention). An MoE run's experts are read from the GPU's fused-MoE tables, at the
-block-scaled FP8 its checkpoints load. Whatever error it still has belongs to the replay and to what the
-tables do not hold (light kernels, host time, the frontend, another backend's kernels), not to
-a predictor. It is a self-check, never ranked: the report gives its TTFT and TPOT error beside
-the predictors' and calls predictors tied when their TTFT errors differ by less than the
-oracle's.
+block-scaled FP8 its checkpoints load. Whatever error it still has belongs to the replay and
+to what the tables do not hold (light kernels, host time, the frontend, another backend's
+kernels), not to a predictor. It is a self-check, never ranked: the report gives its TTFT and
+TPOT error beside the predictors' and calls predictors tied when their TTFT errors differ by
+less than the oracle's.
 
 An oracle run is an ordinary sealed run (``predictor=table_scaled dataset=<set>
 dataset.home=<short>_vidur split.home_points=every_shape``: every measured shape of the target,
@@ -32,8 +32,8 @@ ORACLE_POINTS = "every_shape"
 # the versions that pass its check; LLMServingSim's vLLM profile where no aiconfigurator table
 # holds the GPU). An MoE run reads the GPU's block-scaled FP8 GEMM and fused-MoE tables
 # (``every_shape`` reads every precision): at the FP8 family's version where the GPU has one
-# (vLLM 0.19.0; the MoE family's H100 and H200 sets are of 0.14.0, whose FP8 collector fails
-# the FP8 check), else at the MoE family's (the B200's, 0.19.0).
+# (vLLM 0.19.0, nearer the H100's and H200's runs, mostly of 0.16.0 and 0.18.0, than the MoE
+# family's 0.14.0 there), else at the MoE family's (the B200's, 0.19.0).
 STEP_FAMILY = {"silicon": ("vidur",), "silicon_fp8": ("vidur_fp8",),
                "silicon_moe": ("vidur_fp8", "vidur_moe"),
                "serving": ("vidur", "llmservingsim")}
