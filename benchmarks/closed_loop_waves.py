@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import families
 from leaderboard.catalog import StoreCatalog
 from leaderboard.run_inputs import RunSpec, load_inputs
 from leaderboard.serving import simulate
@@ -44,11 +43,6 @@ from predictors import registry
 
 WAVES = (4, 10, 20, 50)
 DROPPED = (0, 2)  # waves left out of the mean: none, or a warm-up of 2 x concurrency
-# Serving families these benchmarks do not replay, and why (measured on the 24 GB, 2-core
-# machine): written into each JSON, and the report names them.
-NOT_REPLAYED = {"silicon_moe": "the MoE sets' closed loops run up to 512 clients; replaying "
-                "b200_silicon_moe at up to 50 waves grew one process to 21.4 GB in 191 s, "
-                "until the kernel killed it (2026-12-05)"}
 
 
 def oracle_timer(dataset: str, home: str):
@@ -96,21 +90,18 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
 
 def oracle_sets() -> list[tuple[str, str]]:
     """Every serving set of closed loops that has an oracle, with the step set the oracle fits
-    on (a run of recorded arrivals has no unstated loop length or launch flags to try), less the
-    families of ``NOT_REPLAYED``."""
+    on (a run of recorded arrivals has no unstated loop length or launch flags to try)."""
     with StoreCatalog() as catalog:
         rows = catalog.datasets()
         closed = {n for n, r in rows.items() if r["kind"] == "serving"
                   and (catalog.serving_targets(n)["load"] == "closed").any()}
     return [(name, home) for name in sorted(closed)
-            if (home := oracle_home(name, rows)) is not None
-            and families.suffix_of(name) not in NOT_REPLAYED]
+            if (home := oracle_home(name, rows)) is not None]
 
 
 def stamped(bench: dict, started: float) -> dict:
     """``bench`` with how long it took since ``started`` and the code and date it ran at."""
-    return {**bench, "not_replayed": NOT_REPLAYED,
-            "seconds": round(time.perf_counter() - started, 1),
+    return {**bench, "seconds": round(time.perf_counter() - started, 1),
             "code_version": code_version(), "date": datetime.now(UTC).date().isoformat()}
 
 
