@@ -6,8 +6,10 @@ many requests a KV-bound load holds at once:
 
 - ``fp8_kv``: every backend's KV cache in FP8, half the bytes a token. The headline keeps BF16,
   vLLM's ``--kv-cache-dtype auto`` for a BF16 or online-FP8 model; aiconfigurator's generator
-  passes the flag only when a search result names a KV quantization. Only the capacity
-  changes: the steps are still priced with BF16 attention, as the oracle's tables time it.
+  passes the flag only when a search result names a KV quantization, which its SDK infers for
+  a checkpoint published in FP8, as the MoE sets' are (``conf/serving/schedulers.yaml``). Only
+  the capacity changes: the steps are still priced with BF16 attention, as the oracle's tables
+  time it.
 - ``no_prefix_cache``: vLLM without prefix caching, so a preempted request recomputes its
   whole prompt. The headline keeps it on, V1's default, which aiconfigurator's generator leaves
   alone unless asked.
