@@ -1013,3 +1013,23 @@ def test_every_shape_is_refused_to_any_predictor_but_the_oracles():
     with pytest.raises(ValueError, match="every_shape is the serving oracle's .*run predictor=rf "
                                          "with split.home_points=full_grid"):
         load_inputs(RunSpec("rf", "h100_silicon", {}, home="h100_vidur", home_points="every_shape"))
+
+
+def test_the_frontend_reading_adds_the_sourced_time_to_vllm_closed_loops_only():
+    """vLLM closed loops: lockstep 100 and steady 80 ms against a measured 110; the reading adds
+    8.4 and 12.2 ms to each. An SGLang load and a run of recorded arrivals stay out of it."""
+    from leaderboard.serving.report_oracle import FRONTEND_MS, frontend_reading
+
+    assert FRONTEND_MS == (8.4, 12.2)
+    rows = pl.DataFrame({
+        "dataset": "h100_silicon", "backend": ["vllm", "vllm", "sglang", "vllm"],
+        "concurrency": pl.Series([8, 8, 8, None], dtype=pl.Int64),
+        "phase": ["ttft", "ttft_steady", "ttft", "ttft"],
+        "pred_ms": [100.0, 80.0, 10.0, 10.0], "gt_ms": [110.0, 110.0, 110.0, 110.0]})
+    row = next(line for line in frontend_reading(rows) if line.startswith("| h100_silicon"))
+    cells = [x.strip() for x in row.strip("|").split("|")]
+    lockstep = " / ".join(f"{abs(p / 110 - 1) * 100:.1f}" for p in (100.0, 108.4, 112.2))
+    steady = " / ".join(f"{abs(p / 110 - 1) * 100:.1f}" for p in (80.0, 88.4, 92.2))
+    assert cells == ["h100_silicon", "1", lockstep, steady] == [
+        "h100_silicon", "1", "9.1 / 1.5 / 2.0", "27.3 / 19.6 / 16.2"]
+    assert frontend_reading(rows.filter(pl.col("backend") == "sglang")) == []
