@@ -19,11 +19,13 @@ A third choice decides how many tokens a step takes:
 - ``launch_rule``: the token budget of aiconfigurator's benchmark rule for an aggregated
   worker, concurrency + isl + 1500 (``generator/rule_plugin/benchmark/vllm.rule`` and
   ``trtllm.rule``, ``agg max_num_tokens``, ``max_batch_size`` taken as the concurrency), for
-  every vLLM and TRT-LLM run. The headline applies it to vLLM from 0.14.1 only, whose launch
-  template passes the flag (the 0.12.0 one does not). TRT-LLM's templates pass
-  ``max_num_tokens`` at every version, but the generator's deployment rule
-  (``rule_plugin/trtllm.rule``) sets 512 or more as ``max_batch_size`` where the benchmark
-  rule sets the concurrency, so which budget a TRT-LLM run had is not known either way.
+  every vLLM and TRT-LLM run, those of an unrecorded version included. The headline applies
+  it to vLLM from 0.14.1 only, whose launch template passes the flag (the 0.12.0 one does not;
+  the unrecorded ones, the dense FP8 campaign, were measured before 0.12.0's release).
+  TRT-LLM's templates pass ``max_num_tokens`` at every version, but the generator's deployment
+  rule (``rule_plugin/trtllm.rule``) sets 512 or more as ``max_batch_size`` where the
+  benchmark rule sets the concurrency, so which budget a TRT-LLM run had is not known either
+  way.
   SGLang's rule caps a prefill batch's new tokens (``max_prefill_tokens`` isl + 1500) rather
   than a step's, which the replay does not model, so it is left out.
 
@@ -43,6 +45,13 @@ A fifth decides how an idle engine takes a burst of requests:
   runs the first of them alone and the rest in the next step (``simulation.idle_burst`` in
   the yaml): TRT-LLM's idle executor takes one request, and for vLLM and SGLang how many of a
   burst make the first step is a race no record times, of which these are the two ends.
+
+And one takes aiconfigurator's benchmark as a whole:
+
+- ``aiconfigurator_bench``: ``launch_rule`` with the request count of its benchmark template
+  (``bench_run.sh.j2``): 50 waves of ``concurrency`` requests, the first 2 scored as warm-up.
+  The headline replays 4 waves, none dropped, since no record states that a run came from
+  that template (``benchmarks/closed_loop_waves.py`` measures the length alone).
 
 This replays every target of each serving set that has an oracle with the oracle's step timer
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
@@ -69,18 +78,24 @@ from leaderboard.serving.report_unknowns import engine_choices_tables
 from leaderboard_core import progress
 from leaderboard_core.specs import load_models
 
+# aiconfigurator's benchmark budget for every vLLM and TRT-LLM closed loop, unrecorded versions too
+LAUNCH_RULE = {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0",
+               ("backends", "vllm", "closed_loop_launch", "unrecorded"): True,
+               ("backends", "trtllm", "closed_loop_launch"): {"extra_tokens": 1500,
+                                                              "from_version": "0.0",
+                                                              "unrecorded": True}}
 # Each choice: the yaml keys it sets, as a path from the top of schedulers.yaml, and the value.
 CHOICES = {
     "headline": {},
     "fp8_kv": {("simulation", "kv_bytes_per_element"): 1},
     "no_prefix_cache": {("backends", "vllm", "prefix_caching", "block_tokens"): 0},
-    "launch_rule": {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0",
-                    ("backends", "trtllm", "closed_loop_launch"): {"extra_tokens": 1500,
-                                                                   "from_version": "0.0"}},
+    "launch_rule": LAUNCH_RULE,
     "trtllm_no_overlap": {("backends", "trtllm", "host_time", "overlapped"): None} | {
         ("backends", "trtllm", "host_time", key): simulate.load_conf()["backends"]["vllm"][
             "host_time"][key] for key in ("base_ms", "per_request_ms")},
     "burst_together": {("simulation", "idle_burst"): "together"},
+    "aiconfigurator_bench": LAUNCH_RULE | {("simulation", "waves"): 50,
+                                           ("simulation", "warmup_waves"): 2},
 }
 # The choices whose moved targets are listed one by one: the KV choices move a few KV-bound
 # loads; the launch rule moves most loads, and its table row says how many it brings closer.

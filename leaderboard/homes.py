@@ -117,9 +117,10 @@ def points_of(home_points: str, home_rows: list[dict], rows: dict[str, dict]) ->
     def has_grid(row: dict) -> bool:
         grid = rows.get(f"{row['sku']}{home_grid.OPS_SUFFIX}")
         fam = families.of(row["name"])
-        if home_points == "every_shape" and fam is not None and fam.profile_grid:
-            return all(release(v) is not None for v in row["backend_versions"])
-        if home_points == "every_shape":  # every table of the GPU, the fused-MoE ones included
+        if home_points == "every_shape":
+            if fam is not None and fam.profile_grid:
+                return all(release(v) is not None for v in row["backend_versions"])
+            # every table of the GPU, the fused-MoE ones included
             return grid is not None and (fam is None or fam.op_grid or fam.expert_tables)
         same_version = grid is not None and grid["backend_versions"] == row["backend_versions"]
         return same_version and (fam is None or fam.op_grid)

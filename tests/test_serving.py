@@ -627,6 +627,19 @@ def test_a_vllm_closed_loop_takes_its_launchers_budget_where_its_template_passes
     assert (stated.token_budget, stated.max_seqs) == (2048, 256)
 
 
+def test_a_rule_marked_unrecorded_holds_for_an_unknown_version_only(monkeypatch):
+    """``unrecorded: true`` (benchmarks/engine_choices.py's launch_rule) gives the launcher's
+    budget to a run whose version is not recorded; a recorded older release stays out."""
+    from leaderboard.serving.simulate import load_conf, policy_for
+
+    monkeypatch.setitem(load_conf()["backends"]["vllm"]["closed_loop_launch"], "unrecorded", True)
+    m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
+    for version, budget in (("unknown", 8 + 1024 + 1500), (None, 2532), ("0.12.0", 8192),
+                            ("0.14.1", 2532)):
+        assert policy_for("vllm", "any", m, 2, gpu, version=version, closed_loop=(8, 1024)
+                          ).token_budget == budget, version
+
+
 def test_vllm_prefix_caching_everywhere_and_whole_sequence_admission_from_0_19():
     from leaderboard.serving.simulate import policy_for
 

@@ -58,9 +58,12 @@ def memory_rule(b: dict, gpu: GpuSpec, tp: int, version: str | None) -> tuple[fl
 
 
 def _from_version(version: str | None, rule: dict | None) -> bool:
-    """Whether a backend ``version`` is at or after a yaml rule's ``from_version``."""
+    """Whether a yaml rule holds at a backend ``version``: at or after its ``from_version``; an
+    unrecorded version ('unknown', a commit) only where the rule says ``unrecorded: true``."""
+    if rule is None:
+        return False
     found = release(version)
-    return rule is not None and found is not None and found >= release(rule["from_version"])
+    return rule.get("unrecorded", False) if found is None else found >= release(rule["from_version"])
 
 
 def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
