@@ -20,8 +20,9 @@ A third choice decides how many tokens a step takes:
   worker, concurrency + isl + 1500 (``generator/rule_plugin/benchmark/vllm.rule`` and
   ``trtllm.rule``, ``agg max_num_tokens``, ``max_batch_size`` taken as the concurrency), for
   every vLLM and TRT-LLM run, those of an unrecorded version included. The headline applies
-  it to vLLM from 0.14.1 only, whose launch template passes the flag (the 0.12.0 one does not;
-  the unrecorded ones, the dense FP8 campaign, were measured before 0.12.0's release).
+  it to vLLM from 0.14.1 only, whose launch template passes the flag (the 0.12.0 one does
+  not; the unrecorded ones replayed, the dense FP8 campaign, are dated between vLLM 0.11.0 and
+  0.12.0, and which template they had is not pinned).
   TRT-LLM's templates pass ``max_num_tokens`` at every version, but the generator's deployment
   rule (``rule_plugin/trtllm.rule``) sets 512 or more as ``max_batch_size`` where the
   benchmark rule sets the concurrency, so which budget a TRT-LLM run had is not known either
@@ -49,9 +50,11 @@ A fifth decides how an idle engine takes a burst of requests:
 And one takes aiconfigurator's benchmark as a whole:
 
 - ``aiconfigurator_bench``: ``launch_rule`` with the request count of its benchmark template
-  (``bench_run.sh.j2``): 50 waves of ``concurrency`` requests, the first 2 scored as warm-up.
-  The headline replays 4 waves, none dropped, since no record states that a run came from
-  that template (``benchmarks/closed_loop_waves.py`` measures the length alone).
+  (``bench_run.sh.j2``): 50 x ``concurrency`` profiled requests, every one scored. The
+  template's 2 x ``concurrency`` warm-up requests are a phase of their own that AIPerf lets
+  drain before it profiles, so the profiled loop also starts from an idle engine and the
+  warm-up is not replayed. The headline replays 4 waves, since no record states that a run
+  came from that template (``benchmarks/closed_loop_waves.py`` measures the length alone).
 
 This replays every target of each serving set that has an oracle with the oracle's step timer
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
@@ -94,8 +97,7 @@ CHOICES = {
         ("backends", "trtllm", "host_time", key): simulate.load_conf()["backends"]["vllm"][
             "host_time"][key] for key in ("base_ms", "per_request_ms")},
     "burst_together": {("simulation", "idle_burst"): "together"},
-    "aiconfigurator_bench": LAUNCH_RULE | {("simulation", "waves"): 50,
-                                           ("simulation", "warmup_waves"): 2},
+    "aiconfigurator_bench": LAUNCH_RULE | {("simulation", "waves"): 50},
 }
 # The choices whose moved targets are listed one by one: the KV choices move a few KV-bound
 # loads; the launch rule moves most loads, and its table row says how many it brings closer.

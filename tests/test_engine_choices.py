@@ -51,25 +51,32 @@ def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
 
 
 def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_taken_back(bench):
-    """Under ``launch_rule`` a closed loop of 8 clients of 1024 tokens gets 8 + 1024 + 1500
-    tokens a step from vLLM 0.12.0 and TRT-LLM alike; SGLang keeps its default; after the block
-    vLLM 0.12.0 has its default again and TRT-LLM has no launch rule at all."""
+    """Under ``launch_rule`` and ``aiconfigurator_bench`` (which also replays 50 waves) a closed
+    loop of 8 clients of 1024 tokens gets 8 + 1024 + 1500 tokens a step from vLLM 0.12.0,
+    TRT-LLM and runs of an unrecorded version alike; SGLang keeps its default; after the block
+    every run has its default again, the yaml's rule has no ``unrecorded`` key and TRT-LLM has
+    no launch rule at all."""
     m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
 
     def budget(backend, version):
         return simulate.policy_for(backend, "any", m, 2, gpu, version=version,
                                    closed_loop=(8, 1024)).token_budget
 
-    before = {b: budget(b, v) for b, v in (("vllm", "0.12.0"), ("trtllm", "1.0.0rc3"),
-                                            ("sglang", "0.5.1.post1"))}
-    assert before == {"vllm": 8192, "trtllm": 8192, "sglang": 8192}
-    with bench.engine_choice(bench.CHOICES["launch_rule"]):
-        assert budget("vllm", "0.12.0") == budget("trtllm", "1.0.0rc3") == 8 + 1024 + 1500
-        assert budget("sglang", "0.5.1.post1") == 8192
-    assert {b: budget(b, v) for b, v in (("vllm", "0.12.0"), ("trtllm", "1.0.0rc3"),
-                                         ("sglang", "0.5.1.post1"))} == before
+    runs = (("vllm", "0.12.0"), ("vllm", "unknown"), ("trtllm", "1.0.0rc3"),
+            ("trtllm", "unknown"), ("sglang", "0.5.1.post1"))
+    before = {run: budget(*run) for run in runs}
+    assert set(before.values()) == {8192}
+    for choice in ("launch_rule", "aiconfigurator_bench"):
+        with bench.engine_choice(bench.CHOICES[choice]):
+            under = {run: budget(*run) for run in runs}
+            assert under == {**{run: 8 + 1024 + 1500 for run in runs[:4]}, runs[4]: 8192}
+            assert simulate.load_conf()["simulation"]["waves"] == (
+                50 if choice == "aiconfigurator_bench" else 4)
+        assert {run: budget(*run) for run in runs} == before
     assert "closed_loop_launch" not in simulate.load_conf()["backends"]["trtllm"]
-    assert simulate.load_conf()["backends"]["vllm"]["closed_loop_launch"]["from_version"] == "0.14.1"
+    assert simulate.load_conf()["backends"]["vllm"]["closed_loop_launch"] == {
+        "extra_tokens": 1500, "from_version": "0.14.1"}
+    assert simulate.load_conf()["simulation"]["waves"] == 4
 
 
 def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step(bench):

@@ -119,12 +119,14 @@ def _gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
 
 
 # Time a vLLM request spends outside the engine, one source's measurement: the client's TTFT
-# minus vLLM's own (its vllm:time_to_first_token_seconds metric, timed inside the server), per
-# round of 32 requests (512-token prompts, 8 clients, vLLM 0.28.1rc1, an RTX 4070 laptop GPU
-# under WSL2). It holds what the server's clock misses: HTTP both ways, the client, and
-# whatever of the request's processing comes before that clock starts.
+# minus vLLM's own (its vllm:time_to_first_token_seconds metric, timed inside the server), the
+# lowest and highest of five rounds of 32 requests (512-token prompts, 8 clients, vLLM
+# 0.28.1rc1 behind its own API server, an RTX 4070 laptop GPU under WSL2). It holds what the
+# server's clock misses: HTTP both ways, the client, and whatever of the request's processing
+# comes before that clock starts. Not the runs' path: aiconfigurator's launch scripts serve
+# through Dynamo's frontend, and the runs' prompts reach 8k tokens.
 FRONTEND_MS = (8.4, 12.2)
-FRONTEND_SOURCE = "vllm-project/vllm PR 54628"
+FRONTEND_SOURCE = "https://github.com/vllm-project/vllm/pull/54628"
 
 
 def frontend_reading(mine: pl.DataFrame) -> list[str]:
@@ -147,13 +149,15 @@ def frontend_reading(mine: pl.DataFrame) -> list[str]:
                      " / ".join(mape(lock, f) for f in (0.0, *FRONTEND_MS)),
                      " / ".join(mape(steady, f) for f in (0.0, *FRONTEND_MS))])
     low_ms, high_ms = FRONTEND_MS
-    return [f"A per-request time outside the steps: one source measured vLLM's as {low_ms} "
-            f"to {high_ms} ms, a client's TTFT minus vLLM's own TTFT metric ({FRONTEND_SOURCE}; "
-            "one laptop GPU and 512-token prompts, so an order of magnitude, not a datacenter "
-            "host's figure). The replay adds none. The oracle's TTFT MAPE % over each set's vLLM "
-            f"closed loops as replayed, then with {low_ms} and {high_ms} ms added to every first "
-            "token, at both ends of the bracket (the table above gives the steady-state gaps "
-            "such a time would fill):", "",
+    return [f"A per-request time outside the steps: one source measured vLLM's at {low_ms} "
+            f"to {high_ms} ms a request over five rounds, a client's TTFT minus vLLM's own TTFT "
+            f"metric ({FRONTEND_SOURCE}). It is a sensitivity, not a bound: one laptop GPU, "
+            "vLLM's own API server and 512-token prompts, where aiconfigurator's launch scripts "
+            "serve through Dynamo's frontend (generator/config/backend_templates/vllm/run.sh.j2) "
+            "and the runs' prompts reach 8k tokens. The replay adds none. The oracle's "
+            "TTFT MAPE % over each set's vLLM closed loops as replayed, then with the lowest and "
+            "highest round's time added to every first token, at both ends of the bracket (the "
+            "table above gives the steady-state gaps such a time would fill):", "",
             *table(["dataset", "n", f"lockstep TTFT MAPE %: +0 / +{low_ms} / +{high_ms} ms",
                     f"steady TTFT MAPE %: +0 / +{low_ms} / +{high_ms} ms"], sorted(body),
                    "lrrr")]
