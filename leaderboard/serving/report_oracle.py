@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard import families, report_leaderboard, results
+from leaderboard import families, metrics, report_leaderboard, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
 from leaderboard.serving.report_unknowns import CHOICES_JSON, TARGETS, WAVES_JSON, unknowns_measured
 from leaderboard_core.report_tables import fmt, phase_stat, table
@@ -139,8 +139,8 @@ def frontend_reading(mine: pl.DataFrame) -> list[str]:
         return []
 
     def mape(rows: pl.DataFrame, added: float) -> str:
-        return fmt(float(((rows["pred_ms"] + added) / rows["gt_ms"] - 1).abs().mean() * 100)) \
-            if len(rows) else "—"
+        signed = metrics.errors(rows["pred_ms"] + added, rows["gt_ms"])
+        return fmt(float(signed.abs().mean())) if len(rows) else "—"
 
     body = []
     for (dataset,), group in vllm.group_by("dataset", maintain_order=True):
