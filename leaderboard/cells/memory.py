@@ -16,12 +16,18 @@ BF16_BYTES = 2
 GEMM_BYTES = {"bf16": 2, "fp8": 1}  # linear-layer weight bytes per element
 
 
+def projection_elements(model: dict, tp: int) -> tuple[int, int]:
+    """One layer's weight elements on one GPU: its attention projections (QKV and O) and its
+    dense FFN (gate/up and down; an MoE model's dense layers)."""
+    s = tp_shapes(model, tp)
+    return (sum(n * k for n, k in (s["qkv"], s["o"])),
+            sum(n * k for n, k in (s["gate_up"], s["down"])))
+
+
 def layer_weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
     """One layer's linear weights on one GPU; of an MoE model, the mean over its layers, every
     expert (routed and shared) and the router counted: all of them sit in memory."""
-    s = tp_shapes(model, tp)
-    attention = sum(n * k for n, k in (s["qkv"], s["o"]))
-    ffn = sum(n * k for n, k in (s["gate_up"], s["down"]))
+    attention, ffn = projection_elements(model, tp)
     if is_moe(model):
         e = moe_shapes(model, tp)
         moe = (e["experts"] + e["shared"]) * 3 * e["hidden"] * e["inter"] + e["hidden"] * e["experts"]

@@ -120,6 +120,10 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     slope = artefacts.slope_artefacts(runs)
     runs = runs.with_columns(why=pl.when(pl.col("row").is_in(list(slope)))
                              .then(pl.lit(artefacts.REASON)).otherwise("why"))
+    floors = artefacts.below_decode_floor(runs, gpus, models)
+    floored = artefacts.campaign_rows(runs, list(floors))
+    runs = runs.with_columns(why=pl.when(pl.col("row").is_in(floored))
+                             .then(pl.lit(artefacts.FLOOR_REASON)).otherwise("why"))
     coverage = _coverage(runs)
     sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
     out = []
@@ -146,7 +150,9 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
                            rows=len(group),
                            runs_total=len(runs), usable_total=int(runs["why"].is_null().sum()),
                            coverage=coverage, sources=sources,
-                           slope_rows=len(slope), slope_fits=artefacts.fit_table(runs, slope))
+                           slope_rows=len(slope), slope_fits=artefacts.fit_table(runs, slope),
+                           floor_rows=len(floored),
+                           floors=artefacts.floor_table(runs, floors, gpus, models))
         out.append((name, sku, targets, card))
     return out
 
