@@ -915,6 +915,23 @@ def test_the_campaign_below_the_decode_floor_is_left_out_of_its_set(real_store):
     assert "decode step (3 rows, in the coverage" in card
 
 
+def test_the_bracket_split_adds_up_to_the_headline_ttft_mape():
+    """Three closed loops, one inside the bracket, one above, one below: each side's points
+    of MAPE and distance, by hand."""
+    from leaderboard.serving import report_oracle
+
+    ends = {"in": (100.0, 150.0, 80.0), "up": (200.0, 150.0, 100.0), "down": (50.0, 100.0, 80.0)}
+    rows = pl.DataFrame([{"dataset": "d", "workload_id": w, "gt_ms": gt, "phase": phase,
+                          "pred_ms": pred}
+                         for w, (gt, lock, steady) in ends.items()
+                         for phase, pred in (("ttft", lock), ("ttft_steady", steady))])
+    lines = report_oracle.bracket_split(rows)
+    # errors 50, 25 and 100 % over 3 targets; above: 200 against 150, below: 50 against 80
+    assert "| d | 3 | 58.3 | 1: 16.7 | 1: 8.3 (25.0 % off) | 1: 33.3 (60.0 % off) |" in lines
+    assert report_oracle.inside_bracket(rows)["d"] == (3, pytest.approx(100 / 3),
+                                                       pytest.approx((25 + 60) / 3))
+
+
 def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(tmp_path):
     """Synthetic oracle rows: the engine's TPOT is the oracle's plus 0.1 ms per client (100 µs a
     client), its TTFT 20 % above: the table reads that back and names both goals missed."""
