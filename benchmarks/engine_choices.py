@@ -22,9 +22,9 @@ A third choice decides how many tokens a step takes:
   every vLLM and TRT-LLM run, those of an unrecorded version included. The headline applies
   it to vLLM from 0.14.1 only, whose launch template passes the flag (the 0.12.0 one does
   not). The unrecorded ones replayed, the dense FP8 campaign, are dated 2025-10-29, before the
-  generator had any vLLM template or budget rule (ai-dynamo/aiconfigurator PR 144, opened
-  2025-12-01): if that date is when they ran, the rule did not launch them, and their budget
-  is unrecorded; the choice measures what the rule would give them.
+  public generator had any vLLM template or budget rule (ai-dynamo/aiconfigurator PR 144,
+  opened 2025-12-01), and their budget is unrecorded; the choice measures what the rule would
+  give them.
   TRT-LLM's templates pass ``max_num_tokens`` at every version, but the generator's deployment
   rule (``rule_plugin/trtllm.rule``) sets 512 or more as ``max_batch_size`` where the
   benchmark rule sets the concurrency, so which budget a TRT-LLM run had is not known either

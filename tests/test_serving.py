@@ -818,7 +818,7 @@ def test_a_decode_floor_is_the_bytes_a_step_reads_over_the_datasheet_bandwidth()
     # gets no verdict
     tokens = (0.9 * 2**30 - (weights + 1000 * 64 // 2 * 2)) // 128
     assert artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 100, 99, gpu)
-    assert artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 30, 99, gpu) is None
+    assert artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 60, 99, gpu) is None
 
 
 def test_runs_well_below_their_floor_take_their_campaign_out():
@@ -922,7 +922,7 @@ def test_the_bracket_split_adds_up_to_the_headline_ttft_mape():
 
     ends = {"in": (100.0, 150.0, 80.0), "up": (200.0, 150.0, 100.0), "down": (50.0, 100.0, 80.0)}
     rows = pl.DataFrame([{"dataset": "d", "workload_id": w, "gt_ms": gt, "phase": phase,
-                          "pred_ms": pred}
+                          "pred_ms": pred, "signed_pct": (pred - gt) / gt * 100}
                          for w, (gt, lock, steady) in ends.items()
                          for phase, pred in (("ttft", lock), ("ttft_steady", steady))])
     lines = report_oracle.bracket_split(rows)
