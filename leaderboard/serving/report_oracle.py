@@ -52,16 +52,15 @@ def bracket_split(predictions: pl.DataFrame) -> list[str]:
         return []
     ends = ends.join(predictions.filter(phase="ttft").select(
         "dataset", "workload_id", error=pl.col("signed_pct").abs()), on=["dataset", "workload_id"])
-    body = []
-    for (dataset,), g in sorted(ends.group_by("dataset"), key=lambda kv: kv[0]):
-        parts = []
-        for side in ("inside", "above", "below"):
-            mine = g.filter(side=side)
-            points = float(mine["error"].sum()) / len(g)
-            parts.append(f"{len(mine)}: {fmt(points)}" + (
-                f" ({fmt(float(mine['off'].mean()))} % off)" if side != "inside" and len(mine)
-                else ""))
-        body.append([dataset, str(len(g)), fmt(float(g["error"].mean())), *parts])
+    def cell(g: pl.DataFrame, side: str) -> str:
+        mine = g.filter(side=side)
+        text = f"{len(mine)}: {fmt(float(mine['error'].sum()) / len(g))}"
+        off = f" ({fmt(float(mine['off'].mean()))} % off)" if side != "inside" and len(mine) else ""
+        return text + off
+
+    body = [[dataset, str(len(g)), fmt(float(g["error"].mean())),
+             *(cell(g, side) for side in ("inside", "above", "below"))]
+            for (dataset,), g in ends.sort("dataset").group_by("dataset", maintain_order=True)]
     return ["Where the headline's TTFT error lies against the bracket: its MAPE over each set's "
             "closed loops split into the points the targets inside the bracket give (the "
             "clients' drift, which no record states, can account for them), those above it "
