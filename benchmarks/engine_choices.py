@@ -1,15 +1,18 @@
 """What the oracle's error owes to engine choices that no serving record states.
 
 aiconfigurator's silicon CSV records a run's backend, model, precision, parallelism and load,
-not its launch flags. Two choices of the replay (``conf/serving/schedulers.yaml``) decide how
-many requests a KV-bound load holds at once:
+not its launch flags. Three choices of the replay (``conf/serving/schedulers.yaml``) decide
+how many requests a KV-bound load holds at once (the first also how fast attention runs):
 
-- ``fp8_kv``: every backend's KV cache in FP8, half the bytes a token. The headline keeps BF16,
-  vLLM's ``--kv-cache-dtype auto`` for a BF16 or online-FP8 model; aiconfigurator's generator
-  passes the flag only when a search result names a KV quantization, which its SDK infers for
-  a checkpoint published in FP8, as the MoE sets' are (``conf/serving/schedulers.yaml``). Only
-  the capacity changes: the steps are still priced with BF16 attention, as the oracle's tables
-  time it.
+- ``fp8_kv``: every backend's KV cache in FP8, half the bytes a token, and each step's
+  attention read from the GPU's FP8-KV attention tables (vLLM 0.19.0's, as the oracle reads
+  the BF16 ones). The headline keeps BF16, vLLM's ``--kv-cache-dtype auto`` for a BF16 or
+  online-FP8 model; aiconfigurator's generator passes the flag only when a search result names
+  a KV quantization, which its SDK infers for a checkpoint published in FP8, as the MoE sets'
+  are (``conf/serving/schedulers.yaml``).
+- ``fp8_kv_capacity``: the same cache, its capacity only: the steps' attention is still read
+  from the BF16-KV tables, so the two rows part what FP8 KV owes to the loads it lets in at
+  once from what it owes to faster attention.
 - ``no_prefix_cache``: vLLM without prefix caching, so a preempted request recomputes its
   whole prompt. The headline keeps it on, V1's default, which aiconfigurator's generator leaves
   alone unless asked.
@@ -63,7 +66,7 @@ This replays every target of each serving set that has an oracle with the oracle
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
 over every target and over the targets the choice moves (predicted TTFT changed by more than
 0.1 %), and counts the moved targets it brings closer to the measured TTFT. The targets the
-KV choices move are also listed one by one. A progress bar runs per set and choice. Prints
+KV capacity choices move are also listed one by one. A progress bar runs per set and choice. Prints
 markdown; ``--json PATH`` also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
@@ -92,7 +95,8 @@ LAUNCH_RULE = {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0"
 # Each choice: the yaml keys it sets, as a path from the top of schedulers.yaml, and the value.
 CHOICES = {
     "headline": {},
-    "fp8_kv": {("simulation", "kv_bytes_per_element"): 1},
+    "fp8_kv": {("simulation", "kv_cache_dtype"): "fp8"},
+    "fp8_kv_capacity": {("simulation", "kv_cache_dtype"): "fp8"},
     "no_prefix_cache": {("backends", "vllm", "prefix_caching", "block_tokens"): 0},
     "launch_rule": LAUNCH_RULE,
     "trtllm_no_overlap": {("backends", "trtllm", "host_time", "overlapped"): None} | {
@@ -101,9 +105,12 @@ CHOICES = {
     "burst_together": {("simulation", "idle_burst"): "together"},
     "aiconfigurator_bench": LAUNCH_RULE | {("simulation", "waves"): 50},
 }
-# The choices whose moved targets are listed one by one: the KV choices move a few KV-bound
-# loads; the launch rule moves most loads, and its table row says how many it brings closer.
-LISTED = ("fp8_kv", "no_prefix_cache")
+# The choices whose steps are priced as the headline's: their cells do not name the KV dtype.
+CAPACITY_ONLY = ("fp8_kv_capacity",)
+# The choices whose moved targets are listed one by one: the KV capacity choices move a few
+# KV-bound loads; fp8_kv and the launch rule move most loads, and their table rows say how many
+# they bring closer.
+LISTED = ("fp8_kv_capacity", "no_prefix_cache")
 ABSENT = object()  # a key the yaml does not have: the choice adds it, and it is removed again
 MOVED = 1e-3  # a target is moved when its predicted TTFT changes by more than this share
 
@@ -128,6 +135,11 @@ def engine_choice(changes: dict[tuple[str, ...], object]):
                 node[key] = old
 
 
+def bf16_kv_attention(timer):
+    """``timer`` on steps that do not name their KV dtype: attention read as over a BF16 cache."""
+    return lambda cells: timer(cells.drop("kv_dtype", strict=False))
+
+
 def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
     """The oracle's TTFT / TPOT MAPE (%) on ``dataset`` under each choice, over every target
     and over the targets the choice moves; and the moved targets, one row each."""
@@ -135,8 +147,9 @@ def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
     targets, models = inputs.target, load_models()
     predicted = {}
     for name, changes in CHOICES.items():
+        step_timer = bf16_kv_attention(timer) if name in CAPACITY_ONLY else timer
         with engine_choice(changes), progress.track(f"{dataset}: {name}", len(targets)) as bar:
-            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, timer,
+            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, step_timer,
                                                         progress=bar.advance)
         predicted[name] = (ttft, tpot)
     gt_ttft, gt_tpot = targets["gt_ttft_ms"].to_numpy(), targets["gt_tpot_ms"].to_numpy()

@@ -19,9 +19,10 @@ and the training cells that read one of those points are dropped too (their grou
 made of them), so every op of a scored cell is a shape fit never saw.
 ``home_points=every_shape`` gives every measured point of the home GPU at that
 version, whatever the shape or precision (every GEMM n and k of every dtype, every bf16 head
-layout, every all-reduce group, every fused-MoE kernel under balanced routing): the serving
-oracle's home (``leaderboard.serving.oracle``), whose targets run models, precisions and
-expert placements the home's cells never do. A GPU no aiconfigurator table holds (the RTX4090)
+layout over a BF16 or an FP8 KV cache, every all-reduce group, every fused-MoE kernel under
+balanced routing): the serving oracle's home (``leaderboard.serving.oracle``), whose targets
+run models, precisions, expert placements and (the replay's ``fp8_kv`` engine choice) KV
+caches the home's cells never do. A GPU no aiconfigurator table holds (the RTX4090)
 gives instead the vLLM profile LLMServingSim took of it (``cells.ops.profile_points_at``): its
 projections and LM head as GEMMs of the profiled model, its prefill and decode attention.
 """
@@ -41,6 +42,7 @@ SHAPE_KEYS = {"gemm": ("n", "k"), "attn": ("num_heads", "num_kv_heads"),
 GEMM_OPS = {"gemm_qkv": "qkv", "gemm_o": "o", "gemm_gate_up": "gate_up", "gemm_down": "down"}
 OPS_SUFFIX = "_ops"
 BF16 = "bfloat16"
+FP8_KV = "fp8"  # the tables' name of an FP8 KV cache
 HEAD_DIM = 128  # the only head size the cells use
 GEMM_COLUMNS = ("dtype", "k", "m", "n", "sku", "version")
 ATTENTION_COLUMNS = ("batch", "dtype", "head_dim", "kv_dtype", "kv_len", "num_heads",
@@ -88,9 +90,11 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
             continue
         nk = pl.DataFrame(sorted({s[shape] for s in shapes}), schema=["n", "k"], orient="row")
         out[op] = _select(gemm.join(nk, on=["n", "k"], how="semi"), GEMM_COLUMNS)
+    # The oracle's home (configs None) also gets the FP8-KV points, which it keys on.
+    kv_dtypes = [BF16] if configs is not None else [BF16, FP8_KV]
     attention = points.filter(
         (pl.col("op_family") == "attention") & (pl.col("dtype") == BF16)
-        & (pl.col("kv_dtype") == BF16) & (pl.col("head_dim") == HEAD_DIM)
+        & pl.col("kv_dtype").is_in(kv_dtypes) & (pl.col("head_dim") == HEAD_DIM)
         & (pl.col("window_size").fill_null(0) == 0))
     if configs is not None:
         heads = pl.DataFrame(sorted({(s["heads"], s["kv_heads"]) for s in shapes}),

@@ -67,6 +67,9 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 # kernel for each, and aiconfigurator times them as separate tables (``fp8``, ``fp8_block``).
 FP8_SCALINGS = ("tensor", "block")
 FP8_BLOCK_TABLES = "fp8_block"  # the measured tables' dtype of the block-scaled kernels
+# Bytes a KV cache holds per element, by the measured tables' KV dtype names; the activations'
+# dtype (bfloat16) is every engine's default, an 8-bit cache is a launch flag.
+KV_CACHE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0}
 MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
                                               "num_kv_heads", "head_dim", "intermediate_size",
                                               "vocab_size")}

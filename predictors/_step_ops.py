@@ -11,7 +11,9 @@ step's requests, n = vocabulary / TP, k = hidden, in the fewest equal column sli
 than ``lm_head_max_n`` (a measured table stops short of the vocabulary sizes), at BF16 (vLLM
 never quantizes it). Each point carries the table dtype it is read at: an FP8 step of a model
 whose checkpoint scales per block (``fp8_scaling: block``) runs vLLM's block-scaled kernels,
-the ``fp8_block`` tables, its projections and experts alike.
+the ``fp8_block`` tables, its projections and experts alike. A cell that names its KV cache's
+dtype (``kv_dtype``: an FP8 cache) has its attention points carry it; a cell that names none
+holds a 16-bit cache.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
         tokens = group["total_tokens"].to_numpy()
         heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
                  "head_dim": model["head_dim"]}
+        kv = {"kv_dtype": group["kv_dtype"]} if "kv_dtype" in group.columns else {}
         dtypes = [table_dtype(d, model) for d in (group["gemm_dtype"].fill_null("bf16")
                                                   if "gemm_dtype" in group.columns
                                                   else ["bf16"] * len(i))]
@@ -72,10 +75,12 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
         dec, pf = n_dec > 0, n_pf > 0
         out.append(("attn_decode", i[dec], np.full(dec.sum(), layers), pl.DataFrame({
             "batch": n_dec[dec], "kv_len": group["decode_ctx_sum"].to_numpy()[dec] / n_dec[dec],
-            "q_len": np.ones(dec.sum()), **{k: np.full(dec.sum(), v) for k, v in heads.items()}})))
+            "q_len": np.ones(dec.sum()), **{k: np.full(dec.sum(), v) for k, v in heads.items()},
+            **{k: v.filter(dec) for k, v in kv.items()}})))
         out.append(("attn_prefill", i[pf], np.full(pf.sum(), layers), pl.DataFrame({
             "batch": n_pf[pf], "q_len": group["prefill_tokens"].to_numpy()[pf] / n_pf[pf],
-            "kv_len": np.zeros(pf.sum()), **{k: np.full(pf.sum(), v) for k, v in heads.items()}})))
+            "kv_len": np.zeros(pf.sum()), **{k: np.full(pf.sum(), v) for k, v in heads.items()},
+            **{k: v.filter(pf) for k, v in kv.items()}})))
         if tp > 1:
             out.append(("allreduce", i, np.full(len(i), ALLREDUCES_PER_LAYER * layers), pl.DataFrame(
                 {"message_bytes": tokens * s["hidden"] * BF16_BYTES, "num_gpus": np.full(len(i), tp)})))

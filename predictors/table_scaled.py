@@ -18,7 +18,9 @@ A step is composed as the ``_vidur`` cells are: per layer the four GEMMs at m = 
 tokens, one prefill-attention kernel over its prefills (a uniform batch at their mean length)
 and one decode-attention kernel over its decodes (at their mean context), two all-reduces of
 the activations at TP > 1; times the layers. On the home every ``_vidur`` cell is a measured
-grid point, so the home column is in-sample for this predictor. An MoE layer's routed experts
+grid point, so the home column is in-sample for this predictor. Attention is read at the KV
+dtype a step names (an FP8 cache reads the FP8-KV tables), and from a 16-bit cache's points
+where it names none. An MoE layer's routed experts
 are one fused-MoE kernel, read from the home's MoE points of the same expert shape and TP,
 interpolated in the token count, at the dtype the step's GEMMs read (block-scaled FP8 for a
 checkpoint that scales per block, ``_step_ops.table_dtype``).
@@ -38,7 +40,7 @@ import polars as pl
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
 from leaderboard_core.contract import Home, NotSupported, PredictorCard
-from leaderboard_core.specs import load_models
+from leaderboard_core.specs import KV_CACHE_BYTES, load_models
 from predictors._roofline import in_first_home_units, peaks, point_seconds
 from predictors._step_ops import TABLE_DTYPES, step_points
 from predictors.base import Predictor
@@ -53,6 +55,7 @@ KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_
         "allreduce": ("num_gpus",),
         "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp", "moe_ep", "dtype")}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
+SIXTEEN_BIT_KV = [dtype for dtype, size in KV_CACHE_BYTES.items() if size == 2]
 
 
 def family_of(op: str) -> str:
@@ -62,9 +65,12 @@ def family_of(op: str) -> str:
 def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: dict[str, float],
            prepared: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Home latency (ms) of each query point, and whether it was extrapolated. The fixed key is
-    every column of ``KEYS[family]`` the query carries. A key the home never measured (a head
+    every column of ``KEYS[family]`` the query carries; an attention query that names no KV
+    dtype reads a 16-bit cache's points. A key the home never measured (a head
     layout, a dtype) borrows the nearest measured key's table, rescaled by the home roofline
     time of the query's shape over the borrowed shape's, and counts as extrapolated."""
+    if "kv_dtype" in KEYS[family] and "kv_dtype" in table.columns and "kv_dtype" not in query.columns:
+        table = table.filter(pl.col("kv_dtype").is_in(SIXTEEN_BIT_KV) | pl.col("kv_dtype").is_null())
     keys = [c for c in KEYS[family] if c in query.columns and c in table.columns]
     ms, outside = np.full(len(query), np.nan), np.zeros(len(query), bool)
     indexed = query.with_row_index("_q")

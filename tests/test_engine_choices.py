@@ -47,7 +47,7 @@ def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
             {**bench.CHOICES["fp8_kv"], ("simulation", "no_such_key", "x"): 0}):
         pass
     assert policy() == headline
-    assert simulate.load_conf()["simulation"]["kv_bytes_per_element"] == 2
+    assert simulate.load_conf()["simulation"]["kv_cache_dtype"] == "bfloat16"
 
 
 def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_taken_back(bench):
@@ -117,28 +117,39 @@ def test_burst_together_sends_a_burst_to_an_idle_engine_in_one_step(bench):
 
 
 def test_replay_choices_moves_only_the_kv_bound_load_and_keeps_each_row_its_own(bench, monkeypatch):
-    """Two vLLM loads of Llama-3.1-70B in FP8 on H200s, every step 5 ms: 64 clients of 8192 + 256
-    tokens on one GPU (540 K tokens of KV against about 190 K in BF16, 380 K in FP8) and 2
-    clients of 128 + 16 tokens on eight. Only the first is moved, FP8 KV queues it less (so
-    nearer a measured 1 ms), and the moved list is that load's row."""
+    """Two vLLM loads of Llama-3.1-70B in FP8 on H200s, every step 5 ms, or 4 ms where its cells
+    name an FP8 KV cache: 64 clients of 8192 + 256 tokens on one GPU (540 K tokens of KV against
+    about 190 K in BF16, 380 K in FP8) and 2 clients of 128 + 16 tokens on eight. FP8 KV's
+    capacity alone moves only the first, queueing it less (so nearer a measured 1 ms), and the
+    moved list is that load's row; ``fp8_kv`` also prices its steps at FP8 KV, so it moves
+    both and takes the first lower still."""
     gpu = load_gpu_specs()["h200_sxm"]
     targets = pl.DataFrame({
         "run": ["bound", "light"], "load": "closed", "backend": "vllm", "model": "llama-3.1-70b",
         "tp": [1, 8], "gemm_dtype": "fp8", "backend_version": None, "concurrency": [64, 2],
         "isl": [8192, 128], "osl": [256, 16], "gt_ttft_ms": [1.0, 50.0], "gt_tpot_ms": 5.0},
         schema_overrides={"backend_version": pl.String})
+    named = set()
+
+    def timer(cells):
+        kv = cells["kv_dtype"].unique().to_list() if "kv_dtype" in cells.columns else []
+        named.update(kv)
+        return np.full(len(cells), 4.0 if kv == ["fp8"] else 5.0)
+
     monkeypatch.setattr(bench, "oracle_timer", lambda dataset, home: (
-        lambda cells: np.full(len(cells), 5.0), SimpleNamespace(target=targets, gpu=gpu)))
+        timer, SimpleNamespace(target=targets, gpu=gpu)))
     summary, moved = bench.replay_choices("synthetic", "home")
     rows = {r["choice"]: r for r in summary}
     assert list(rows) == list(bench.CHOICES)
+    assert named == {"fp8"}
     assert rows["headline"]["moved"] == 0 and rows["headline"]["closer"] == 0
-    assert (rows["fp8_kv"]["moved"], rows["fp8_kv"]["closer"]) == (1, 1)
+    capacity = rows["fp8_kv_capacity"]
+    assert (capacity["moved"], capacity["closer"]) == (1, 1)
+    assert rows["fp8_kv"]["moved"] == 2
     assert [(m["tp"], m["isl"], m["concurrency"]) for m in moved] == [(1, 8192, 64)]
-    assert moved[0]["fp8_kv_ttft_ms"] < moved[0]["headline_ttft_ms"]
-    assert rows["fp8_kv"]["moved_ttft_mape"] == pytest.approx(
-        (moved[0]["fp8_kv_ttft_ms"] - 1.0) * 100)
-    assert rows["fp8_kv"]["moved_headline_ttft_mape"] == pytest.approx(
+    assert moved[0]["fp8_kv_ttft_ms"] < moved[0]["fp8_kv_capacity_ttft_ms"] < moved[0]["headline_ttft_ms"]
+    assert capacity["moved_ttft_mape"] == pytest.approx((moved[0]["fp8_kv_capacity_ttft_ms"] - 1.0) * 100)
+    assert capacity["moved_headline_ttft_mape"] == pytest.approx(
         (moved[0]["headline_ttft_ms"] - 1.0) * 100)
     assert rows["no_prefix_cache"]["moved"] <= 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest.base import IngestContext
 from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
+from leaderboard.serving import simulate
 from leaderboard.serving.replay import closed_loop, recorded_arrivals, step_cells, step_times
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
 from leaderboard.sources import SourceFile
@@ -559,14 +561,16 @@ def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
         def op_points_at(self, sku, version):
             calls.append((sku, version))
             return pl.DataFrame({
-                "op_family": ["gemm", "gemm", "attention"], "phase": [None, None, "decode"],
-                "dtype": ["fp8", "fp8_block", "bfloat16"], "kv_dtype": [None, None, "bfloat16"],
-                "m": [8, 8, None], "n": [1024, 1024, None], "k": [8192, 8192, None],
-                "batch": [1, 1, 4], "q_len": [None, None, 1], "kv_len": [None, None, 512],
-                "num_heads": [None, None, 64], "num_kv_heads": [None, None, 8],
-                "head_dim": [None, None, 128], "window_size": [None, None, 0],
-                "latency_ms": [0.01, 0.015, 0.02], "flags": [None] * 3, "sku": [sku] * 3,
-                "backend_version": [version] * 3})
+                "op_family": ["gemm", "gemm", "attention", "attention"],
+                "phase": [None, None, "decode", "decode"],
+                "dtype": ["fp8", "fp8_block", "bfloat16", "bfloat16"],
+                "kv_dtype": [None, None, "bfloat16", "fp8"],
+                "m": [8, 8, None, None], "n": [1024, 1024, None, None],
+                "k": [8192, 8192, None, None], "batch": [1, 1, 4, 4], "q_len": [None, None, 1, 1],
+                "kv_len": [None, None, 512, 512], "num_heads": [None, None, 64, 64],
+                "num_kv_heads": [None, None, 8, 8], "head_dim": [None, None, 128, 128],
+                "window_size": [None, None, 0, 0], "latency_ms": [0.01, 0.015, 0.02, 0.012],
+                "flags": [None] * 4, "sku": [sku] * 4, "backend_version": [version] * 4})
 
         def moe_points_at(self, sku, version):
             return pl.DataFrame({"dtype": ["fp8_block"], "num_tokens": [64], "hidden_size": [3072],
@@ -588,12 +592,16 @@ def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
     assert calls == [("h100_sxm", "0.19.0")]
     assert grid["gemm_qkv"]["version"].to_list() == ["0.19.0"] * 2
     assert grid["gemm_qkv"]["dtype"].to_list() == ["fp8", "fp8_block"]  # every precision
-    assert grid["attn_decode"]["kv_len"].to_list() == [512]
+    # every KV dtype the oracle keys on (the fp8_kv engine choice reads the FP8-KV points)
+    assert grid["attn_decode"].select("kv_dtype", "latency_ms").rows() == [("bfloat16", 0.02),
+                                                                          ("fp8", 0.012)]
     assert grid["allreduce"]["num_gpus"].to_list() == [2]
     assert grid["moe"].select("dtype", "moe_ep", "latency_ms").row(0) == ("fp8_block", 4, 0.3)
     configs = home_grid.full_grid(Store(), {**row, "backend_versions": ["0.14.0"]},
-                                  [("llama-3-8b", 1)], load_models(), "fp8")
+                                  [("llama-3.1-70b", 1)], load_models(), "fp8")
     assert "moe" not in configs  # the grid of a home's configurations has no experts
+    # its cells hold a BF16 cache, and predictors other than the oracle do not key on it
+    assert configs["attn_decode"]["kv_dtype"].to_list() == ["bfloat16"]
     moe_home = {"name": "h100_vidur_moe", "sku": "h100_sxm", "backend_versions": ["0.14.0"]}
     rows["h100_vidur_moe"] = moe_home
     assert homes.points_of("every_shape", [moe_home], rows) == "every_shape"
@@ -839,9 +847,9 @@ def test_runs_well_below_their_floor_take_their_campaign_out():
 
     runs = pl.DataFrame([row(1, 0.94 * floor), row(2, 0.96 * floor), row(3, 1e-6, isl=10**7),
                          row(4, 0.5 * floor, why="left out already"),
-                         row(5, 2 * floor, version="2")])
+                         row(5, 2 * floor, version="2"), row(6, 0.0, version="3")])
     found = artefacts.below_decode_floor(runs, {"toy": gpu}, {"toy": TOY_MODEL})
-    assert list(found) == [1] and found[1] == pytest.approx(floor)
+    assert list(found) == [1] and found[1] == pytest.approx(floor)  # a TPOT of 0 records none
     assert sorted(artefacts.campaign_rows(runs, list(found))) == [1, 2, 3]
 
 
@@ -1189,3 +1197,12 @@ def test_the_frontend_reading_adds_the_sourced_time_to_vllm_closed_loops_only():
     assert cells == ["h100_silicon", "1", lockstep, steady] == [
         "h100_silicon", "1", "9.1 / 1.5 / 2.0", "27.3 / 19.6 / 16.2"]
     assert frontend_reading(rows.filter(pl.col("backend") == "sglang")) == []
+
+
+def test_an_unknown_kv_cache_dtype_names_the_key_and_the_known_ones():
+    conf = copy.deepcopy(simulate.load_conf())
+    conf["simulation"]["kv_cache_dtype"] = "fp4"
+    with pytest.raises(ValueError, match=r"simulation.kv_cache_dtype 'fp4' in .*schedulers.yaml "
+                                         r"is none of \['bfloat16', 'float16', 'fp8', 'int8'\]"):
+        simulate.kv_capacity(load_models()["llama-3.1-8b"], 1, load_gpu_specs()["h100_sxm"], 0.9,
+                             conf)

@@ -177,3 +177,49 @@ def test_a_block_scaled_fp8_checkpoint_reads_the_block_tables_for_projections_an
                                      cells=pl.DataFrame(), ops=per_tensor))
     with pytest.raises(NotSupported, match="no fp8_block GEMMs"):
         refused.predict(step, gpu)
+
+
+def test_a_step_that_names_an_fp8_kv_cache_reads_the_fp8_kv_attention_rows():
+    """The oracle's home holds each attention point over a BF16 and an FP8 KV cache. A step
+    that names ``kv_dtype`` fp8 reads the FP8-KV rows, prefill and decode alike; one that names
+    bfloat16, or none (every headline step), reads the BF16 rows, never a blend of the two."""
+    model, tp, batch, ctx = "llama-3-8b", 2, 8, 1023
+    home, times = _tiny_home(model, tp, batch, ctx, batch)
+    s = tp_shapes(load_models()[model], tp)
+    heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"], "head_dim": 128}
+    home.ops["attn_decode"] = pl.DataFrame([
+        {"batch": batch, "kv_len": ctx, "q_len": 1, **heads, "kv_dtype": kv, "latency_ms": ms}
+        for kv, ms in (("bfloat16", 0.05), ("fp8", 0.03))])
+    home.ops["attn_prefill"] = pl.DataFrame([
+        {"batch": 1, "q_len": 512, "kv_len": 0, **heads, "kv_dtype": kv, "latency_ms": ms}
+        for kv, ms in (("bfloat16", 0.4), ("fp8", 0.1))])
+    mixed = {"model": [model], "tp": [tp], "total_tokens": [batch + 512], "num_requests": [batch + 1],
+             "num_decode": [batch], "num_prefill": [1], "prefill_tokens": [512],
+             "decode_ctx_sum": [batch * ctx], "gt_kind": ["gpu_block"]}
+    fitted = TableScaled().fit(home)
+    named = {kv: fitted.predict(pl.DataFrame({**mixed, "kv_dtype": [kv]}), home.gpu)[0]
+             for kv in ("bfloat16", "fp8")}
+    unnamed = fitted.predict(pl.DataFrame(mixed), home.gpu)[0]
+    layers = load_models()[model]["num_layers"]
+    assert unnamed == pytest.approx(named["bfloat16"], rel=1e-12)
+    assert named["bfloat16"] - named["fp8"] == pytest.approx(layers * ((0.05 - 0.03) + (0.4 - 0.1)),
+                                                             rel=1e-9)
+
+
+def test_each_attention_point_carries_its_own_cells_kv_dtype():
+    """Cells of one model that name different KV dtypes: each decode and prefill point keeps
+    the dtype of the cell it came from, whichever cells have a decode or a prefill."""
+    from predictors._step_ops import step_points
+
+    cells = pl.DataFrame({"model": ["llama-3-8b"] * 3, "tp": [1] * 3, "total_tokens": [4, 300, 8],
+                          "num_requests": [4, 1, 8], "num_decode": [4, 0, 7],
+                          "num_prefill": [0, 1, 1], "prefill_tokens": [0, 300, 1],
+                          "decode_ctx_sum": [400, 0, 700], "kv_dtype": ["fp8", "bfloat16", "int8"]})
+    parts = {family: (i.tolist(), query) for family, i, _, query in step_points(cells, load_models())
+             if family.startswith("attn")}
+    assert parts["attn_decode"][0] == [0, 2]
+    assert parts["attn_decode"][1]["kv_dtype"].to_list() == ["fp8", "int8"]
+    assert parts["attn_prefill"][0] == [1, 2]
+    assert parts["attn_prefill"][1]["kv_dtype"].to_list() == ["bfloat16", "int8"]
+    unnamed = step_points(cells.drop("kv_dtype"), load_models())
+    assert not any("kv_dtype" in query.columns for *_, query in unnamed)

@@ -56,7 +56,14 @@ def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> fl
     return tokens * model["num_layers"] * 2 * heads * model["head_dim"] * BF16_BYTES
 
 
+def room_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int], mem_gb: float,
+               gemm_dtype: str = "bf16") -> float:
+    """What one GPU has left, of ``UTILIZATION`` of its memory, beside the weights and the bf16
+    KV cache of the step's requests; negative where they do not fit."""
+    return (UTILIZATION * mem_gb * 2**30 - weight_bytes(model, tp, gemm_dtype)
+            - kv_bytes(model, tp, q_lens, ctx_lens))
+
+
 def fits(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int], mem_gb: float,
          gemm_dtype: str = "bf16") -> bool:
-    need = weight_bytes(model, tp, gemm_dtype) + kv_bytes(model, tp, q_lens, ctx_lens)
-    return need <= UTILIZATION * mem_gb * 2**30
+    return room_bytes(model, tp, q_lens, ctx_lens, mem_gb, gemm_dtype) >= 0

@@ -11,6 +11,7 @@ import polars as pl
 
 from leaderboard.ingest.base import Adapter, IngestContext, provenance, read_table
 from leaderboard.sources import SourceFile
+from leaderboard_core.specs import KV_CACHE_BYTES
 
 ROOT = "ai-dynamo__aiconfigurator/aic-core/src/aiconfigurator_core/systems/data"
 SOURCE = "aiconfigurator"
@@ -20,7 +21,6 @@ GEMM_INPUT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_block": 1.
                     "int4_wo": 0.5, "nvfp4": 0.5, "w4a8_awq": 0.5,
                     "w4a16_mxfp4": 0.5}
 COMM_DTYPE_BYTES = {"bfloat16": 2, "half": 2, "float16": 2, "int8": 1, "fp8": 1, "float": 4}
-KV_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0}
 # A point faster than DRAM can stream its working set once: its operands stayed in L2 between
 # the timed repeats (a forward pass reads them cold). Real; kept, flagged.
 WARM_FLAG = "faster_than_dram"
@@ -59,7 +59,7 @@ def _attention_bytes(prefill: bool, columns: list[str]) -> pl.Expr:
     """The cold working set: prefill reads Q, K, V and writes O of every prompt token; decode
     reads the KV cache (K and V) of every request, its last ``window_size`` tokens only under
     sliding-window attention."""
-    kv = pl.col("kv_cache_dtype").replace_strict(KV_BYTES, default=2.0)
+    kv = pl.col("kv_cache_dtype").replace_strict(KV_CACHE_BYTES, default=2.0)
     heads, kv_heads, d = pl.col("num_heads"), pl.col("num_key_value_heads"), pl.col("head_dim")
     kv_heads = pl.when(kv_heads == 0).then(heads).otherwise(kv_heads)
     if prefill:

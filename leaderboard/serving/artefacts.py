@@ -123,9 +123,8 @@ def room_gib(model: dict, tp: int, gemm_dtype: str, concurrency: int, tokens: in
     """GiB left on one GPU, of ``memory.UTILIZATION`` of its memory, beside the weights and the
     BF16 KV of ``concurrency`` requests of ``tokens`` each (activations and CUDA graphs take
     some of it in a real engine)."""
-    used = memory.weight_bytes(model, tp, gemm_dtype) + memory.kv_bytes(
-        model, tp, [0] * concurrency, [tokens] * concurrency)
-    return (memory.UTILIZATION * gpu["mem_gb"] * 2**30 - used) / 2**30
+    return memory.room_bytes(model, tp, [0] * concurrency, [tokens] * concurrency,
+                             gpu["mem_gb"], gemm_dtype) / 2**30
 
 
 def decode_floor_ms(model: dict, tp: int, gemm_dtype: str, concurrency: int, isl: int, osl: int,
@@ -145,9 +144,10 @@ def decode_floor_ms(model: dict, tp: int, gemm_dtype: str, concurrency: int, isl
 def below_decode_floor(runs: pl.DataFrame, gpus: dict[str, GpuSpec], models: dict[str, dict]
                        ) -> dict[int, float]:
     """Row number -> its decode floor (ms), for every row not already left out (``why`` null)
-    whose measured mean TPOT lies below ``FLOOR_MARGIN`` of ``decode_floor_ms``."""
+    whose measured mean TPOT lies below ``FLOOR_MARGIN`` of ``decode_floor_ms`` (a TPOT of 0
+    records no decode, it is not a fast one)."""
     out = {}
-    for r in runs.filter(pl.col("why").is_null() & pl.col("tpot_ms").is_not_null()
+    for r in runs.filter(pl.col("why").is_null() & (pl.col("tpot_ms") > 0)
                          & (pl.col("osl") > 1)).iter_rows(named=True):
         floor = decode_floor_ms(models[r["model"]], r["tp"], r["precision"], r["batch_size"],
                                 r["isl"], r["osl"], gpus[r["sku"]], r["moe_ep"] or 1)

@@ -7,11 +7,12 @@ log-log interpolated between grid points) and no cross-GPU scaling is left. The 
 no aiconfigurator table holds, is read from LLMServingSim's vLLM profile of it, of the serving
 run's model and vLLM version (``rtx4090_llmservingsim``: its projections, LM head, and prefill
 and decode attention). An MoE run's experts are read from the GPU's fused-MoE tables, at the
-block-scaled FP8 its checkpoints load. Whatever error it still has belongs to the replay and
-to what the tables do not hold (light kernels, host time, the frontend, another backend's
-kernels), not to a predictor. It is a self-check, never ranked: the report gives its TTFT and
-TPOT error beside the predictors' and calls predictors tied when their TTFT errors differ by
-less than the oracle's.
+block-scaled FP8 its checkpoints load. A step that names an FP8 KV cache (the replay's
+``fp8_kv`` engine choice, never the headline) reads the GPU's FP8-KV attention tables.
+Whatever error it still has belongs to the replay and to what the tables do not hold (light
+kernels, host time, the frontend, another backend's kernels), not to a predictor. It is a
+self-check, never ranked: the report gives its TTFT and TPOT error beside the predictors' and
+calls predictors tied when their TTFT errors differ by less than the oracle's.
 
 An oracle run is an ordinary sealed run (``predictor=table_scaled dataset=<set>
 dataset.home=<short>_vidur split.home_points=every_shape``: every measured shape of the target,

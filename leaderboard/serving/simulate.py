@@ -18,15 +18,25 @@ from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
 from leaderboard_core import paths
-from leaderboard_core.specs import GpuSpec
+from leaderboard_core.specs import KV_CACHE_BYTES, GpuSpec
 from leaderboard_core.versioning import release
 
 CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
+DEFAULT_KV_DTYPE = "bfloat16"  # the activations' dtype, every engine's cache unless launched otherwise
 
 
 @lru_cache(maxsize=1)
 def load_conf() -> dict:
     return yaml.safe_load(CONF.read_text())
+
+
+def kv_cache_dtype(conf: dict) -> str:
+    """The KV cache dtype every backend is replayed with (``simulation.kv_cache_dtype``)."""
+    dtype = conf["simulation"]["kv_cache_dtype"]
+    if dtype not in KV_CACHE_BYTES:
+        raise ValueError(f"simulation.kv_cache_dtype '{dtype}' in {CONF} is none of "
+                         f"{sorted(KV_CACHE_BYTES)}")
+    return dtype
 
 
 def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
@@ -36,10 +46,10 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     shard, or with ``of_free`` (TensorRT-LLM's ``free_gpu_memory_fraction``) ``fraction`` of what
     the weight shard leaves free (TensorRT-LLM also subtracts its profiled activation peak, CUDA
     graphs and NCCL buffers, which no record gives, so this overstates its KV)."""
-    sim = conf["simulation"]
     total, weights = float(gpu["mem_gb"]) * 2**30, memory.weight_bytes(m, tp, gemm_dtype)
     free = tp * (fraction * (total - weights) if of_free else fraction * total - weights)
-    per_token = 2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * sim["kv_bytes_per_element"]
+    per_token = (2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"]
+                 * KV_CACHE_BYTES[kv_cache_dtype(conf)])
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
     return int(free // per_token)
@@ -97,12 +107,13 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
                ) -> tuple[Policy, StepTimer]:
     """The scheduler of the run of a target row ``first``, and ``timer`` as that run's steps
     are priced: with its backend's host time at its version (added, or overlapped with the
-    step) and its experts' placement."""
+    step), its experts' placement and its KV cache's dtype."""
     closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
     policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
                         gpu, first["gemm_dtype"], first["backend_version"], closed)
     timed = with_host_time(timer, first["backend"], first["backend_version"])
-    return policy, with_expert_placement(timed, first.get("moe_ep"))
+    placed = with_expert_placement(timed, first.get("moe_ep"))
+    return policy, with_kv_cache(placed, kv_cache_dtype(load_conf()))
 
 
 def with_host_time(timer: StepTimer, backend: str, version: str | None) -> StepTimer:
@@ -129,6 +140,15 @@ def with_expert_placement(timer: StepTimer, moe_ep: int | None) -> StepTimer:
     if not moe_ep or moe_ep == 1:
         return timer
     return lambda cells: timer(cells.with_columns(moe_ep=pl.lit(moe_ep, pl.Int64)))
+
+
+def with_kv_cache(timer: StepTimer, kv_dtype: str) -> StepTimer:
+    """``timer`` on steps whose KV cache is held in ``kv_dtype``: each step cell says so in its
+    ``kv_dtype`` where that is not the activations' BF16 (no column: a 16-bit cache, the only
+    one the step sets' cells and most homes' tables hold)."""
+    if kv_dtype == DEFAULT_KV_DTYPE:
+        return timer
+    return lambda cells: timer(cells.with_columns(kv_dtype=pl.lit(kv_dtype)))
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
