@@ -2,14 +2,14 @@
 
 aiconfigurator's silicon CSV records a run's backend, model, precision, parallelism and load,
 not its launch flags. Three choices of the replay (``conf/serving/schedulers.yaml``) decide
-how many requests a KV-bound load holds at once (the first also how fast attention runs):
+how a KV-bound load holds its requests' KV (the first also how fast attention runs):
 
 - ``fp8_kv``: every backend's KV cache in FP8, half the bytes a token, and each step's
-  attention read from the GPU's FP8-KV attention tables (vLLM 0.19.0's, as the oracle reads
-  the BF16 ones). The headline keeps BF16, vLLM's ``--kv-cache-dtype auto`` for a BF16 or
-  online-FP8 model; aiconfigurator's generator passes the flag only when a search result names
-  a KV quantization, which its SDK infers for a checkpoint published in FP8, as the MoE sets'
-  are (``conf/serving/schedulers.yaml``).
+  attention read from the GPU's FP8-KV attention tables (at the version of the step set the
+  oracle fits on, beside the BF16 ones it reads). The headline keeps BF16, vLLM's
+  ``--kv-cache-dtype auto`` for a BF16 or online-FP8 model; aiconfigurator's generator passes
+  the flag only when a search result names a KV quantization, which its SDK infers for a
+  checkpoint published in FP8, as the MoE sets' are (``conf/serving/schedulers.yaml``).
 - ``fp8_kv_capacity``: the same cache, its capacity only: the steps' attention is still read
   from the BF16-KV tables, so the two rows part what FP8 KV owes to the loads it lets in at
   once from what it owes to faster attention.
@@ -66,7 +66,7 @@ This replays every target of each serving set that has an oracle with the oracle
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
 over every target and over the targets the choice moves (predicted TTFT changed by more than
 0.1 %), and counts the moved targets it brings closer to the measured TTFT. The targets the
-KV capacity choices move are also listed one by one. A progress bar runs per set and choice. Prints
+KV-bound choices move are also listed one by one. A progress bar runs per set and choice. Prints
 markdown; ``--json PATH`` also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
@@ -107,9 +107,9 @@ CHOICES = {
 }
 # The choices whose steps are priced as the headline's: their cells do not name the KV dtype.
 CAPACITY_ONLY = ("fp8_kv_capacity",)
-# The choices whose moved targets are listed one by one: the KV capacity choices move a few
-# KV-bound loads; fp8_kv and the launch rule move most loads, and their table rows say how many
-# they bring closer.
+# The choices whose moved targets are listed one by one: these two move only a few KV-bound
+# loads; fp8_kv and the launch rule move most loads, and their table rows say how many they
+# bring closer.
 LISTED = ("fp8_kv_capacity", "no_prefix_cache")
 ABSENT = object()  # a key the yaml does not have: the choice adds it, and it is removed again
 MOVED = 1e-3  # a target is moved when its predicted TTFT changes by more than this share

@@ -50,6 +50,9 @@ def step_points(cells: pl.DataFrame, models: dict, lm_head_max_n: float | None =
         heads = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"],
                  "head_dim": model["head_dim"]}
         kv = {"kv_dtype": group["kv_dtype"]} if "kv_dtype" in group.columns else {}
+        if kv and kv["kv_dtype"].null_count():
+            raise ValueError(f"{kv['kv_dtype'].null_count()} {name} cells name no kv_dtype; name "
+                             "every cell's KV cache dtype, or drop the column for a 16-bit cache")
         dtypes = [table_dtype(d, model) for d in (group["gemm_dtype"].fill_null("bf16")
                                                   if "gemm_dtype" in group.columns
                                                   else ["bf16"] * len(i))]

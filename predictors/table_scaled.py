@@ -19,11 +19,11 @@ tokens, one prefill-attention kernel over its prefills (a uniform batch at their
 and one decode-attention kernel over its decodes (at their mean context), two all-reduces of
 the activations at TP > 1; times the layers. On the home every ``_vidur`` cell is a measured
 grid point, so the home column is in-sample for this predictor. Attention is read at the KV
-dtype a step names (an FP8 cache reads the FP8-KV tables), and from a 16-bit cache's points
-where it names none. An MoE layer's routed experts
-are one fused-MoE kernel, read from the home's MoE points of the same expert shape and TP,
-interpolated in the token count, at the dtype the step's GEMMs read (block-scaled FP8 for a
-checkpoint that scales per block, ``_step_ops.table_dtype``).
+dtype a step names (an FP8 cache reads the FP8-KV tables, and a head layout they lack borrows
+another FP8-KV layout, never a BF16 one), and from a 16-bit cache's points where it names
+none. An MoE layer's routed experts are one fused-MoE kernel, read from the home's MoE points
+of the same expert shape and TP, interpolated in the token count, at the dtype the step's GEMMs
+read (block-scaled FP8 for a checkpoint that scales per block, ``_step_ops.table_dtype``).
 
 A step whose ground truth is not the layers' GPU kernels alone (``gt_kind`` other than
 ``gpu_block``: measured serving, wall-clock steps) also runs the LM head, as aiconfigurator's own
@@ -56,6 +56,10 @@ KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_
         "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp", "moe_ep", "dtype")}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
 SIXTEEN_BIT_KV = [dtype for dtype, size in KV_CACHE_BYTES.items() if size == 2]
+# A step that names its KV cache's dtype (an FP8 cache) reads attention of that dtype only: the
+# roofline ratio does not see the KV bytes, so a BF16 kernel borrowed for it would price it as
+# BF16. Op-level points keep borrowing across KV dtypes, as they always have.
+STEP_KV_KEY = ("kv_dtype",)
 
 
 def family_of(op: str) -> str:
@@ -63,12 +67,14 @@ def family_of(op: str) -> str:
 
 
 def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: dict[str, float],
-           prepared: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+           prepared: dict | None = None, never_borrowed: tuple[str, ...] = ()
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Home latency (ms) of each query point, and whether it was extrapolated. The fixed key is
     every column of ``KEYS[family]`` the query carries; an attention query that names no KV
     dtype reads a 16-bit cache's points. A key the home never measured (a head
     layout, a dtype) borrows the nearest measured key's table, rescaled by the home roofline
-    time of the query's shape over the borrowed shape's, and counts as extrapolated."""
+    time of the query's shape over the borrowed shape's, and counts as extrapolated; the
+    columns of ``never_borrowed`` the query carries must match (NotSupported where none does)."""
     if "kv_dtype" in KEYS[family] and "kv_dtype" in table.columns and "kv_dtype" not in query.columns:
         table = table.filter(pl.col("kv_dtype").is_in(SIXTEEN_BIT_KV) | pl.col("kv_dtype").is_null())
     keys = [c for c in KEYS[family] if c in query.columns and c in table.columns]
@@ -79,7 +85,7 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
         known = table.filter(*[pl.col(c) == v for c, v in wanted.items()]) if keys else table
         i = rows["_q"].to_numpy()
         if known.is_empty():
-            nearest = _nearest_key(table, wanted)
+            nearest = _nearest_key(table, wanted, never_borrowed)
             known = table.filter(*[pl.col(c) == v for c, v in nearest.items()])
             borrowed = rows.with_columns(**{c: pl.lit(v) for c, v in nearest.items()})
             ms[i], _ = _interpolate(known, AXES[family], rows, prepared, (family, *nearest.items()))
@@ -92,10 +98,16 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
     return ms, outside
 
 
-def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
+def _nearest_key(table: pl.DataFrame, wanted: dict, never_borrowed: tuple[str, ...] = ()) -> dict:
     """The measured key sharing most columns with ``wanted``, then the one whose named columns
-    (dtype) match, since another dtype is another kernel while another shape is rescaled by the
-    roofline, then nearest in log distance; ties go to the first in sorted order."""
+    (dtype, KV dtype) match, since another dtype is another kernel while another shape is
+    rescaled by the roofline, then nearest in log distance; ties go to the first in sorted
+    order. Only keys that match ``wanted`` on ``never_borrowed`` are candidates."""
+    fixed = {c: v for c, v in wanted.items() if c in never_borrowed}
+    candidates = table.filter(*[pl.col(c) == v for c, v in fixed.items()]) if fixed else table
+    if candidates.is_empty():
+        raise NotSupported(f"the home measured no point with {fixed} to read or rescale")
+
     def distance(candidate: dict) -> tuple[int, int, float, str]:
         same = sum(candidate[c] == v for c, v in wanted.items())
         renamed = sum(candidate[c] != v for c, v in wanted.items() if isinstance(v, str))
@@ -103,7 +115,7 @@ def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
                     for c, v in wanted.items() if isinstance(v, (int, float))
                     and isinstance(candidate[c], (int, float)))
         return -same, renamed, apart, repr(sorted(candidate.items()))
-    return min(table.select(list(wanted)).unique().to_dicts(), key=distance)
+    return min(candidates.select(list(wanted)).unique().to_dicts(), key=distance)
 
 
 def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
@@ -186,10 +198,12 @@ class TableScaled(Predictor):
         self.profiled_rows_ = sum(len(t) for t in self.tables_.values())
         return super().fit(home)
 
-    def _priced(self, family: str, query: pl.DataFrame, gpu) -> np.ndarray:
+    def _priced(self, family: str, query: pl.DataFrame, gpu,
+                never_borrowed: tuple[str, ...] = ()) -> np.ndarray:
         if family not in self.tables_:
             raise NotSupported(f"the home measured no {family} points")
-        ms, _ = lookup(self.tables_[family], family, query, self.home_peaks_, self.prepared_)
+        ms, _ = lookup(self.tables_[family], family, query, self.home_peaks_, self.prepared_,
+                       never_borrowed)
         return ms * (point_seconds(family, query, peaks(gpu))
                      / point_seconds(family, query, self.home_peaks_))
 
@@ -207,7 +221,7 @@ class TableScaled(Predictor):
             mine = [(i, calls, query) for f, i, calls, query in parts if f == family and len(i)]
             if mine:
                 ms = self._priced(family, pl.concat([q for *_, q in mine], how="diagonal_relaxed"),
-                                  gpu)
+                                  gpu, STEP_KV_KEY)
                 np.add.at(total, np.concatenate([i for i, *_ in mine]),
                           ms * np.concatenate([calls for _, calls, _ in mine]))
         return total

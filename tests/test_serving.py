@@ -1206,3 +1206,18 @@ def test_an_unknown_kv_cache_dtype_names_the_key_and_the_known_ones():
                                          r"is none of \['bfloat16', 'float16', 'fp8', 'int8'\]"):
         simulate.kv_capacity(load_models()["llama-3.1-8b"], 1, load_gpu_specs()["h100_sxm"], 0.9,
                              conf)
+
+
+def test_a_sixteen_bit_kv_cache_leaves_the_step_timer_as_it_is():
+    """The headline's BF16 cache (and a float16 one) hands the predictor the very timer, so its
+    steps carry no ``kv_dtype``; an FP8 cache names it on every step."""
+    seen = []
+
+    def timer(cells):
+        seen.append(cells.columns)
+        return np.ones(len(cells))
+
+    assert simulate.with_kv_cache(timer, "bfloat16") is timer
+    assert simulate.with_kv_cache(timer, "float16") is timer
+    simulate.with_kv_cache(timer, "fp8")(pl.DataFrame({"num_requests": [1, 2]}))
+    assert seen == [["num_requests", "kv_dtype"]]

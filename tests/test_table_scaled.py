@@ -201,7 +201,12 @@ def test_a_step_that_names_an_fp8_kv_cache_reads_the_fp8_kv_attention_rows():
              for kv in ("bfloat16", "fp8")}
     unnamed = fitted.predict(pl.DataFrame(mixed), home.gpu)[0]
     layers = load_models()[model]["num_layers"]
-    assert unnamed == pytest.approx(named["bfloat16"], rel=1e-12)
+    assert unnamed == named["bfloat16"]
+    bf16_only = {**home.ops, **{op: home.ops[op].filter(kv_dtype="bfloat16").drop("kv_dtype")
+                                for op in ("attn_decode", "attn_prefill")}}
+    before = TableScaled().fit(Home(sku=home.sku, gpu=home.gpu, dataset="tiny", cells=pl.DataFrame(),
+                                    ops=bf16_only))
+    assert unnamed == before.predict(pl.DataFrame(mixed), home.gpu)[0]  # as a BF16-only home
     assert named["bfloat16"] - named["fp8"] == pytest.approx(layers * ((0.05 - 0.03) + (0.4 - 0.1)),
                                                              rel=1e-9)
 
@@ -223,3 +228,35 @@ def test_each_attention_point_carries_its_own_cells_kv_dtype():
     assert parts["attn_prefill"][1]["kv_dtype"].to_list() == ["bfloat16", "int8"]
     unnamed = step_points(cells.drop("kv_dtype"), load_models())
     assert not any("kv_dtype" in query.columns for *_, query in unnamed)
+    with pytest.raises(ValueError, match="1 llama-3-8b cells name no kv_dtype"):
+        step_points(cells.with_columns(kv_dtype=pl.Series(["fp8", None, "fp8"])), load_models())
+
+
+def test_an_fp8_kv_step_borrows_only_an_fp8_kv_layout_and_is_refused_where_there_is_none():
+    """A decode step over an FP8 cache at a head layout the FP8-KV table lacks borrows the
+    FP8-KV table of another layout, rescaled by the roofline, never the BF16 kernel of its
+    own layout, though that shares more of the key (the roofline ratio does not see KV bytes,
+    so that would price it as BF16); a home with no FP8-KV point refuses it. An op-level point
+    still borrows across KV dtypes."""
+    grid = [(b, kv) for b in (1, 8) for kv in (256, 2048)]
+
+    def rows(heads: int, kv_heads: int, kv_dtype: str, ms: float) -> list[dict]:
+        return [{"batch": b, "kv_len": kv, "num_heads": heads, "num_kv_heads": kv_heads,
+                 "head_dim": 128, "kv_dtype": kv_dtype, "latency_ms": ms * b * kv / 256}
+                for b, kv in grid]
+
+    table = pl.DataFrame(rows(32, 8, "bfloat16", 0.05) + rows(16, 4, "fp8", 0.02))
+    query = pl.DataFrame({"batch": [4], "kv_len": [1024], "num_heads": [32], "num_kv_heads": [8],
+                          "head_dim": [128], "q_len": [1], "kv_dtype": ["fp8"]})
+    gpu = peaks(load_gpu_specs()["h100_sxm"])
+    ms, outside = lookup(table, "attn_decode", query, gpu, never_borrowed=("kv_dtype",))
+    ratio = point_seconds("attn_decode", query, gpu) / point_seconds(
+        "attn_decode", query.with_columns(num_heads=pl.lit(16), num_kv_heads=pl.lit(4)), gpu)
+    assert ratio[0] > 1  # twice the heads read and compute more
+    assert ms[0] == pytest.approx(0.02 * 4 * 1024 / 256 * ratio[0], rel=1e-9) and outside[0]
+    # op-level: the BF16 kernel of its own layout shares more of the key than either FP8 one
+    loose, _ = lookup(table, "attn_decode", query, gpu)
+    assert loose[0] == pytest.approx(0.05 * 4 * 1024 / 256, rel=1e-9)
+    with pytest.raises(NotSupported, match="no point with {'kv_dtype': 'fp8'}"):
+        lookup(table.filter(kv_dtype="bfloat16"), "attn_decode", query, gpu,
+               never_borrowed=("kv_dtype",))

@@ -113,10 +113,10 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "`--kv-cache-dtype auto` for a BF16 or online-FP8 model) and vLLM with prefix "
             "caching on (V1's default, which aiconfigurator's generator keeps unless asked). "
             "`fp8_kv` halves a token's KV bytes in every backend's cache and reads each step's "
-            "attention from the GPU's FP8-KV tables (vLLM 0.19.0's, beside the BF16 ones the "
-            "oracle reads); `fp8_kv_capacity` takes the capacity alone, attention still at BF16 "
-            "KV, so the two rows part the loads FP8 KV lets in at once from its faster "
-            "attention. FP8 KV is likelier on the `_silicon_moe` sets: "
+            "attention from the GPU's FP8-KV tables (at the version of the step set the oracle "
+            "fits on, beside the BF16 ones it reads); `fp8_kv_capacity` takes the capacity "
+            "alone, attention still at BF16 KV, so the two rows part the loads FP8 KV lets in "
+            "at once from its faster attention. FP8 KV is likelier on the `_silicon_moe` sets: "
             "their checkpoints (MiniMax-M2.5, Qwen3-235B-A22B-FP8) are published in FP8, for "
             "which aiconfigurator's SDK infers an FP8 KV cache, and a search result names it to "
             "the launch generator (`conf/serving/schedulers.yaml` gives the sources). "
@@ -148,7 +148,7 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "with the oracle's step timer; a moved target is closer when "
             "its TTFT error shrinks. A choice that helped one GPU's runs and hurt another's "
             "would be a per-GPU fit to the measurements, so the headline keeps what the "
-            "sources support. The targets the KV capacity choices move are listed after the "
+            "sources support. The targets the KV-bound choices move are listed after the "
             "table:",
             "", *engine_choices_tables(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]

@@ -144,9 +144,9 @@ def with_expert_placement(timer: StepTimer, moe_ep: int | None) -> StepTimer:
 
 def with_kv_cache(timer: StepTimer, kv_dtype: str) -> StepTimer:
     """``timer`` on steps whose KV cache is held in ``kv_dtype``: each step cell says so in its
-    ``kv_dtype`` where that is not the activations' BF16 (no column: a 16-bit cache, the only
-    one the step sets' cells and most homes' tables hold)."""
-    if kv_dtype == DEFAULT_KV_DTYPE:
+    ``kv_dtype`` where that is an 8-bit cache (no column: a 16-bit cache, the only one the step
+    sets' cells and most homes' tables hold, read as the home holds it)."""
+    if KV_CACHE_BYTES[kv_dtype] == KV_CACHE_BYTES[DEFAULT_KV_DTYPE]:
         return timer
     return lambda cells: timer(cells.with_columns(kv_dtype=pl.lit(kv_dtype)))
 
