@@ -17,7 +17,7 @@ how a KV-bound load holds its requests' KV (the first also how fast attention ru
   whole prompt. The headline keeps it on, V1's default, which aiconfigurator's generator leaves
   alone unless asked.
 
-A third choice decides how many tokens a step takes:
+A fourth choice decides how many tokens a step takes:
 
 - ``launch_rule``: the token budget of aiconfigurator's benchmark rule for an aggregated
   worker, concurrency + isl + 1500 (``generator/rule_plugin/benchmark/vllm.rule`` and
@@ -35,7 +35,7 @@ A third choice decides how many tokens a step takes:
   SGLang's rule caps a prefill batch's new tokens (``max_prefill_tokens`` isl + 1500) rather
   than a step's, which the replay does not model, so it is left out.
 
-A fourth decides what a step's host work costs:
+A fifth decides what a step's host work costs:
 
 - ``trtllm_no_overlap``: TRT-LLM with its overlap scheduler off, so each step pays its host
   work on top of its GPU time. aiconfigurator's TRT-LLM launch templates default
@@ -44,7 +44,7 @@ A fourth decides what a step's host work costs:
   time added). No TRT-LLM host time is measured, so vLLM's measured one (Vidur's, the yaml's
   ``backends.vllm.host_time``) stands in.
 
-A fifth decides how an idle engine takes a burst of requests:
+A sixth decides how an idle engine takes a burst of requests:
 
 - ``burst_together``: requests sent in one instant to an idle engine (a closed loop's first
   wave, and every client's resend when a wave ends in one step) run in one step. The headline
@@ -65,9 +65,10 @@ This replays every target of each serving set that has an oracle with the oracle
 (``table_scaled`` fitted on the target GPU's own kernel tables, as the oracle run fits it),
 once as the headline replays it and once under each choice, and scores the TTFT and TPOT MAPE
 over every target and over the targets the choice moves (predicted TTFT changed by more than
-0.1 %), and counts the moved targets it brings closer to the measured TTFT. The targets the
-KV-bound choices move are also listed one by one. A progress bar runs per set and choice. Prints
-markdown; ``--json PATH`` also writes the rows, which the report shows:
+0.1 %), and counts the moved targets it brings closer to the measured TTFT. The targets
+``fp8_kv_capacity`` and ``no_prefix_cache`` move (KV-bound loads only) are also listed one by
+one. A progress bar runs per set and choice. Prints markdown; ``--json PATH`` also writes the
+rows, which the report shows:
 
     .venv/bin/python benchmarks/engine_choices.py --json benchmarks/engine_choices.json
 """

@@ -73,11 +73,15 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
     every column of ``KEYS[family]`` the query carries; an attention query that names no KV
     dtype reads a 16-bit cache's points. A key the home never measured (a head
     layout, a dtype) borrows the nearest measured key's table, rescaled by the home roofline
-    time of the query's shape over the borrowed shape's, and counts as extrapolated; the
-    columns of ``never_borrowed`` the query carries must match (NotSupported where none does)."""
+    time of the query's shape over the borrowed shape's, and counts as extrapolated; a borrowed
+    key matches the query on every column of ``never_borrowed`` it carries (NotSupported where
+    no measured key does, or the table records no such column)."""
     if "kv_dtype" in KEYS[family] and "kv_dtype" in table.columns and "kv_dtype" not in query.columns:
         table = table.filter(pl.col("kv_dtype").is_in(SIXTEEN_BIT_KV) | pl.col("kv_dtype").is_null())
     keys = [c for c in KEYS[family] if c in query.columns and c in table.columns]
+    if unkeyed := [c for c in never_borrowed if c in query.columns and c not in table.columns]:
+        raise NotSupported(f"the home's {family} points record no {'/'.join(unkeyed)}, which "
+                           "the query names and never reads from another kernel")
     ms, outside = np.full(len(query), np.nan), np.zeros(len(query), bool)
     indexed = query.with_row_index("_q")
     for key, rows in indexed.group_by(keys, maintain_order=True) if keys else [((), indexed)]:
@@ -85,7 +89,13 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
         known = table.filter(*[pl.col(c) == v for c, v in wanted.items()]) if keys else table
         i = rows["_q"].to_numpy()
         if known.is_empty():
-            nearest = _nearest_key(table, wanted, never_borrowed)
+            fixed = {c: v for c, v in wanted.items() if c in never_borrowed}
+            candidates = table.filter(*[pl.col(c) == v for c, v in fixed.items()]) if fixed else table
+            if candidates.is_empty():
+                raise NotSupported(f"the home measured no {family} point at "
+                                   + ", ".join(f"{c} {v}" for c, v in fixed.items())
+                                   + "; a query at it never reads another one's kernels")
+            nearest = _nearest_key(candidates, wanted)
             known = table.filter(*[pl.col(c) == v for c, v in nearest.items()])
             borrowed = rows.with_columns(**{c: pl.lit(v) for c, v in nearest.items()})
             ms[i], _ = _interpolate(known, AXES[family], rows, prepared, (family, *nearest.items()))
@@ -98,15 +108,11 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
     return ms, outside
 
 
-def _nearest_key(table: pl.DataFrame, wanted: dict, never_borrowed: tuple[str, ...] = ()) -> dict:
+def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
     """The measured key sharing most columns with ``wanted``, then the one whose named columns
     (dtype, KV dtype) match, since another dtype is another kernel while another shape is
     rescaled by the roofline, then nearest in log distance; ties go to the first in sorted
-    order. Only keys that match ``wanted`` on ``never_borrowed`` are candidates."""
-    fixed = {c: v for c, v in wanted.items() if c in never_borrowed}
-    candidates = table.filter(*[pl.col(c) == v for c, v in fixed.items()]) if fixed else table
-    if candidates.is_empty():
-        raise NotSupported(f"the home measured no point with {fixed} to read or rescale")
+    order."""
 
     def distance(candidate: dict) -> tuple[int, int, float, str]:
         same = sum(candidate[c] == v for c, v in wanted.items())
@@ -115,7 +121,7 @@ def _nearest_key(table: pl.DataFrame, wanted: dict, never_borrowed: tuple[str, .
                     for c, v in wanted.items() if isinstance(v, (int, float))
                     and isinstance(candidate[c], (int, float)))
         return -same, renamed, apart, repr(sorted(candidate.items()))
-    return min(candidates.select(list(wanted)).unique().to_dicts(), key=distance)
+    return min(table.select(list(wanted)).unique().to_dicts(), key=distance)
 
 
 def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,

@@ -257,6 +257,39 @@ def test_an_fp8_kv_step_borrows_only_an_fp8_kv_layout_and_is_refused_where_there
     # op-level: the BF16 kernel of its own layout shares more of the key than either FP8 one
     loose, _ = lookup(table, "attn_decode", query, gpu)
     assert loose[0] == pytest.approx(0.05 * 4 * 1024 / 256, rel=1e-9)
-    with pytest.raises(NotSupported, match="no point with {'kv_dtype': 'fp8'}"):
+    with pytest.raises(NotSupported, match="no attn_decode point at kv_dtype fp8"):
         lookup(table.filter(kv_dtype="bfloat16"), "attn_decode", query, gpu,
                never_borrowed=("kv_dtype",))
+    with pytest.raises(NotSupported, match="attn_decode points record no kv_dtype"):
+        lookup(table.drop("kv_dtype"), "attn_decode", query, gpu, never_borrowed=("kv_dtype",))
+
+
+def test_predict_keeps_a_steps_kv_dtype_and_predict_ops_borrows_across_it():
+    """The wiring: a step over an FP8 cache reads the FP8-KV kernel of another head layout
+    (rescaled), not its own layout's BF16 kernel, through ``predict``; an op-level point over
+    an FP8 cache still reads the BF16 kernel of its own layout, through ``predict_ops``."""
+    model, tp, batch, ctx = "llama-3-8b", 2, 8, 1023
+    home, times = _tiny_home(model, tp, batch, ctx, batch)
+    s = tp_shapes(load_models()[model], tp)
+    own = {"num_heads": s["heads"], "num_kv_heads": s["kv_heads"]}
+    other = {"num_heads": 2 * s["heads"], "num_kv_heads": 2 * s["kv_heads"]}
+    home.ops["attn_decode"] = pl.DataFrame([
+        {"batch": b, "kv_len": kv, "q_len": 1, **heads, "head_dim": 128, "kv_dtype": dtype,
+         "latency_ms": ms * (b / batch) * (kv / ctx)}
+        for heads, dtype, ms in ((own, "bfloat16", 0.05), (other, "fp8", 0.03))
+        for b in (batch, 2 * batch) for kv in (ctx, 2 * ctx)])
+    step = pl.DataFrame({"model": [model], "tp": [tp], "total_tokens": [batch],
+                         "num_requests": [batch], "num_decode": [batch], "num_prefill": [0],
+                         "prefill_tokens": [0], "decode_ctx_sum": [batch * ctx],
+                         "gt_kind": ["gpu_block"]})
+    fitted = TableScaled().fit(home)
+    query = pl.DataFrame({"batch": [batch], "kv_len": [ctx], "q_len": [1], **own, "head_dim": [128]})
+    gpu = peaks(home.gpu)
+    ratio = point_seconds("attn_decode", query, gpu) / point_seconds(
+        "attn_decode", query.with_columns(**{k: pl.lit(v) for k, v in other.items()}), gpu)
+    fp8, bf16 = (fitted.predict(frame, home.gpu)[0]
+                 for frame in (step.with_columns(kv_dtype=pl.lit("fp8")), step))
+    layers = load_models()[model]["num_layers"]
+    assert fp8 - bf16 == pytest.approx(layers * (0.03 * ratio[0] - 0.05), rel=1e-9)
+    point = query.with_columns(phase=pl.lit("attn_decode"), kv_dtype=pl.lit("fp8"))
+    assert fitted.predict_ops(point, home.gpu)[0] == pytest.approx(0.05, rel=1e-9)

@@ -148,8 +148,8 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "with the oracle's step timer; a moved target is closer when "
             "its TTFT error shrinks. A choice that helped one GPU's runs and hurt another's "
             "would be a per-GPU fit to the measurements, so the headline keeps what the "
-            "sources support. The targets the KV-bound choices move are listed after the "
-            "table:",
+            "sources support. The targets `fp8_kv_capacity` and `no_prefix_cache` move are "
+            "listed after the table:",
             "", *engine_choices_tables(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
