@@ -178,7 +178,8 @@ def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
         rows = [r for r in json.loads(choices.read_text())["rows"] if r["dataset"] == dataset]
         headline = next((r for r in rows if r["choice"] == "headline"), None)
         said += [f"`{r['choice']}` (`benchmarks/engine_choices.py`) gives {fmt(r['ttft_mape'])} % "
-                 f"TTFT against {fmt(headline['ttft_mape'])} % in the same benchmark, "
+                 f"TTFT and {fmt(r['tpot_mape'])} % TPOT against {fmt(headline['ttft_mape'])} % "
+                 f"and {fmt(headline['tpot_mape'])} % in the same benchmark, "
                  + (f"{r['closer']} of the {r['moved']} loads it moves closer" if r["moved"]
                     else "moving no load")
                  for r in rows if headline and r["choice"] != "headline"]
