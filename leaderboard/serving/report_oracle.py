@@ -52,6 +52,7 @@ def bracket_split(predictions: pl.DataFrame) -> list[str]:
         return []
     ends = ends.join(predictions.filter(phase="ttft").select(
         "dataset", "workload_id", error=pl.col("signed_pct").abs()), on=["dataset", "workload_id"])
+
     def cell(g: pl.DataFrame, side: str) -> str:
         mine = g.filter(side=side)
         text = f"{len(mine)}: {fmt(float(mine['error'].sum()) / len(g))}"
