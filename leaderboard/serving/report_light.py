@@ -1,0 +1,67 @@
+"""What the light kernels, which no kernel table holds, give the serving oracle, from
+``benchmarks/light_kernels.py``'s JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from leaderboard import report_sections
+from leaderboard_core import paths
+from leaderboard_core.report_tables import fmt, table
+
+LIGHT_JSON = paths.REPO_ROOT / "benchmarks" / "light_kernels.json"
+
+
+def light_kernels_table(bench: dict) -> list[str]:
+    """Per serving set and backend, the oracle as the headline replays it and with the light
+    kernels added (the script prints it too)."""
+    rows = sorted(bench["rows"], key=lambda r: (r["dataset"], r["backend"] != "all", r["backend"]))
+    return table(["dataset", "backend", "n", "TTFT MAPE %: headline / + light", "TPOT MAPE %: "
+                  "headline / + light", "TPOT signed median %: headline / + light"],
+                 [[r["dataset"], r["backend"], str(r["n"]),
+                   f"{fmt(r['headline_ttft_mape'])} / {fmt(r['light_ttft_mape'])}",
+                   f"{fmt(r['headline_tpot_mape'])} / {fmt(r['light_tpot_mape'])}",
+                   f"{fmt(r['headline_tpot_signed_median'])} / "
+                   f"{fmt(r['light_tpot_signed_median'])}"] for r in rows], "llrrrr")
+
+
+def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
+    """The report's paragraph and table on the light kernels."""
+    shown = report_sections.shown_path(path)
+    command = f"`python benchmarks/light_kernels.py --json {shown}`"
+    if not path.exists():
+        return [f"No light-kernel benchmark at `{shown}` yet ({command}).", ""]
+    bench = json.loads(path.read_text())
+    return [f"What the kernel tables leave out of a step: the light kernels ({command}). The "
+            "oracle's steps hold no norm, rotary embedding, activation or residual add: "
+            "aiconfigurator timed none on any GPU. Vidur timed them on the H100 only (eager "
+            "PyTorch, one kernel per op). Each set is replayed twice with the oracle's step "
+            "timer: as the headline, and with every layer's light kernels added, read at "
+            "Vidur's H100 point nearest the step's shape and token count, on every GPU (none "
+            "other is measured, and they are not scaled). An engine compiled with torch.compile "
+            "(vLLM V1's default) or TRT-LLM fuses some of them into neighbouring kernels, vLLM "
+            "an FP8 quantization into the norm before a GEMM, so this is their eager end, not a "
+            "measurement of the runs. A negative signed median: the replay is faster than the "
+            "engine.", "", *light_kernels_table(bench), "",
+            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+
+
+def light_kernels_measured(dataset: str, path: Path = LIGHT_JSON) -> str | None:
+    """The clause of ``dataset``'s "what stops the oracle" line: its TTFT and TPOT with the
+    light kernels added, beside the benchmark's own headline replay."""
+    if not path.exists():
+        return None
+    row = next((r for r in json.loads(path.read_text())["rows"]
+                if r["dataset"] == dataset and r["backend"] == "all"), None)
+    if row is None:
+        return None
+    return (f"Vidur's H100 light kernels added to every step (`benchmarks/light_kernels.py`) "
+            f"give {fmt(row['light_ttft_mape'])} % TTFT and {fmt(row['light_tpot_mape'])} % TPOT "
+            f"against {fmt(row['headline_ttft_mape'])} % and {fmt(row['headline_tpot_mape'])} % "
+            f"(signed median TPOT {fmt(row['light_tpot_signed_median'])} % against "
+            f"{fmt(row['headline_tpot_signed_median'])} %)")
+
+
+# Presents results, never changes a run's numbers: versioning.code_hash skips this file.
+PRESENTATION = True
