@@ -946,7 +946,8 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
     from leaderboard.serving import report_oracle
 
     def what_stops_the_oracle(rows):  # without the benchmarks' files
-        return report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no")
+        return report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
+                                                   tmp_path / "no")
 
     c = np.array([8, 16, 64, 128])
     tpot_pred, ttft_pred = 10.0 + 0 * c, 100.0 + 0 * c

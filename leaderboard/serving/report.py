@@ -13,6 +13,7 @@ import polars as pl
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
 from leaderboard.serving.report_oracle import oracle_section
+from leaderboard.serving.report_light import light_kernels
 from leaderboard.serving.report_unknowns import closed_loop_lengths, engine_choices
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
@@ -209,7 +210,8 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()
     predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
-    lines += oracle_section(oracle, predictions) + closed_loop_lengths() + engine_choices()
+    lines += (oracle_section(oracle, predictions) + closed_loop_lengths() + engine_choices()
+              + light_kernels())
     lines += ["### TTFT and TPOT per predictor", "",
               "Service time (recorded arrivals only): first token minus the first step that "
               "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a "

@@ -11,6 +11,7 @@ import polars as pl
 
 from leaderboard import families, metrics, report_leaderboard, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
+from leaderboard.serving.report_light import LIGHT_JSON
 from leaderboard.serving.report_unknowns import CHOICES_JSON, TARGETS, WAVES_JSON, unknowns_measured
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
@@ -205,7 +206,7 @@ def frontend_reading(mine: pl.DataFrame) -> list[str]:
 
 
 def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
-                          choices: Path = CHOICES_JSON) -> list[str]:
+                          choices: Path = CHOICES_JSON, light: Path = LIGHT_JSON) -> list[str]:
     """Measured, per dataset and backend: which way the oracle misses, how its TPOT gap
     (measured minus oracle) grows with the clients, and how far the measured TTFT lies above
     the steady state's (the time a first token spends outside the replayed steps); per dataset
@@ -251,7 +252,7 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
                       f"MAPE, signed median {service.median():.1f} %."]
             continue
         lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")
-                  + (unknowns_measured(dataset, bracket.get(dataset), waves, choices)
+                  + (unknowns_measured(dataset, bracket.get(dataset), waves, choices, light)
                      if missed else "")]
     return lines + [""]
 

@@ -1,6 +1,7 @@
 """What the serving replay's unknowns were measured to give its oracle, from the benchmarks'
-JSON: the closed loop's length (``benchmarks/closed_loop_waves.py``) and the launch flags no
-record states (``benchmarks/engine_choices.py``)."""
+JSON: the closed loop's length (``benchmarks/closed_loop_waves.py``), the launch flags no
+record states (``benchmarks/engine_choices.py``) and the light kernels no table holds
+(``benchmarks/light_kernels.py``, read through ``report_light``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 
 from leaderboard import report_sections
+from leaderboard.serving.report_light import LIGHT_JSON, light_kernels_measured
 from leaderboard.serving.simulate import load_conf
 from leaderboard_core import paths
 from leaderboard_core.report_tables import fmt, table
@@ -155,10 +157,11 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
 
 
 def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
-                      waves: Path = WAVES_JSON, choices: Path = CHOICES_JSON) -> str:
+                      waves: Path = WAVES_JSON, choices: Path = CHOICES_JSON,
+                      light: Path = LIGHT_JSON) -> str:
     """What the oracle of ``dataset`` gives under each reading of what no record states: the
-    clients' drift (``bracket``: loads, % inside, mean % off), the request count and the launch
-    flags, each benchmark's figure beside its own headline replay's."""
+    clients' drift (``bracket``: loads, % inside, mean % off), the request count, the launch
+    flags and the light kernels, each benchmark's figure beside its own headline replay's."""
     said = []
     if bracket is not None:
         n, share, off = bracket
@@ -183,6 +186,8 @@ def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
                  + (f"{r['closer']} of the {r['moved']} loads it moves closer" if r["moved"]
                     else "moving no load")
                  for r in rows if headline and r["choice"] != "headline"]
+    if (clause := light_kernels_measured(dataset, light)) is not None:
+        said.append(clause)
     return " Measured: " + "; ".join(said) + "." if said else ""
 
 

@@ -1,0 +1,85 @@
+"""The light-kernel benchmark reads each op of a layer at Vidur's measured point nearest the
+step's shape and token count, and the report shows its rows and each set's clause."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import load_benchmark
+
+from leaderboard.serving.report_light import light_kernels, light_kernels_measured
+from leaderboard.serving.report_unknowns import unknowns_measured
+from leaderboard_core.specs import load_models
+
+OPS = ("input_layernorm", "post_attention_layernorm", "add", "attn_rope", "mlp_act")
+TOKENS = (1, 8, 64)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("light_kernels")
+
+
+def _points() -> pl.DataFrame:
+    """Llama-2-7B at TP1 and Llama-2-70B at TP2, each op at three token counts, every latency
+    its own: (config) * 1000 + (op) * 10 + (token index)."""
+    rows = [{"op": op, "model": model, "tp": tp, "num_tokens": t,
+             "latency_ms": float(1000 * c + 10 * o + i)}
+            for c, (model, tp) in enumerate((("llama-2-7b", 1), ("llama-2-70b", 2)), 1)
+            for o, op in enumerate(OPS) for i, t in enumerate(TOKENS)]
+    return pl.DataFrame(rows)
+
+
+def test_each_op_is_read_at_the_nearest_shape_and_token_count(bench):
+    """Llama-3.1-8B at TP1: its norms and add (hidden 4096) are Llama-2-7B's (4096, not 8192);
+    its rope ((32 + 8) heads x 128 = 5120) Llama-2-70B's at TP2 ((64 + 8) / 2 x 128 = 4608,
+    not 7B's 8192); its activation (2 x 14336 = 28672 wide) 70B's at TP2 (2 x 28672 / 2).
+    Tokens 3 and 5 read 8 (log-nearer than 1 and 64), 100 and 10,000 read 64 (the largest)."""
+    light = bench.LightKernels(_points(), load_models())
+    tokens = [1, 3, 5, 100, 10_000]
+    cells = pl.DataFrame({"model": ["llama-3.1-8b"] * 5, "tp": [1] * 5, "total_tokens": tokens})
+    picked = [0, 1, 1, 2, 2]
+    per_layer = [sum((1000 + 10 * OPS.index(op) + i) for op in OPS[:3])
+                 + (2000 + 10 * OPS.index("attn_rope") + i) + (2000 + 10 * OPS.index("mlp_act") + i)
+                 for i in picked]
+    assert light.step_ms(cells) == pytest.approx(32 * np.array(per_layer, float))
+
+
+def test_an_moe_model_counts_its_activation_on_its_dense_layers_only(bench):
+    """DeepSeek-V3: 61 layers, the first 3 dense (``first_k_dense_replace``): every op but the
+    activation runs 61 times a step, the activation 3 times; rows of two models come back in
+    their own order."""
+    light = bench.LightKernels(_points(), load_models())
+    cells = pl.DataFrame({"model": ["deepseek-v3", "llama-3.1-8b"], "tp": [2, 1],
+                          "total_tokens": [8, 1]})
+    ops = light.layer_ms("deepseek-v3", 2, np.array([8]))
+    expected = 61 * sum(ops[op][0] for op in OPS if op != "mlp_act") + 3 * ops["mlp_act"][0]
+    got = light.step_ms(cells)
+    assert got[0] == pytest.approx(expected)
+    assert got[1] == pytest.approx(light.step_ms(cells[1:])[0])
+
+
+ROW = {"dataset": "h100_silicon", "backend": "all", "n": 288, "headline_ttft_mape": 40.8,
+       "light_ttft_mape": 39.1, "headline_tpot_mape": 15.0, "light_tpot_mape": 8.7,
+       "headline_tpot_signed_median": -14.5, "light_tpot_signed_median": -3.2}
+
+
+def test_the_report_shows_the_rows_and_each_sets_clause(tmp_path):
+    path = tmp_path / "light.json"
+    assert "No light-kernel benchmark" in light_kernels(path)[0]
+    assert light_kernels_measured("h100_silicon", path) is None
+    path.write_text(json.dumps({"rows": [ROW, {**ROW, "backend": "vllm", "n": 90}],
+                                "code_version": "abc", "date": "2026-12-05", "seconds": 12.0}))
+    text = "\n".join(light_kernels(path))
+    assert "| h100_silicon | all | 288 | 40.8 / 39.1 | 15.0 / 8.7 | -14.5 / -3.2 |" in text
+    assert "| h100_silicon | vllm | 90 |" in text
+    assert text.index("| all |") < text.index("| vllm |")
+    clause = light_kernels_measured("h100_silicon", path)
+    assert "39.1 % TTFT and 8.7 % TPOT against 40.8 % and 15.0 %" in clause
+    assert "-3.2 % against -14.5 %" in clause
+    assert light_kernels_measured("h200_silicon_fp8", path) is None
+    said = unknowns_measured("h100_silicon", None, tmp_path / "none", tmp_path / "none", path)
+    assert said.startswith(" Measured: ") and clause in said
