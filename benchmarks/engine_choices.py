@@ -85,7 +85,7 @@ from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 from leaderboard.serving import simulate
 from leaderboard.serving.report_unknowns import engine_choices_tables
 from leaderboard_core import progress
-from leaderboard_core.specs import load_models
+from leaderboard_core.specs import FP8_KV, load_models
 
 # aiconfigurator's benchmark budget for every vLLM and TRT-LLM closed loop, unrecorded versions too
 LAUNCH_RULE = {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0",
@@ -96,8 +96,8 @@ LAUNCH_RULE = {("backends", "vllm", "closed_loop_launch", "from_version"): "0.0"
 # Each choice: the yaml keys it sets, as a path from the top of schedulers.yaml, and the value.
 CHOICES = {
     "headline": {},
-    "fp8_kv": {("simulation", "kv_cache_dtype"): "fp8"},
-    "fp8_kv_capacity": {("simulation", "kv_cache_dtype"): "fp8"},
+    "fp8_kv": {("simulation", "kv_cache_dtype"): FP8_KV},
+    "fp8_kv_capacity": {("simulation", "kv_cache_dtype"): FP8_KV},
     "no_prefix_cache": {("backends", "vllm", "prefix_caching", "block_tokens"): 0},
     "launch_rule": LAUNCH_RULE,
     "trtllm_no_overlap": {("backends", "trtllm", "host_time", "overlapped"): None} | {

@@ -2,27 +2,39 @@
 
 The oracle prices a replayed step from the target GPU's measured GEMM, attention, all-reduce and
 fused-MoE tables and the LM head. The engine also runs a layer's light kernels: the two RMSNorms,
-rotary embedding, the gated activation and the residual add (the KV-cache write, Qwen3's per-head
-q/k norms and sampling have no measurement here). aiconfigurator timed none of them on any GPU.
-Vidur did, on the H100 only (``model_ops``, ``source = 'vidur'``, ``h100_sxm``: eager PyTorch,
-one kernel per op, at 1 to 4,096 tokens, six models at TP 1 to 8).
+rotary embedding, the gated activation and the residual adds (the KV-cache write, Qwen3's
+per-head q/k norms and sampling have no measurement here). aiconfigurator timed none of them on
+any GPU. Of the serving GPUs only the H100 has them measured, by two pinned sources:
 
-This replays every target of each serving set that has an oracle twice with the oracle's step
-timer: as the headline replays it, and with each step's light kernels added, every GPU read at
-the H100's measurements (none other is measured; they are not scaled, as a decode step's light
-kernels are launch-bound more than bandwidth-bound). Each op of a layer is read at Vidur's
-measured point nearest the step: the (model, TP) whose op handles the nearest per-token element
-count (norms and add: the hidden size; rope: the query and key heads per GPU times the head
-size; activation: the gate/up width per GPU), at the nearest measured token count (log scale;
-a step above 4,096 tokens reads the 4,096 point). An MoE model's activation is counted on its
-dense layers only: the fused-MoE tables time vLLM's experts call, activation included. Each op
-runs once per layer, as Vidur's own step cells count it (``leaderboard/cells/profiles.py``).
+- Vidur (``model_ops``, ``source = 'vidur'``, ``h100_sxm``): its engine's own kernels, one
+  fused RMSNorm, rotary, activation and add each, as the serving engines run them, timed one by
+  one, at 1 to 4,096 tokens, six models at TP 1 to 8. Read here.
+- LLMServingSim's v0 profile (``layers.csv``): Hugging Face modules, whose RMSNorm is several
+  elementwise kernels (17 to 19 µs a norm at one token, against Vidur's 4 to 6), for
+  Llama-3.1-8B and 70B only. Not read: no serving engine runs those modules.
 
-An engine compiled with torch.compile (vLLM V1's default) or TRT-LLM fuses some of these into
-neighbouring kernels (vLLM fuses an FP8 quantization into the RMSNorm before a GEMM), so this is
-the eager end of what they cost, not a measurement of any run. Scores the TTFT and TPOT MAPE
-and the signed median TPOT error per set and backend. Prints markdown; ``--json PATH`` also
-writes the rows, which the report shows:
+Vidur also profiled the A100 and A40, which no serving set holds.
+
+This replays every target of each closed-loop serving set that has an oracle twice with the
+oracle's step timer: as the headline replays it, and with each step's light kernels added, every
+GPU read at the H100's measurements (none other is measured, and they are not scaled). Each op of
+a layer is read at Vidur's measured point nearest the step: among the (model, TP) whose layer is
+built as the step's model's (norm, gated MLP, sequential block: phi-2's LayerNorm and parallel
+block are left out), the one whose op handles the nearest per-token element count (norms and
+add: the hidden size; rope: the query and KV heads one GPU holds times the head size;
+activation: the gate/up width per GPU), the first in name order among equals, at the nearest
+measured token count (log scale; a step above 4,096 tokens reads the 4,096 point, short of its
+real cost). An MoE model's activation is counted on its dense layers only: the fused-MoE tables
+time vLLM's experts call, activation included. Each op runs once per layer, as Vidur's own step
+cells count it (``leaderboard/cells/profiles.py``); Vidur times one residual add a layer, the
+second, so the first is left out (vLLM and SGLang fuse both into the norms).
+
+They are eager times, each kernel's launch included, where the engines replay a decode step as
+a CUDA graph; and an engine compiled with torch.compile (vLLM V1's default) or TRT-LLM fuses
+some into neighbouring kernels (vLLM an FP8 quantization into the RMSNorm before a GEMM). So this
+is a sensitivity, not a measurement of any run. Scores the TTFT and TPOT MAPE and the signed
+median TPOT error per set and backend. Prints markdown; ``--json PATH`` also writes the rows,
+which the report shows:
 
     .venv/bin/python benchmarks/light_kernels.py --json benchmarks/light_kernels.json
 """
@@ -37,12 +49,15 @@ import polars as pl
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
 from leaderboard import store
+from leaderboard.cells.memory import kv_heads_per_gpu
 from leaderboard.serving import simulate
 from leaderboard.serving.report_light import light_kernels_table
 from leaderboard_core import progress
 from leaderboard_core.specs import is_moe, load_models, moe_shapes, tp_shapes
 
-MEASURED_ON = "h100_sxm"  # the only GPU whose light kernels a pinned source timed
+MEASURED_ON = "h100_sxm"  # the only serving GPU whose engine-style light kernels are timed
+# What decides which light kernels a layer runs: its norm, its MLP's gate and its block's order.
+LAYER_BUILD = ("norm", "gated_mlp", "parallel_block")
 
 
 def per_token_elements(model: dict, tp: int) -> dict[str, float]:
@@ -50,7 +65,7 @@ def per_token_elements(model: dict, tp: int) -> dict[str, float]:
     s = tp_shapes(model, tp)
     return {"input_layernorm": s["hidden"], "post_attention_layernorm": s["hidden"],
             "add": s["hidden"], "mlp_act": s["gate_up"][0],
-            "attn_rope": (s["heads"] + max(s["kv_heads"], 1)) * model["head_dim"]}
+            "attn_rope": (s["heads"] + kv_heads_per_gpu(model, tp)) * model["head_dim"]}
 
 
 class LightKernels:
@@ -65,11 +80,18 @@ class LightKernels:
         self.nearest: dict[tuple[str, int], dict[str, tuple]] = {}
 
     def _nearest_configs(self, name: str, tp: int) -> dict[str, tuple]:
-        """Per op, the measured (op, model, TP) whose per-token elements are nearest."""
+        """Per op, the measured (op, model, TP) of a layer built as ``name``'s whose per-token
+        elements are nearest."""
         if (name, tp) not in self.nearest:
             wanted = per_token_elements(self.models[name], tp)
+            build = [self.models[name].get(k) for k in LAYER_BUILD]
+            alike = [(m, t) for m, t in self.configs
+                     if [self.models[m].get(k) for k in LAYER_BUILD] == build]
+            if not alike:
+                raise ValueError(f"no measured light kernels of a layer built as {name}'s "
+                                 f"({dict(zip(LAYER_BUILD, build, strict=True))})")
             self.nearest[(name, tp)] = {op: min(
-                ((op, m, t) for m, t in self.configs if (op, m, t) in self.points),
+                ((op, m, t) for m, t in alike if (op, m, t) in self.points),
                 key=lambda k: abs(np.log(per_token_elements(self.models[k[1]], k[2])[op]
                                          / elements))) for op, elements in wanted.items()}
         return self.nearest[(name, tp)]

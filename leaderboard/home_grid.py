@@ -34,7 +34,7 @@ import polars as pl
 from leaderboard import families
 from leaderboard.cells.grid import GEMM_DTYPES
 from leaderboard_core.contract import HELD_OUT_SHAPES, HOME_POINTS
-from leaderboard_core.specs import tp_shapes
+from leaderboard_core.specs import DEFAULT_KV_DTYPE, FP8_KV, tp_shapes
 
 # The key columns that make an op point a shape, per lineage op family.
 SHAPE_KEYS = {"gemm": ("n", "k"), "attn": ("num_heads", "num_kv_heads"),
@@ -42,7 +42,6 @@ SHAPE_KEYS = {"gemm": ("n", "k"), "attn": ("num_heads", "num_kv_heads"),
 GEMM_OPS = {"gemm_qkv": "qkv", "gemm_o": "o", "gemm_gate_up": "gate_up", "gemm_down": "down"}
 OPS_SUFFIX = "_ops"
 BF16 = "bfloat16"
-FP8_KV = "fp8"  # the tables' name of an FP8 KV cache
 HEAD_DIM = 128  # the only head size the cells use
 GEMM_COLUMNS = ("dtype", "k", "m", "n", "sku", "version")
 ATTENTION_COLUMNS = ("batch", "dtype", "head_dim", "kv_dtype", "kv_len", "num_heads",
@@ -91,7 +90,7 @@ def full_grid(catalog, row: dict, configs: list[tuple[str, int]] | None, models:
         nk = pl.DataFrame(sorted({s[shape] for s in shapes}), schema=["n", "k"], orient="row")
         out[op] = _select(gemm.join(nk, on=["n", "k"], how="semi"), GEMM_COLUMNS)
     # The oracle's home (configs None) also gets the FP8-KV points, which it keys on.
-    kv_dtypes = [BF16] if configs is not None else [BF16, FP8_KV]
+    kv_dtypes = [DEFAULT_KV_DTYPE] if configs is not None else [DEFAULT_KV_DTYPE, FP8_KV]
     attention = points.filter(
         (pl.col("op_family") == "attention") & (pl.col("dtype") == BF16)
         & pl.col("kv_dtype").is_in(kv_dtypes) & (pl.col("head_dim") == HEAD_DIM)

@@ -70,6 +70,10 @@ FP8_BLOCK_TABLES = "fp8_block"  # the measured tables' dtype of the block-scaled
 # Bytes a KV cache holds per element, by the measured tables' KV dtype names; the activations'
 # dtype (bfloat16) is every engine's default, an 8-bit cache is a launch flag.
 KV_CACHE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0}
+DEFAULT_KV_DTYPE = "bfloat16"
+FP8_KV = "fp8"
+# The caches read as the step sets' cells hold theirs: a cell or query naming no KV dtype.
+SIXTEEN_BIT_KV = tuple(dtype for dtype, size in KV_CACHE_BYTES.items() if size == 2)
 MODEL_RANGES = {k: (0, 10_000_000) for k in ("num_layers", "hidden_size", "num_heads",
                                               "num_kv_heads", "head_dim", "intermediate_size",
                                               "vocab_size")}

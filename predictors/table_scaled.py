@@ -40,7 +40,7 @@ import polars as pl
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
 from leaderboard_core.contract import Home, NotSupported, PredictorCard
-from leaderboard_core.specs import KV_CACHE_BYTES, load_models
+from leaderboard_core.specs import SIXTEEN_BIT_KV, load_models
 from predictors._roofline import in_first_home_units, peaks, point_seconds
 from predictors._step_ops import TABLE_DTYPES, step_points
 from predictors.base import Predictor
@@ -55,7 +55,6 @@ KEYS = {"gemm": ("dtype",), "attn_prefill": ("num_heads", "num_kv_heads", "head_
         "allreduce": ("num_gpus",),
         "moe": ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp", "moe_ep", "dtype")}
 KEYS["attn_decode"] = KEYS["attn_prefill"]
-SIXTEEN_BIT_KV = [dtype for dtype, size in KV_CACHE_BYTES.items() if size == 2]
 # A step that names its KV cache's dtype (an FP8 cache) reads attention of that dtype only: the
 # roofline ratio does not see the KV bytes, so a BF16 kernel borrowed for it would price it as
 # BF16. Op-level points keep borrowing across KV dtypes, as they always have.
@@ -77,7 +76,7 @@ def lookup(table: pl.DataFrame, family: str, query: pl.DataFrame, home_peaks: di
     key matches the query on every column of ``never_borrowed`` it carries (NotSupported where
     no measured key does, or the table records no such column)."""
     if "kv_dtype" in KEYS[family] and "kv_dtype" in table.columns and "kv_dtype" not in query.columns:
-        table = table.filter(pl.col("kv_dtype").is_in(SIXTEEN_BIT_KV) | pl.col("kv_dtype").is_null())
+        table = table.filter(pl.col("kv_dtype").is_in(list(SIXTEEN_BIT_KV)) | pl.col("kv_dtype").is_null())
     keys = [c for c in KEYS[family] if c in query.columns and c in table.columns]
     if unkeyed := [c for c in never_borrowed if c in query.columns and c not in table.columns]:
         raise NotSupported(f"the home's {family} points record no {'/'.join(unkeyed)}, which "

@@ -700,6 +700,23 @@ def test_kv_capacity_counts_gib_and_fp8_layers_at_one_byte():
         assert kv_capacity(m, 2, gpu, 0.9, load_conf(), dtype, of_free=True) == expected, dtype
 
 
+def test_kv_capacity_counts_a_replicated_kv_head_on_every_gpu():
+    """Qwen3-235B-A22B has 4 KV heads: at TP 8 each GPU holds one whole head (a replica), so a
+    token takes 8 heads' room in all, twice what 4 heads shared would: half the tokens fit. At
+    TP 4 the heads are shared and nothing is replicated."""
+    from leaderboard.cells.memory import weight_bytes
+    from leaderboard.serving.simulate import kv_cache_dtype, kv_capacity, load_conf
+    from leaderboard_core.specs import KV_CACHE_BYTES
+
+    m, gpu = load_models()["qwen3-235b-a22b"], load_gpu_specs()["b200_sxm"]
+    assert m["num_kv_heads"] == 4
+    for tp, heads_in_all in ((4, 4), (8, 8)):
+        free = tp * (0.9 * float(gpu["mem_gb"]) * 2**30 - weight_bytes(m, tp, "fp8"))
+        per_token = (2 * m["num_layers"] * heads_in_all * m["head_dim"]
+                     * KV_CACHE_BYTES[kv_cache_dtype(load_conf())])
+        assert kv_capacity(m, tp, gpu, 0.9, load_conf(), "fp8") == int(free // per_token), tp
+
+
 def test_sglang_memory_fraction_follows_its_version_rule_and_trtllm_takes_the_free_memory():
     from leaderboard.serving.sglang_kv import static_memory_fraction
     from leaderboard.serving.simulate import kv_capacity, load_conf, policy_for
@@ -996,7 +1013,8 @@ def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_t
         "pred_ms": [1000.0, 2000.0, 10.0, 10.0, 80.0, 60.0],
         "gt_ms": [1000.0, 2000.0, 10.0, 10.0, 100.0, 100.0]}).with_columns(
         signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
-    text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no"))
+    text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
+                                                         tmp_path / "no"))
     row = next(line for line in text.splitlines() if line.startswith("| rtx4090_serving | vllm"))
     assert [x.strip() for x in row.strip("|").split("|")][7:] == ["—"] * 4
     assert "`rtx4090_serving` (recorded arrivals, not held to the `_silicon` goal): TTFT and " \
@@ -1203,10 +1221,21 @@ def test_the_frontend_reading_adds_the_sourced_time_to_vllm_closed_loops_only():
 def test_an_unknown_kv_cache_dtype_names_the_key_and_the_known_ones():
     conf = copy.deepcopy(simulate.load_conf())
     conf["simulation"]["kv_cache_dtype"] = "fp4"
-    with pytest.raises(ValueError, match=r"simulation.kv_cache_dtype 'fp4' in .*schedulers.yaml "
+    with pytest.raises(ValueError, match=r"simulation.kv_cache_dtype in .*schedulers.yaml: 'fp4' "
                                          r"is none of \['bfloat16', 'float16', 'fp8', 'int8'\]"):
         simulate.kv_capacity(load_models()["llama-3.1-8b"], 1, load_gpu_specs()["h100_sxm"], 0.9,
                              conf)
+    with pytest.raises(ValueError, match=r"with_kv_cache: 'fp4' is none of"):
+        simulate.with_kv_cache(lambda cells: np.ones(len(cells)), "fp4")
+
+
+def test_the_headline_replays_the_cache_the_tables_read_when_a_step_names_none():
+    """The yaml's cache is the default one (a 16-bit cache whose steps name no dtype), so the
+    headline's steps read the very attention points the step sets' cells are built from."""
+    from leaderboard_core.specs import DEFAULT_KV_DTYPE, SIXTEEN_BIT_KV
+
+    assert simulate.kv_cache_dtype(simulate.load_conf()) == DEFAULT_KV_DTYPE
+    assert DEFAULT_KV_DTYPE in SIXTEEN_BIT_KV
 
 
 def test_a_sixteen_bit_kv_cache_leaves_the_step_timer_as_it_is():

@@ -16,6 +16,7 @@ import duckdb
 
 from leaderboard.cells.common import fetch
 from leaderboard.ingest.aiconfigurator import WARM_FLAG
+from leaderboard_core.specs import DEFAULT_KV_DTYPE
 from leaderboard_core.versioning import release
 
 HOME_VERSION = "0.14.0"
@@ -110,7 +111,7 @@ def _dense(con, sku: str, version: str, gemm_dtype: str) -> Grid:
     for r in _rows(con, "gemm", sku, version, f"dtype = '{GEMM_DTYPES[gemm_dtype]}'"):
         grid.gemm[(r["m"], r["n"], r["k"])] = _point(grid, "gemm", r)
     for r in _rows(con, "attention", sku, version,
-                   "dtype = 'bfloat16' AND kv_dtype = 'bfloat16' AND head_dim = 128 "
+                   f"dtype = 'bfloat16' AND kv_dtype = '{DEFAULT_KV_DTYPE}' AND head_dim = 128 "
                    "AND coalesce(window_size, 0) = 0"):
         if r["phase"] == "prefill" and r["kv_len"] == 0:
             grid.prefill[(r["batch"], r["q_len"], r["num_heads"], r["num_kv_heads"])] = _point(

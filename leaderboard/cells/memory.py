@@ -47,13 +47,19 @@ def weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
             + embeddings * lm_head_bytes(model, tp))
 
 
+def kv_heads_per_gpu(model: dict, tp: int) -> int:
+    """The KV heads one GPU of ``tp`` holds: its share of them (rounded down where TP does not
+    divide them), or one whole head where TP outnumbers them (each GPU then keeps a replica)."""
+    return max(model["num_kv_heads"] // tp, 1)
+
+
 def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> float:
     """The bf16 KV cache of the step's requests (cached context plus new tokens) on one GPU."""
     if len(q_lens) != len(ctx_lens):
         raise ValueError(f"{len(q_lens)} q_lens against {len(ctx_lens)} ctx_lens")
     tokens = sum(q_lens) + sum(ctx_lens)
-    heads = max(model["num_kv_heads"] // tp, 1)
-    return tokens * model["num_layers"] * 2 * heads * model["head_dim"] * BF16_BYTES
+    return tokens * model["num_layers"] * 2 * kv_heads_per_gpu(model, tp) * model["head_dim"] \
+        * BF16_BYTES
 
 
 def room_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int], mem_gb: float,

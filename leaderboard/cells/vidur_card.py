@@ -97,7 +97,7 @@ def light_kernel_share(model: dict, tp: int, q_lens: list[int], ctx_lens: list[i
     weights the step reads, of an MoE layer only the experts some token routes to; each GEMM's
     bf16 input and output; attention's Q and O; the KV cache)."""
     s, tokens, layers = tp_shapes(model, tp), sum(q_lens), model["num_layers"]
-    kv_width = max(model["num_kv_heads"] // tp, 1) * model["head_dim"]
+    kv_width = memory.kv_heads_per_gpu(model, tp) * model["head_dim"]
     q_width = model["num_heads"] * model["head_dim"] / tp
     attention = [s["qkv"], s["o"]]
     dense = [s["gate_up"], s["down"]]

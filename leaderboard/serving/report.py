@@ -12,8 +12,8 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
-from leaderboard.serving.report_oracle import oracle_section
 from leaderboard.serving.report_light import light_kernels
+from leaderboard.serving.report_oracle import oracle_section
 from leaderboard.serving.report_unknowns import closed_loop_lengths, engine_choices
 from leaderboard_core.report_tables import fmt, phase_stat, table
 

@@ -18,11 +18,10 @@ from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
 from leaderboard_core import paths
-from leaderboard_core.specs import KV_CACHE_BYTES, GpuSpec
+from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec
 from leaderboard_core.versioning import release
 
 CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
-DEFAULT_KV_DTYPE = "bfloat16"  # the activations' dtype, every engine's cache unless launched otherwise
 
 
 @lru_cache(maxsize=1)
@@ -32,10 +31,13 @@ def load_conf() -> dict:
 
 def kv_cache_dtype(conf: dict) -> str:
     """The KV cache dtype every backend is replayed with (``simulation.kv_cache_dtype``)."""
-    dtype = conf["simulation"]["kv_cache_dtype"]
+    return known_kv_dtype(conf["simulation"]["kv_cache_dtype"], f"simulation.kv_cache_dtype in {CONF}")
+
+
+def known_kv_dtype(dtype: str, named_by: str) -> str:
+    """``dtype``, a KV cache dtype that ``named_by`` gives, if the tables know it."""
     if dtype not in KV_CACHE_BYTES:
-        raise ValueError(f"simulation.kv_cache_dtype '{dtype}' in {CONF} is none of "
-                         f"{sorted(KV_CACHE_BYTES)}")
+        raise ValueError(f"{named_by}: '{dtype}' is none of {sorted(KV_CACHE_BYTES)}")
     return dtype
 
 
@@ -45,10 +47,12 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     ``nvidia-smi`` and the engines count it): ``fraction`` of each GPU's memory less its weight
     shard, or with ``of_free`` (TensorRT-LLM's ``free_gpu_memory_fraction``) ``fraction`` of what
     the weight shard leaves free (TensorRT-LLM also subtracts its profiled activation peak, CUDA
-    graphs and NCCL buffers, which no record gives, so this overstates its KV)."""
+    graphs and NCCL buffers, which no record gives, so this overstates its KV). A token's KV
+    takes room on every GPU: its share of the KV heads, or a whole head where TP outnumbers
+    them."""
     total, weights = float(gpu["mem_gb"]) * 2**30, memory.weight_bytes(m, tp, gemm_dtype)
     free = tp * (fraction * (total - weights) if of_free else fraction * total - weights)
-    per_token = (2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"]
+    per_token = (2 * m["num_layers"] * tp * memory.kv_heads_per_gpu(m, tp) * m["head_dim"]
                  * KV_CACHE_BYTES[kv_cache_dtype(conf)])
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
@@ -146,7 +150,7 @@ def with_kv_cache(timer: StepTimer, kv_dtype: str) -> StepTimer:
     """``timer`` on steps whose KV cache is held in ``kv_dtype``: each step cell says so in its
     ``kv_dtype`` where that is an 8-bit cache (no column: a 16-bit cache, the only one the step
     sets' cells and most homes' tables hold, read as the home holds it)."""
-    if KV_CACHE_BYTES[kv_dtype] == KV_CACHE_BYTES[DEFAULT_KV_DTYPE]:
+    if known_kv_dtype(kv_dtype, "with_kv_cache") in SIXTEEN_BIT_KV:
         return timer
     return lambda cells: timer(cells.with_columns(kv_dtype=pl.lit(kv_dtype)))
 
