@@ -28,11 +28,9 @@ def light_kernels_table(bench: dict) -> list[str]:
 
 def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
     """The report's paragraph and table on the light kernels."""
-    shown = report_sections.shown_path(path)
-    command = f"`python benchmarks/light_kernels.py --json {shown}`"
-    if not path.exists():
-        return [f"No light-kernel benchmark at `{shown}` yet ({command}).", ""]
-    bench = json.loads(path.read_text())
+    bench, command = report_sections.benchmark_json(path, "light_kernels")
+    if bench is None:
+        return [f"No light-kernel benchmark yet ({command}).", ""]
     return [f"What the kernel tables leave out of a step: the light kernels ({command}). The "
             "oracle's steps hold no norm, rotary embedding, residual add or, outside an MoE "
             "layer's fused experts, activation: aiconfigurator timed none on any GPU. Of the "
