@@ -74,8 +74,9 @@ def shown_path(path: Path) -> Path:
 def benchmark_json(path: Path, script: str) -> tuple[dict | None, str]:
     """The rows ``benchmarks/<script>.py`` wrote to ``path`` (None until it has), and the
     command that writes them there."""
+    path = Path(path)
     command = f"`python benchmarks/{script}.py --json {shown_path(path)}`"
-    return (json.loads(Path(path).read_text()) if Path(path).exists() else None), command
+    return (json.loads(path.read_text()) if path.exists() else None), command
 
 
 def _widest_spread(rows: list[dict], key: str) -> tuple[str, float] | None:
