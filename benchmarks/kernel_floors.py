@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from leaderboard import report_sections, store
-from leaderboard_core.specs import load_gpu_specs
+from leaderboard_core.specs import DEFAULT_KV_DTYPE, load_gpu_specs
 from leaderboard_core.versioning import code_version
 from predictors.ours import ops
 from predictors.ours.config import Device, load_constants
@@ -42,10 +42,10 @@ SHAPE_SQL = r"""
            json_extract(key, '$.head_dim')::INT, count(*) AS n
     FROM cell_lineage WHERE dataset LIKE '%\_vidur' ESCAPE '\' AND op = 'attn_decode'
     GROUP BY ALL ORDER BY n DESC, 1, 2, 3 LIMIT 1"""
-ATTENTION_SQL = """
+ATTENTION_SQL = f"""
     SELECT backend_version AS version, median(latency_ms) * 1e3 AS us FROM attention
     WHERE source = 'aiconfigurator' AND backend = 'vllm' AND sku = ? AND phase = 'decode'
-      AND dtype = 'bfloat16' AND kv_dtype = 'bfloat16' AND coalesce(window_size, 0) = 0
+      AND dtype = 'bfloat16' AND kv_dtype = '{DEFAULT_KV_DTYPE}' AND coalesce(window_size, 0) = 0
       AND batch = ? AND kv_len = ? AND num_heads = ? AND num_kv_heads = ? AND head_dim = ?
     GROUP BY 1"""
 ALLREDUCE_SQL = """

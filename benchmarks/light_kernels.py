@@ -4,20 +4,28 @@ The oracle prices a replayed step from the target GPU's measured GEMM, attention
 fused-MoE tables and the LM head. The engine also runs a layer's light kernels: the two RMSNorms,
 rotary embedding, the gated activation and the residual adds (the KV-cache write, Qwen3's
 per-head q/k norms and sampling have no measurement here). aiconfigurator timed none of them on
-any GPU. Of the serving GPUs only the H100 has them measured, by two pinned sources:
+any GPU. Of the GPUs of the closed-loop serving sets (H100, H200, B200, GB200) only the H100 has
+them measured, by two pinned sources:
 
 - Vidur (``model_ops``, ``source = 'vidur'``, ``h100_sxm``): its engine's own kernels, one
-  fused RMSNorm, rotary, activation and add each, as the serving engines run them, timed one by
-  one, at 1 to 4,096 tokens, six models at TP 1 to 8. Read here.
+  RMSNorm, rotary, activation and add each, the GPU time of each op's kernels from its
+  profiler (whole microseconds), at 1 to 4,096 tokens, six models at TP 1 to 8 (five of them
+  built as the serving models are). Read here.
 - LLMServingSim's v0 profile (``layers.csv``): Hugging Face modules, whose RMSNorm is several
   elementwise kernels (17 to 19 µs a norm at one token, against Vidur's 4 to 6), for
   Llama-3.1-8B and 70B only. Not read: no serving engine runs those modules.
 
-Vidur also profiled the A100 and A40, which no serving set holds.
+Elsewhere: Vidur also profiled the A100 and A40, and LLMServingSim the RTX A6000 and RTX 3090,
+which no serving set holds. LLMServingSim's vLLM 0.19 profile of the RTX 4090 times vLLM's own
+kernels (eager): at one token 1.85 µs a norm, 2.18 the rotary embedding, 2.59 the activation,
+about half Vidur's H100 figures on a slower GPU. The RTX 4090's serving set has recorded
+arrivals, not a closed loop, so it is not replayed here; the figures say Vidur's kernels may
+cost more than vLLM's.
 
 This replays every target of each closed-loop serving set that has an oracle twice with the
 oracle's step timer: as the headline replays it, and with each step's light kernels added, every
-GPU read at the H100's measurements (none other is measured, and they are not scaled). Each op of
+GPU read at the H100's measurements (no other of these GPUs is measured, and they are not
+scaled). Each op of
 a layer is read at Vidur's measured point nearest the step: among the (model, TP) whose layer is
 built as the step's model's (norm, gated MLP, sequential block: phi-2's LayerNorm and parallel
 block are left out), the one whose op handles the nearest per-token element count (norms and
@@ -26,15 +34,15 @@ activation: the gate/up width per GPU), the first in name order among equals, at
 measured token count (log scale; a step above 4,096 tokens reads the 4,096 point, short of its
 real cost). An MoE model's activation is counted on its dense layers only: the fused-MoE tables
 time vLLM's experts call, activation included. Each op runs once per layer, as Vidur's own step
-cells count it (``leaderboard/cells/profiles.py``); Vidur times one residual add a layer, the
-second, so the first is left out (vLLM and SGLang fuse both into the norms).
+cells count it (``leaderboard/cells/profiles.py``). Vidur times one residual add a layer, the
+second; vLLM and SGLang run neither as a kernel of its own (they fuse both into the norms), so
+the add read here stands for the traffic a fused norm adds.
 
-They are eager times, each kernel's launch included, where the engines replay a decode step as
-a CUDA graph; and an engine compiled with torch.compile (vLLM V1's default) or TRT-LLM fuses
-some into neighbouring kernels (vLLM an FP8 quantization into the RMSNorm before a GEMM). So this
-is a sensitivity, not a measurement of any run. Scores the TTFT and TPOT MAPE and the signed
-median TPOT error per set and backend. Prints markdown; ``--json PATH`` also writes the rows,
-which the report shows:
+An engine compiled with torch.compile (vLLM V1's default) or TRT-LLM fuses some of these into
+neighbouring kernels (vLLM an FP8 quantization into the RMSNorm before a GEMM), and its kernels
+are not Vidur's. So this is a sensitivity, not a measurement of any run. Scores the TTFT and
+TPOT MAPE and the signed median TPOT error per set and backend. Prints markdown; ``--json PATH``
+also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/light_kernels.py --json benchmarks/light_kernels.json
 """
@@ -55,7 +63,7 @@ from leaderboard.serving.report_light import light_kernels_table
 from leaderboard_core import progress
 from leaderboard_core.specs import is_moe, load_models, moe_shapes, tp_shapes
 
-MEASURED_ON = "h100_sxm"  # the only serving GPU whose engine-style light kernels are timed
+MEASURED_ON = "h100_sxm"  # of the closed-loop sets' GPUs, the only one whose light kernels are timed
 # What decides which light kernels a layer runs: its norm, its MLP's gate and its block's order.
 LAYER_BUILD = ("norm", "gated_mlp", "parallel_block")
 

@@ -71,6 +71,14 @@ def shown_path(path: Path) -> Path:
     return path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path
 
 
+def benchmark_json(path: Path, script: str) -> tuple[dict | None, str]:
+    """The rows ``benchmarks/<script>.py`` wrote to ``path`` (None until it has), and the
+    command that writes them there."""
+    path = Path(path)
+    command = f"`python benchmarks/{script}.py --json {shown_path(path)}`"
+    return (json.loads(path.read_text()) if path.exists() else None), command
+
+
 def _widest_spread(rows: list[dict], key: str) -> tuple[str, float] | None:
     """(GPU, (max - min) / min in %) of the GPU whose measured ``key`` moves most between vLLM
     versions; None if no GPU has it at two versions."""

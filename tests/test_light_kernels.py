@@ -89,7 +89,8 @@ def test_only_layers_built_alike_are_read_and_a_replicated_kv_head_counts(bench)
     """Qwen3-235B-A22B at TP 8 holds 64 / 8 query heads and one replicated KV head of its 4:
     rope over (8 + 1) x 128 = 1152 elements a token, Llama-2-70B's at TP 8 exactly (8 + 1),
     where a count that dropped the replica (1024) would take Llama-2-7B's at TP 8 ((4 + 4) x
-    128). phi-2 (LayerNorm, parallel block) is never read, however near its hidden size."""
+    128). phi-2 (LayerNorm, parallel block) is never read: MiniMax-M2.5's norms (hidden 3072)
+    lie nearer its 2560 than Llama-2-7B's 4096, and read Llama-2-7B's."""
     points = pl.DataFrame([
         {"op": op, "model": model, "tp": tp, "num_tokens": 1, "latency_ms": ms}
         for model, tp, ms in (("llama-2-7b", 8, 1.0), ("llama-2-70b", 8, 2.0), ("phi-2", 1, 3.0))
@@ -98,6 +99,8 @@ def test_only_layers_built_alike_are_read_and_a_replicated_kv_head_counts(bench)
     picks = light._nearest_configs("qwen3-235b-a22b", 8)
     assert picks["attn_rope"] == ("attn_rope", "llama-2-70b", 8)
     assert all(model != "phi-2" for _, model, _ in picks.values())
+    assert light._nearest_configs("minimax-m2.5", 8)["input_layernorm"] == \
+        ("input_layernorm", "llama-2-7b", 8)
     # hidden 4096: Llama-2-7B's norms (4096), not phi-2's (2560) nor 70B's (8192)
     assert picks["input_layernorm"] == ("input_layernorm", "llama-2-7b", 8)
     with pytest.raises(ValueError, match="no measured light kernels of a layer built as phi-2's"):

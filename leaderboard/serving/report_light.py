@@ -28,25 +28,25 @@ def light_kernels_table(bench: dict) -> list[str]:
 
 def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
     """The report's paragraph and table on the light kernels."""
-    shown = report_sections.shown_path(path)
-    command = f"`python benchmarks/light_kernels.py --json {shown}`"
-    if not path.exists():
-        return [f"No light-kernel benchmark at `{shown}` yet ({command}).", ""]
-    bench = json.loads(path.read_text())
+    bench, command = report_sections.benchmark_json(path, "light_kernels")
+    if bench is None:
+        return [f"No light-kernel benchmark yet ({command}).", ""]
     return [f"What the kernel tables leave out of a step: the light kernels ({command}). The "
             "oracle's steps hold no norm, rotary embedding, residual add or, outside an MoE "
             "layer's fused experts, activation: aiconfigurator timed none on any GPU. Of the "
-            "serving GPUs only the H100 has them timed as the engines run them, by Vidur (one "
-            "kernel per op, eager). Each closed-loop set is replayed twice with the "
-            "oracle's step timer: as the headline, and with every layer's light kernels added "
-            "(an MoE model's activation on its dense layers only), read at Vidur's H100 point "
-            "nearest the step's shape and token count, on every GPU (none other is measured, "
-            "and they are not scaled; a step above 4,096 tokens reads the 4,096 point, short of "
-            "its cost). They are eager times, each kernel's launch included, where the engines "
-            "replay a decode step as a CUDA graph, and a compiled engine (vLLM V1's default, "
-            "TRT-LLM) fuses some into neighbouring kernels, vLLM an FP8 quantization into the "
-            "norm before a GEMM: a sensitivity, not a measurement of the runs. A negative "
-            "signed median: the replay is faster than the engine.", "", *light_kernels_table(bench), "",
+            "closed-loop sets' GPUs only the H100 has them timed, by Vidur (its own kernels, "
+            "one per op: the GPU time its profiler gives each). Each closed-loop set that has "
+            "an oracle is replayed twice with the oracle's step timer: as the headline, and "
+            "with every layer's light kernels added (an MoE model's activation on its dense "
+            "layers only), read at Vidur's H100 point nearest the step's shape and token count, "
+            "on every GPU (no other of them is measured, and they are not scaled; a step above "
+            "4,096 tokens reads the 4,096 point, short of its cost). A compiled engine (vLLM "
+            "V1's default, TRT-LLM) fuses some of them into neighbouring kernels, vLLM an FP8 "
+            "quantization into the norm before a GEMM, and its kernels are not Vidur's: "
+            "LLMServingSim's vLLM profile of the RTX 4090 gives vLLM's own at about half "
+            "Vidur's H100 figures. A sensitivity, not a measurement of the runs. A negative "
+            "signed median: the replay is faster than the engine.",
+            "", *light_kernels_table(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 

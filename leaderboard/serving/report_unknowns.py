@@ -63,14 +63,12 @@ def _best_lengths(bench: dict) -> list[str]:
 def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
     """Whether the closed loop's length (requests sent, warm-up left out) is what keeps the
     oracle from its goal, from ``benchmarks/closed_loop_waves.py``'s JSON."""
-    shown = report_sections.shown_path(path)
-    if not path.exists():
-        return [f"No closed-loop length benchmark at `{shown}` yet (`python "
-                "benchmarks/closed_loop_waves.py --json benchmarks/closed_loop_waves.json`).", ""]
-    bench = json.loads(path.read_text())
+    bench, command = report_sections.benchmark_json(path, "closed_loop_waves")
+    if bench is None:
+        return [f"No closed-loop length benchmark yet ({command}).", ""]
     dropped = " or ".join(str(d) for d in bench["dropped"] if d)
-    return [f"How long a loop the replay runs (`python benchmarks/closed_loop_waves.py --json "
-            f"{shown}`). No record states how many requests a `_silicon` run sent. The "
+    return [f"How long a loop the replay runs ({command}). No record states how many "
+            "requests a `_silicon` run sent. The "
             f"replay's headline runs {load_conf()['simulation']['waves']} waves of "
             "`concurrency` requests. aiconfigurator's own benchmark template sends 50 (unless "
             "its environment sets another count) after a warm-up of 2, and AIPerf waits for "
@@ -105,11 +103,9 @@ def engine_choices_tables(bench: dict) -> list[str]:
 def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
     """What the oracle's error owes to the launch flags no record states, from
     ``benchmarks/engine_choices.py``'s JSON."""
-    shown = report_sections.shown_path(path)
-    command = f"`python benchmarks/engine_choices.py --json {shown}`"
-    if not path.exists():
-        return [f"No engine-choice benchmark at `{shown}` yet ({command}).", ""]
-    bench = json.loads(path.read_text())
+    bench, command = report_sections.benchmark_json(path, "engine_choices")
+    if bench is None:
+        return [f"No engine-choice benchmark yet ({command}).", ""]
     return [f"Engine choices no record states ({command}). The `_silicon` CSV holds no launch "
             "flags. The headline replays every backend with a BF16 KV cache (vLLM's "
             "`--kv-cache-dtype auto` for a BF16 or online-FP8 model) and vLLM with prefix "
