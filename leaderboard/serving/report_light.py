@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from leaderboard import report_sections
@@ -53,10 +52,11 @@ def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
 def light_kernels_measured(dataset: str, path: Path = LIGHT_JSON) -> str | None:
     """The clause of ``dataset``'s "what stops the oracle" line: its TTFT and TPOT with the
     light kernels added, beside the benchmark's own headline replay."""
-    if not path.exists():
+    bench, _ = report_sections.benchmark_json(path, "light_kernels")
+    if bench is None:
         return None
-    row = next((r for r in json.loads(path.read_text())["rows"]
-                if r["dataset"] == dataset and r["backend"] == "all"), None)
+    row = next((r for r in bench["rows"] if r["dataset"] == dataset and r["backend"] == "all"),
+               None)
     if row is None:
         return None
     return (f"Vidur's H100 light kernels added to every step (`benchmarks/light_kernels.py`) "
