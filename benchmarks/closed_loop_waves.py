@@ -88,14 +88,15 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
             .with_columns(dataset=pl.lit(dataset)).to_dicts())
 
 
-def oracle_sets() -> list[tuple[str, str]]:
-    """Every serving set of closed loops that has an oracle, with the step set the oracle fits
-    on (a run of recorded arrivals has no unstated loop length or launch flags to try)."""
+def oracle_sets(closed_only: bool = True) -> list[tuple[str, str]]:
+    """Every serving set of closed loops (or, with ``closed_only`` false, every serving set)
+    that has an oracle, with the step set the oracle fits on (a run of recorded arrivals has no
+    unstated loop length or launch flags to try)."""
     with StoreCatalog() as catalog:
         rows = catalog.datasets()
-        closed = {n for n, r in rows.items() if r["kind"] == "serving"
-                  and (catalog.serving_targets(n)["load"] == "closed").any()}
-    return [(name, home) for name in sorted(closed)
+        chosen = {n for n, r in rows.items() if r["kind"] == "serving" and (
+            not closed_only or (catalog.serving_targets(n)["load"] == "closed").any())}
+    return [(name, home) for name in sorted(chosen)
             if (home := oracle_home(name, rows)) is not None]
 
 

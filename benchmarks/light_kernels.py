@@ -1,48 +1,53 @@
-"""How much of the oracle's TPOT error the light kernels account for, which no kernel table holds.
+"""How much of the oracle's TPOT error the light kernels and sampling account for, which no
+kernel table holds.
 
 The oracle prices a replayed step from the target GPU's measured GEMM, attention, all-reduce and
 fused-MoE tables and the LM head. The engine also runs a layer's light kernels: the two RMSNorms,
-rotary embedding, the gated activation and the residual adds (the KV-cache write, Qwen3's
-per-head q/k norms and sampling have no measurement here). aiconfigurator timed none of them on
-any GPU. Of the GPUs of the closed-loop serving sets (H100, H200, B200, GB200) only the H100 has
-them measured, by two pinned sources:
+rotary embedding, the gated activation and the residual adds (the KV-cache write and Qwen3's
+per-head q/k norms have no measurement here), and a step ends in sampling. aiconfigurator timed
+none of them on any GPU. Two pinned sources time light kernels as an engine runs them:
 
 - Vidur (``model_ops``, ``source = 'vidur'``, ``h100_sxm``): its engine's own kernels, one
   RMSNorm, rotary, activation and add each, the GPU time of each op's kernels from its
   profiler (whole microseconds), at 1 to 4,096 tokens, six models at TP 1 to 8 (five of them
-  built as the serving models are). Read here.
-- LLMServingSim's v0 profile (``layers.csv``): Hugging Face modules, whose RMSNorm is several
-  elementwise kernels (17 to 19 µs a norm at one token, against Vidur's 4 to 6), for
-  Llama-3.1-8B and 70B only. Not read: no serving engine runs those modules.
+  built as the serving models are). Of the closed-loop sets' GPUs (H100, H200, B200, GB200),
+  the only one with light kernels timed; read for all of them, unscaled.
+- LLMServingSim's vLLM 0.19 profile of the RTX 4090 (``source = 'llmservingsim'``, backend
+  vLLM): vLLM's own kernels, eager, of Llama-3.1-8B at TP 1, 1 to 2,048 tokens: the RMSNorm
+  (its residual add fused in; a layer calls it twice, as ``leaderboard/cells/profiles.py``
+  counts it), the rotary embedding and the activation, and the sampler at 1 to 256 sequences.
+  Read for ``rtx4090_serving``, a vLLM 0.19 run of that model on that GPU: the one set whose
+  own GPU, engine and version have them timed, so the one direct check. Its sampler, the only
+  one timed, is read for every set, unscaled (the datacenter GPUs' memory is 3 to 8 times the
+  RTX 4090's, so there it likely costs less).
 
-Elsewhere: Vidur also profiled the A100 and A40, and LLMServingSim the RTX A6000 and RTX 3090,
-which no serving set holds. LLMServingSim's vLLM 0.19 profile of the RTX 4090 times vLLM's own
-kernels (eager): at one token 1.85 µs a norm, 2.18 the rotary embedding, 2.59 the activation,
-about half Vidur's H100 figures on a slower GPU. The RTX 4090's serving set has recorded
-arrivals, not a closed loop, so it is not replayed here; the figures say Vidur's kernels may
-cost more than vLLM's.
+LLMServingSim's v0 profile (``layers.csv``) of the H100 times Hugging Face modules, whose
+RMSNorm is several elementwise kernels (17 to 19 µs a norm at one token, against Vidur's 4 to
+6): no serving engine runs those modules, so it is not read. Vidur's A100 and A40 and
+LLMServingSim's RTX A6000 and RTX 3090 hold no serving set.
 
-This replays every target of each closed-loop serving set that has an oracle twice with the
-oracle's step timer: as the headline replays it, and with each step's light kernels added, every
-GPU read at the H100's measurements (no other of these GPUs is measured, and they are not
-scaled). Each op of
-a layer is read at Vidur's measured point nearest the step: among the (model, TP) whose layer is
+This replays every target of each serving set that has an oracle three times with the oracle's
+step timer: as the headline replays it; with each step's light kernels added; and with the
+sampler added as well, read at the measured sequence count nearest the step's requests (vLLM
+computes logits for every scheduled request). Where the replay adds vLLM's host time to a step
+(before 0.14.0, and an unrecorded version) that time already holds sampling (Vidur's
+``sampler_e2e`` is one of its four parts), so no sampler is added there. Each op of
+a layer is read at the measured point nearest the step: among the (model, TP) whose layer is
 built as the step's model's (norm, gated MLP, sequential block: phi-2's LayerNorm and parallel
 block are left out), the one whose op handles the nearest per-token element count (norms and
 add: the hidden size; rope: the query and KV heads one GPU holds times the head size;
 activation: the gate/up width per GPU), the first in name order among equals, at the nearest
-measured token count (log scale; a step above 4,096 tokens reads the 4,096 point, short of its
-real cost). An MoE model's activation is counted on its dense layers only: the fused-MoE tables
-time vLLM's experts call, activation included. Each op runs once per layer, as Vidur's own step
-cells count it (``leaderboard/cells/profiles.py``). Vidur times one residual add a layer, the
-second; vLLM and SGLang run neither as a kernel of its own (they fuse both into the norms), so
-the add read here stands for the traffic a fused norm adds.
+measured token count (log scale; a step above the largest measured count reads that point,
+short of its real cost). An MoE model's activation is counted on its dense layers only: the
+fused-MoE tables time vLLM's experts call, activation included. Vidur times one residual add a
+layer, the second; vLLM and SGLang run neither as a kernel of its own (they fuse both into the
+norms), so the add read here stands for the traffic a fused norm adds.
 
 An engine compiled with torch.compile (vLLM V1's default) or TRT-LLM fuses some of these into
-neighbouring kernels (vLLM an FP8 quantization into the RMSNorm before a GEMM), and its kernels
-are not Vidur's. So this is a sensitivity, not a measurement of any run. Scores the TTFT and
-TPOT MAPE and the signed median TPOT error per set and backend. Prints markdown; ``--json PATH``
-also writes the rows, which the report shows:
+neighbouring kernels (vLLM an FP8 quantization into the RMSNorm before a GEMM), and, but for
+the RTX 4090's, its kernels are not the ones timed. So this is a sensitivity, not a
+measurement of any run. Scores the TTFT and TPOT MAPE and the signed median TPOT error per set
+and backend. Prints markdown; ``--json PATH`` also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/light_kernels.py --json benchmarks/light_kernels.json
 """
@@ -58,29 +63,50 @@ from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
 from leaderboard import store
 from leaderboard.cells.memory import kv_heads_per_gpu
+from leaderboard.cells.profiles import LAYER_OPS as PROFILED_LAYER_OPS
 from leaderboard.serving import simulate
 from leaderboard.serving.report_light import light_kernels_table
 from leaderboard_core import progress
 from leaderboard_core.specs import is_moe, load_models, moe_shapes, tp_shapes
 
-MEASURED_ON = "h100_sxm"  # of the closed-loop sets' GPUs, the only one whose light kernels are timed
+VIDUR_GPU = "h100_sxm"  # of the closed-loop sets' GPUs, the only one whose light kernels are timed
 # What decides which light kernels a layer runs: its norm, its MLP's gate and its block's order.
 LAYER_BUILD = ("norm", "gated_mlp", "parallel_block")
+# Per source, each light op of a layer it times: what the op handles per token ("hidden",
+# "rope", "act") and how many times a layer calls it.
+LAYER_OPS = {
+    "vidur": {"input_layernorm": ("hidden", 1), "post_attention_layernorm": ("hidden", 1),
+              "add": ("hidden", 1), "attn_rope": ("rope", 1), "mlp_act": ("act", 1)},
+    "llmservingsim": {op: (kind, PROFILED_LAYER_OPS["dense.csv"][op]) for op, kind in
+                      (("layernorm", "hidden"), ("rotary_emb", "rope"), ("act_fn", "act"))},
+}
+# A step time no host time reaches: whether a replay adds its host time to a step or overlaps it.
+LONG_STEP_MS = 1e9
 
 
 def per_token_elements(model: dict, tp: int) -> dict[str, float]:
-    """Per light op, the elements it handles per token on one GPU of ``tp``."""
+    """Per kind of light op, the elements it handles per token on one GPU of ``tp``."""
     s = tp_shapes(model, tp)
-    return {"input_layernorm": s["hidden"], "post_attention_layernorm": s["hidden"],
-            "add": s["hidden"], "mlp_act": s["gate_up"][0],
-            "attn_rope": (s["heads"] + kv_heads_per_gpu(model, tp)) * model["head_dim"]}
+    return {"hidden": s["hidden"], "act": s["gate_up"][0],
+            "rope": (s["heads"] + kv_heads_per_gpu(model, tp)) * model["head_dim"]}
+
+
+def nearest_count(measured: np.ndarray, latency: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``latency`` at the ``measured`` count (sorted) nearest each of ``counts``, on a log
+    scale; past either end, the end's."""
+    right = np.clip(np.searchsorted(measured, counts), 1, len(measured) - 1)
+    left = right - 1
+    pick = np.where(np.abs(np.log(counts / measured[left]))
+                    <= np.abs(np.log(measured[right] / counts)), left, right)
+    return latency[pick]
 
 
 class LightKernels:
-    """Each step's light-kernel time (ms), read from Vidur's measured H100 points."""
+    """Each step's light-kernel time (ms), read from one source's measured points (``ops``:
+    that source's entry of ``LAYER_OPS``)."""
 
-    def __init__(self, points: pl.DataFrame, models: dict):
-        self.models = models
+    def __init__(self, points: pl.DataFrame, models: dict, ops: dict = LAYER_OPS["vidur"]):
+        self.models, self.ops = models, ops
         self.points = {key: (group["num_tokens"].to_numpy(), group["latency_ms"].to_numpy())
                        for key, group in points.sort("num_tokens")
                        .group_by("op", "model", "tp", maintain_order=True)}
@@ -100,21 +126,14 @@ class LightKernels:
                                  f"({dict(zip(LAYER_BUILD, build, strict=True))})")
             self.nearest[(name, tp)] = {op: min(
                 ((op, m, t) for m, t in alike if (op, m, t) in self.points),
-                key=lambda k: abs(np.log(per_token_elements(self.models[k[1]], k[2])[op]
-                                         / elements))) for op, elements in wanted.items()}
+                key=lambda k: abs(np.log(per_token_elements(self.models[k[1]], k[2])[kind]
+                                         / wanted[kind]))) for op, (kind, _) in self.ops.items()}
         return self.nearest[(name, tp)]
 
     def layer_ms(self, name: str, tp: int, tokens: np.ndarray) -> dict[str, np.ndarray]:
-        """Per op, one layer's time at each of ``tokens``: the nearest measured token count."""
-        out = {}
-        for op, key in self._nearest_configs(name, tp).items():
-            measured, latency = self.points[key]
-            right = np.clip(np.searchsorted(measured, tokens), 1, len(measured) - 1)
-            left = right - 1
-            pick = np.where(np.abs(np.log(tokens / measured[left]))
-                            <= np.abs(np.log(measured[right] / tokens)), left, right)
-            out[op] = latency[pick]
-        return out
+        """Per op, one call's time at each of ``tokens``: the nearest measured token count."""
+        return {op: nearest_count(*self.points[key], tokens)
+                for op, key in self._nearest_configs(name, tp).items()}
 
     def step_ms(self, cells: pl.DataFrame) -> np.ndarray:
         out = np.zeros(len(cells))
@@ -125,49 +144,108 @@ class LightKernels:
             layers = float(model["num_layers"])
             act_layers = float(moe_shapes(model, int(tp))["dense_layers"]) if is_moe(model) else layers
             out[group["_i"].to_numpy()] = sum(
-                ms * (act_layers if op == "mlp_act" else layers) for op, ms in ops.items())
+                ms * calls * (act_layers if kind == "act" else layers)
+                for op, ms in ops.items() for kind, calls in [self.ops[op]])
         return out
 
 
+class Sampler:
+    """Each step's sampling time (ms): the measured sampler at the sequence count nearest the
+    step's requests."""
+
+    def __init__(self, points: pl.DataFrame):
+        ordered = points.sort("num_tokens")
+        self.counts, self.latency = ordered["num_tokens"].to_numpy(), ordered["latency_ms"].to_numpy()
+
+    def step_ms(self, cells: pl.DataFrame) -> np.ndarray:
+        return nearest_count(self.counts, self.latency,
+                             np.maximum(cells["num_requests"].to_numpy(), 1))
+
+
 def measured_points() -> pl.DataFrame:
+    """Every light op and sampler an engine timed: Vidur's H100 points and the vLLM profiles."""
     with store.connect() as con:
-        return con.sql("SELECT op, model, tp, num_tokens, latency_ms FROM model_ops WHERE "
-                       "source = 'vidur' AND sku = ? AND op_family = 'light' AND kv_len = 0",
-                       params=[MEASURED_ON]).pl()
+        return con.sql("SELECT source, sku, backend_version, op, model, tp, num_tokens, latency_ms "
+                       "FROM model_ops WHERE kv_len = 0 AND ((source = 'vidur' AND sku = ? AND "
+                       "op_family = 'light') OR (source = 'llmservingsim' AND backend = 'vllm' "
+                       "AND op_family IN ('light', 'sampler')))", params=[VIDUR_GPU]).pl()
 
 
-def replay(dataset: str, home: str, light: LightKernels) -> list[dict]:
+def light_source(points: pl.DataFrame, sku: str) -> tuple[str, pl.DataFrame]:
+    """The light kernels a set on ``sku`` reads: the GPU's own, timed in vLLM, where any; else
+    Vidur's H100. Returns the source's name and its points."""
+    own = points.filter(source="llmservingsim", sku=sku).filter(
+        pl.col("op").is_in(list(LAYER_OPS["llmservingsim"])))
+    if len(own):
+        return "llmservingsim", own
+    return "vidur", points.filter(source="vidur")
+
+
+def host_time_added(backend: str, version: str | None) -> bool:
+    """Whether the replay adds the backend's host time to a step of this run rather than
+    overlapping it (or having none): then that time already holds sampling."""
+    probe = pl.DataFrame({"num_requests": [1]})
+    timed = simulate.with_host_time(lambda cells: np.full(len(cells), LONG_STEP_MS), backend,
+                                    version)
+    return bool(timed(probe)[0] > LONG_STEP_MS)
+
+
+def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
     """Per backend (and all together): the oracle's TTFT / TPOT MAPE and signed median TPOT
-    error (%) on ``dataset``, as the headline replays it and with the light kernels added."""
+    error (%) on ``dataset``, as the headline replays it, with the light kernels added, and
+    with sampling added too."""
     timer, inputs = oracle_timer(dataset, home)
-    targets, models = inputs.target, load_models()
-    readings = {"headline": timer, "light": lambda cells: timer(cells) + light.step_ms(cells)}
-    frame = targets.select("backend", "gt_ttft_ms", "gt_tpot_ms")
-    for name, step_timer in readings.items():
+    targets, models = inputs.target.with_row_index("_target"), load_models()
+    source, light_points = light_source(points, inputs.gpu.sku)
+    light = LightKernels(light_points, models, LAYER_OPS[source])
+    sampler = Sampler(points.filter(op="sampler"))
+    sampled_at = "+".join(sorted(set(points.filter(op="sampler")["sku"])))
+
+    def with_light(cells: pl.DataFrame) -> np.ndarray:
+        return timer(cells) + light.step_ms(cells)
+
+    def with_sampling(cells: pl.DataFrame) -> np.ndarray:
+        return with_light(cells) + sampler.step_ms(cells)
+
+    # Per reading, the step timer of a run whose host time holds sampling, and of any other.
+    readings = {"headline": (timer, timer), "light": (with_light, with_light),
+                "sampled": (with_light, with_sampling)}
+    held = pl.Series("held", [host_time_added(b, v) for b, v in targets.select(
+        "backend", "backend_version").iter_rows()])
+    frame = targets.select("backend", "gt_ttft_ms", "gt_tpot_ms").with_columns(held)
+    for name, (when_held, otherwise) in readings.items():
+        ttft, tpot = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
         with progress.track(f"{dataset}: {name}", len(targets)) as bar:
-            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, step_timer,
-                                                        progress=bar.advance)
+            for part, step_timer in ((targets.filter(held), when_held),
+                                     (targets.filter(~held), otherwise)):
+                if len(part):
+                    rows = part["_target"].to_numpy()
+                    ttft[rows], tpot[rows], _, _ = simulate.predict_targets(
+                        part, models, inputs.gpu, step_timer, progress=bar.advance)
         frame = frame.with_columns(pl.Series(f"{name}_ttft", ttft), pl.Series(f"{name}_tpot", tpot))
     every = pl.concat([frame.with_columns(backend=pl.lit("all")), frame])
 
     def error(name: str, phase: str) -> pl.Expr:
         return (pl.col(f"{name}_{phase}") / pl.col(f"gt_{phase}_ms") - 1) * 100
 
-    return (every.group_by("backend", maintain_order=True).agg(
-        n=pl.len(), **{f"{name}_{phase}_mape": error(name, phase).abs().mean()
-                       for name in readings for phase in ("ttft", "tpot")},
-        **{f"{name}_tpot_signed_median": error(name, "tpot").median() for name in readings})
-        .with_columns(dataset=pl.lit(dataset)).to_dicts())
+    return (every.group_by("backend", maintain_order=True)
+            .agg(n=pl.len(), sampling_added=(~pl.col("held")).sum(),
+                 **{f"{name}_{phase}_mape": error(name, phase).abs().mean()
+                    for name in readings for phase in ("ttft", "tpot")},
+                 **{f"{name}_tpot_signed_median": error(name, "tpot").median() for name in readings})
+            .with_columns(dataset=pl.lit(dataset), light_source=pl.lit(
+                f"{source} {light_points['sku'][0]}"), sampler_source=pl.lit(sampled_at)).to_dicts())
 
 
 def main() -> None:
     json_path = json_argument(__doc__)
     started, rows = time.perf_counter(), []
-    light = LightKernels(measured_points(), load_models())
-    for dataset, home in oracle_sets():
-        print(f"{dataset}: the oracle on {home}, with and without light kernels", flush=True)
-        rows += replay(dataset, home, light)
-    bench = stamped({"measured_on": MEASURED_ON, "rows": rows}, started)
+    points = measured_points()
+    for dataset, home in oracle_sets(closed_only=False):
+        print(f"{dataset}: the oracle on {home}, with and without light kernels and sampling",
+              flush=True)
+        rows += replay(dataset, home, points)
+    bench = stamped({"rows": rows}, started)
     print("\n".join(light_kernels_table(bench)))
     if json_path:
         json_path.write_text(json.dumps(bench, indent=1) + "\n")

@@ -1,5 +1,6 @@
-"""The light-kernel benchmark reads each op of a layer at Vidur's measured point nearest the
-step's shape and token count, and the report shows its rows and each set's clause."""
+"""The light-kernel benchmark reads each op of a layer at the measured point nearest the step's
+shape and token count (Vidur's H100 points, or a GPU's own vLLM profile), adds the sampler where
+the replay's host time does not hold it, and the report shows its rows and each set's clause."""
 
 from __future__ import annotations
 
@@ -62,9 +63,11 @@ def test_an_moe_model_counts_its_activation_on_its_dense_layers_only(bench):
     assert got[1] == pytest.approx(light.step_ms(cells[1:])[0])
 
 
-ROW = {"dataset": "h100_silicon", "backend": "all", "n": 288, "headline_ttft_mape": 40.8,
-       "light_ttft_mape": 39.1, "headline_tpot_mape": 15.0, "light_tpot_mape": 8.7,
-       "headline_tpot_signed_median": -14.5, "light_tpot_signed_median": -3.2}
+ROW = {"dataset": "h100_silicon", "backend": "all", "n": 288, "sampling_added": 198,
+       "light_source": "vidur h100_sxm", "headline_ttft_mape": 40.8, "light_ttft_mape": 39.1,
+       "sampled_ttft_mape": 39.4, "headline_tpot_mape": 15.0, "light_tpot_mape": 8.7,
+       "sampled_tpot_mape": 8.2, "headline_tpot_signed_median": -14.5,
+       "light_tpot_signed_median": -3.2, "sampled_tpot_signed_median": -2.9}
 
 
 def test_the_report_shows_the_rows_and_each_sets_clause(tmp_path):
@@ -74,12 +77,15 @@ def test_the_report_shows_the_rows_and_each_sets_clause(tmp_path):
     path.write_text(json.dumps({"rows": [ROW, {**ROW, "backend": "vllm", "n": 90}],
                                 "code_version": "abc", "date": "2026-12-05", "seconds": 12.0}))
     text = "\n".join(light_kernels(path))
-    assert "| h100_silicon | all | 288 | 40.8 / 39.1 | 15.0 / 8.7 | -14.5 / -3.2 |" in text
+    assert ("| h100_silicon | all | 288 | vidur h100_sxm | 198 | 40.8 / 39.1 / 39.4 | "
+            "15.0 / 8.7 / 8.2 | -14.5 / -3.2 / -2.9 |") in text
     assert "| h100_silicon | vllm | 90 |" in text
     assert text.index("| all |") < text.index("| vllm |")
     clause = light_kernels_measured("h100_silicon", path)
+    assert "(vidur h100_sxm)" in clause
     assert "39.1 % TTFT and 8.7 % TPOT against 40.8 % and 15.0 %" in clause
     assert "-3.2 % against -14.5 %" in clause
+    assert "sampler on 198 of its 288 targets too 39.4 % and 8.2 %" in clause
     assert light_kernels_measured("h200_silicon_fp8", path) is None
     said = unknowns_measured("h100_silicon", None, tmp_path / "none", tmp_path / "none", path)
     assert said.startswith(" Measured: ") and clause in said
@@ -106,3 +112,44 @@ def test_only_layers_built_alike_are_read_and_a_replicated_kv_head_counts(bench)
     with pytest.raises(ValueError, match="no measured light kernels of a layer built as phi-2's"):
         bench.LightKernels(points.filter(pl.col("model") != "phi-2"), load_models()) \
             ._nearest_configs("phi-2", 1)
+
+
+def test_a_vllm_profile_counts_its_norm_twice_a_layer_and_is_read_for_its_own_gpu(bench):
+    """LLMServingSim's vLLM profile times one RMSNorm call, which a layer makes twice, and no
+    add: Llama-3.1-8B's 32 layers give 32 x (2 norm + rope + act). A set on the RTX 4090 reads
+    the GPU's own profile, one on any other GPU Vidur's H100 points; the v0 profile's ops
+    (``input_layernorm`` of another source) are not read."""
+    ops = {"layernorm": 1.0, "rotary_emb": 10.0, "act_fn": 100.0, "sampler": 1000.0}
+    points = pl.DataFrame([
+        {"source": "llmservingsim", "sku": "rtx4090", "op": op, "model": "llama-3.1-8b", "tp": 1,
+         "num_tokens": 1, "latency_ms": ms} for op, ms in ops.items()] + [
+        {"source": "vidur", "sku": "h100_sxm", "op": "add", "model": "llama-2-7b", "tp": 1,
+         "num_tokens": 1, "latency_ms": 5.0}])
+    source, own = bench.light_source(points, "rtx4090")
+    assert source == "llmservingsim" and set(own["op"]) == {"layernorm", "rotary_emb", "act_fn"}
+    light = bench.LightKernels(own, load_models(), bench.LAYER_OPS[source])
+    cells = pl.DataFrame({"model": ["llama-3.1-8b"], "tp": [1], "total_tokens": [1]})
+    assert light.step_ms(cells) == pytest.approx([32 * (2 * 1.0 + 10.0 + 100.0)])
+    source, other = bench.light_source(points, "h200_sxm")
+    assert source == "vidur" and other["op"].to_list() == ["add"]
+
+
+def test_the_sampler_reads_the_nearest_request_count():
+    """Measured at 1, 16 and 256 sequences: 3 requests read 1 (log-nearer than 16), 5 read 16,
+    2,000 read 256, the largest."""
+    bench = load_benchmark("light_kernels")
+    sampler = bench.Sampler(pl.DataFrame({"num_tokens": [256, 1, 16],
+                                          "latency_ms": [0.3, 0.025, 0.03]}))
+    cells = pl.DataFrame({"num_requests": [3, 5, 2000]})
+    assert sampler.step_ms(cells) == pytest.approx([0.025, 0.03, 0.3])
+
+
+@pytest.mark.parametrize(("backend", "version", "added"), [
+    ("vllm", "0.12.0", True), ("vllm", "unknown", True), ("vllm", "0.19.0", False),
+    ("sglang", "0.5.1.post1", False), ("trtllm", "1.0.0rc3", False)])
+def test_the_host_time_holds_sampling_only_where_the_replay_adds_it(bench, backend, version,
+                                                                     added):
+    """vLLM before 0.14.0, and an unrecorded version, has its host time (Vidur's, sampling
+    among it) added to each step; from 0.14.0 it overlaps the step; SGLang and TRT-LLM have
+    none (conf/serving/schedulers.yaml)."""
+    assert bench.host_time_added(backend, version) is added

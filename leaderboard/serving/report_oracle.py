@@ -11,7 +11,7 @@ import polars as pl
 
 from leaderboard import families, metrics, report_leaderboard, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
-from leaderboard.serving.report_light import LIGHT_JSON
+from leaderboard.serving.report_light import LIGHT_JSON, light_kernels_measured
 from leaderboard.serving.report_unknowns import CHOICES_JSON, TARGETS, WAVES_JSON, unknowns_measured
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
@@ -216,9 +216,9 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
              "(negative: the replay is faster than the engine), and its TPOT gap, measured minus oracle, "
              "at the lowest and highest concurrency and per added client (the median over (model, TP, "
              "isl) of a line fitted over their loads). The gap holds what the kernel tables and the vLLM "
-             "host time leave out of a step (light kernels, whose share `benchmarks/light_kernels.py` "
-             "measures below, sampling, host work an overlap scheduler does not hide, "
-             "detokenisation), and also the tables' interpolation and the replay's own error; a "
+             "host time leave out of a step (light kernels and sampling, whose share "
+             "`benchmarks/light_kernels.py` measures below, host work an overlap scheduler does "
+             "not hide, detokenisation), and also the tables' interpolation and the replay's own error; a "
              "gap that grows with the clients points to per-request work. The steady-state TTFT gap is "
              "the same reading of the measured TTFT against the steady state's: what a first token waits "
              "outside the replayed steps, if the clients had drifted fully apart. The engine limits each "
@@ -250,7 +250,9 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
                          "TTFT and TPOT within its thresholds")
                       + ", but its TTFT is mostly queueing; the service time (first token minus "
                       f"first scheduled, TTFT without the queue) is {service.abs().mean():.1f} % "
-                      f"MAPE, signed median {service.median():.1f} %."]
+                      f"MAPE, signed median {service.median():.1f} %."
+                      + (f" Measured: {clause}." if (clause := light_kernels_measured(
+                          dataset, light)) is not None else "")]
             continue
         lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")
                   + (unknowns_measured(dataset, bracket.get(dataset), waves, choices, light)
