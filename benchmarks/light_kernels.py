@@ -46,8 +46,9 @@ norms), so the add read here stands for the traffic a fused norm adds.
 An engine compiled with torch.compile (vLLM V1's default) or TRT-LLM fuses some of these into
 neighbouring kernels (vLLM an FP8 quantization into the RMSNorm before a GEMM), and, but for
 the RTX 4090's, its kernels are not the ones timed. So this is a sensitivity, not a
-measurement of any run. Scores the TTFT and TPOT MAPE and the signed median TPOT error per set
-and backend. Prints markdown; ``--json PATH`` also writes the rows, which the report shows:
+measurement of any run. Scores the TTFT and TPOT MAPE, the signed median TPOT error and the
+TPOT gap per added client (whether they account for its growth) per set and backend. Prints
+markdown; ``--json PATH`` also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/light_kernels.py --json benchmarks/light_kernels.json
 """
@@ -66,6 +67,7 @@ from leaderboard.cells.memory import kv_heads_per_gpu
 from leaderboard.cells.profiles import LAYER_OPS as PROFILED_LAYER_OPS
 from leaderboard.serving import simulate
 from leaderboard.serving.report_light import light_kernels_table
+from leaderboard.serving.report_oracle import measured_gap
 from leaderboard_core import progress
 from leaderboard_core.specs import is_moe, load_models, moe_shapes, tp_shapes
 
@@ -191,9 +193,10 @@ def host_time_added(backend: str, version: str | None) -> bool:
 
 
 def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
-    """Per backend (and all together): the oracle's TTFT / TPOT MAPE and signed median TPOT
-    error (%) on ``dataset``, as the headline replays it, with the light kernels added, and
-    with sampling added too."""
+    """Per backend (and all together): the oracle's TTFT / TPOT MAPE, signed median TPOT error
+    (%) and TPOT gap per added client (µs, as the report's oracle section reads it) on
+    ``dataset``, as the headline replays it, with the light kernels added, and with sampling
+    added too."""
     timer, inputs = oracle_timer(dataset, home)
     targets, models = inputs.target.with_row_index("_target"), load_models()
     source, light_points = light_source(points, inputs.gpu.sku)
@@ -212,7 +215,8 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
                 "sampled": (with_light, with_sampling)}
     held = pl.Series("held", [host_time_added(b, v) for b, v in targets.select(
         "backend", "backend_version").iter_rows()])
-    frame = targets.select("backend", "gt_ttft_ms", "gt_tpot_ms").with_columns(held)
+    frame = targets.select("backend", "model", "tp", "isl", "concurrency", "gt_ttft_ms",
+                           "gt_tpot_ms").with_columns(held)
     for name, (when_held, otherwise) in readings.items():
         ttft, tpot = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
         with progress.track(f"{dataset}: {name}", len(targets)) as bar:
@@ -228,13 +232,20 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
     def error(name: str, phase: str) -> pl.Expr:
         return (pl.col(f"{name}_{phase}") / pl.col(f"gt_{phase}_ms") - 1) * 100
 
-    return (every.group_by("backend", maintain_order=True)
+    rows = (every.group_by("backend", maintain_order=True)
             .agg(n=pl.len(), sampling_added=(~pl.col("held")).sum(),
                  **{f"{name}_{phase}_mape": error(name, phase).abs().mean()
                     for name in readings for phase in ("ttft", "tpot")},
                  **{f"{name}_tpot_signed_median": error(name, "tpot").median() for name in readings})
             .with_columns(dataset=pl.lit(dataset), light_source=pl.lit(
                 f"{source} {light_points['sku'][0]}"), sampler_source=pl.lit(sampled_at)).to_dicts())
+    for row in rows:
+        mine = every.filter(backend=row["backend"])
+        for name in readings:
+            _, slopes = measured_gap(mine.select("model", "tp", "isl", "concurrency",
+                                                 gt_ms="gt_tpot_ms", pred_ms=f"{name}_tpot"))
+            row[f"{name}_tpot_gap_per_client_us"] = 1e3 * float(np.median(slopes)) if slopes else None
+    return rows
 
 
 def main() -> None:

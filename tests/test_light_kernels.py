@@ -67,7 +67,9 @@ ROW = {"dataset": "h100_silicon", "backend": "all", "n": 288, "sampling_added": 
        "light_source": "vidur h100_sxm", "headline_ttft_mape": 40.8, "light_ttft_mape": 39.1,
        "sampled_ttft_mape": 39.4, "headline_tpot_mape": 15.0, "light_tpot_mape": 8.7,
        "sampled_tpot_mape": 8.2, "headline_tpot_signed_median": -14.5,
-       "light_tpot_signed_median": -3.2, "sampled_tpot_signed_median": -2.9}
+       "light_tpot_signed_median": -3.2, "sampled_tpot_signed_median": -2.9,
+       "headline_tpot_gap_per_client_us": 40.0, "light_tpot_gap_per_client_us": 31.5,
+       "sampled_tpot_gap_per_client_us": None}
 
 
 def test_the_report_shows_the_rows_and_each_sets_clause(tmp_path):
@@ -78,7 +80,7 @@ def test_the_report_shows_the_rows_and_each_sets_clause(tmp_path):
                                 "code_version": "abc", "date": "2026-12-05", "seconds": 12.0}))
     text = "\n".join(light_kernels(path))
     assert ("| h100_silicon | all | 288 | vidur h100_sxm | 198 | 40.8 / 39.1 / 39.4 | "
-            "15.0 / 8.7 / 8.2 | -14.5 / -3.2 / -2.9 |") in text
+            "15.0 / 8.7 / 8.2 | -14.5 / -3.2 / -2.9 | 40.0 / 31.5 / — |") in text
     assert "| h100_silicon | vllm | 90 |" in text
     assert text.index("| all |") < text.index("| vllm |")
     clause = light_kernels_measured("h100_silicon", path)

@@ -146,7 +146,7 @@ def oracle_section(oracle: pl.DataFrame, predictions: pl.DataFrame) -> list[str]
     return lines + what_stops_the_oracle(valid)
 
 
-def _gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
+def measured_gap(rows: pl.DataFrame) -> tuple[str, list[float]]:
     """Measured minus predicted (ms): its median at the lowest and highest concurrency, and the
     slopes of lines over concurrency per (model, TP, isl), so that which models ran at which
     loads does not enter."""
@@ -226,8 +226,8 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
     rows = []
     for (dataset, backend), group in mine.group_by("dataset", "backend", maintain_order=True):
         ttft, tpot = group.filter(phase="ttft"), group.filter(phase="tpot")
-        tpot_ends, tpot_slopes = _gap(tpot)
-        steady_ends, steady_slopes = _gap(group.filter(phase="ttft_steady"))
+        tpot_ends, tpot_slopes = measured_gap(tpot)
+        steady_ends, steady_slopes = measured_gap(group.filter(phase="ttft_steady"))
         rows.append([dataset, backend, str(len(ttft)), fmt(ttft["signed_pct"].abs().mean()),
                      fmt(ttft["signed_pct"].median()), fmt(tpot["signed_pct"].abs().mean()),
                      fmt(tpot["signed_pct"].median()), tpot_ends,
