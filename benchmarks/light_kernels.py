@@ -240,10 +240,13 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
             .with_columns(dataset=pl.lit(dataset), light_source=pl.lit(
                 f"{source} {light_points['sku'][0]}"), sampler_source=pl.lit(sampled_at)).to_dicts())
     for row in rows:
-        mine = every.filter(backend=row["backend"])
+        # A line per backend's (model, TP, isl): "all" pools the backends' lines, not their loads.
+        parts = [part for (backend,), part in frame.group_by("backend")
+                 if row["backend"] in ("all", backend)]
         for name in readings:
-            _, slopes = measured_gap(mine.select("model", "tp", "isl", "concurrency",
-                                                 gt_ms="gt_tpot_ms", pred_ms=f"{name}_tpot"))
+            slopes = [slope for part in parts for slope in measured_gap(part.select(
+                "model", "tp", "isl", "concurrency", gt_ms="gt_tpot_ms",
+                pred_ms=f"{name}_tpot"))[1]]
             row[f"{name}_tpot_gap_per_client_us"] = 1e3 * float(np.median(slopes)) if slopes else None
     return rows
 
