@@ -286,9 +286,9 @@ def kv_heads_per_gpu(model: dict, tp: int) -> int:
     neither divides the KV heads nor is a multiple of them is refused, as vLLM refuses it."""
     nkv = model["num_kv_heads"]
     if nkv % tp and tp % nkv:
-        raise SpecError(f"model '{model['name']}' has {nkv} KV heads: TP {tp} neither divides "
-                        "them nor is a multiple of them, which no engine shards; use a TP that "
-                        "does")
+        raise SpecError(f"model '{model.get('name', 'unnamed')}' has {nkv} KV heads: TP {tp} "
+                        "neither divides them nor is a multiple of them, which vLLM's QKV "
+                        "projection refuses; use a TP that does")
     return max(nkv // tp, 1)
 
 
@@ -298,8 +298,8 @@ def tp_shapes(model: dict, tp: int) -> dict[str, tuple[int, int] | int]:
     h, d = model["hidden_size"], model["head_dim"]
     nq, f = model["num_heads"], model["intermediate_size"]
     if nq % tp:
-        raise SpecError(f"model '{model['name']}' has {nq} attention heads, which TP {tp} does "
-                        "not divide; use a TP that does")
+        raise SpecError(f"model '{model.get('name', 'unnamed')}' has {nq} attention heads, "
+                        f"which TP {tp} does not divide; use a TP that does")
     kv = kv_heads_per_gpu(model, tp)
     up = 2 * f if model["gated_mlp"] else f
     return {"qkv": ((nq // tp + 2 * kv) * d, h), "o": (h, nq * d // tp),

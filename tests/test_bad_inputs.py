@@ -139,10 +139,17 @@ def test_a_four_bit_moe_weight_counts_half_a_byte_in_the_dram_floor(tiny):
 
 
 def test_a_dtype_of_no_known_size_stops_the_build_and_names_itself(tiny):
-    """A guessed size would misplace the DRAM floor of every point of that dtype."""
+    """A guessed size would misplace the DRAM floor of every point of that dtype: an unknown
+    GEMM dtype, and a KV cache dtype left empty, each stop the build."""
     tiny.gemm([_gemm_row(8, 1.0), {**_gemm_row(16, 2.0), "gemm_dtype": "fp6_e3m2"}])
     with pytest.raises(BuildError, match=r"gemm_perf.parquet: gemm_dtype 'fp6_e3m2' has no size "
                        r"in bytes; add it to the dtype sizes in leaderboard.ingest.aiconfigurator"):
+        tiny.build(AIC)
+    tiny.gemm([_gemm_row(8, 1.0)])
+    tiny.context_attention([{"batch_size": 1, "isl": 64, "num_heads": 8, "num_key_value_heads": 8,
+                             "latency": 0.1, "kv_cache_dtype": kv} for kv in ("bfloat16", None)])
+    with pytest.raises(BuildError, match=r"context_attention_perf.parquet: kv_cache_dtype None "
+                       r"has no size in bytes"):
         tiny.build(AIC)
 
 

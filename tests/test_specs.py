@@ -158,3 +158,7 @@ def test_tp_shapes_replicate_a_kv_head_where_tp_outnumbers_them_and_refuse_the_r
         specs.kv_heads_per_gpu(model, 3)
     with pytest.raises(specs.SpecError, match="llama-3.1-8b.*32 attention heads, which TP 3"):
         specs.tp_shapes(llama, 3)
+    # 48 query heads split over TP 4, but 6 KV heads neither split over 4 nor replicate evenly
+    odd = {**llama, "name": "odd", "num_heads": 48, "num_kv_heads": 6}
+    with pytest.raises(specs.SpecError, match="'odd' has 6 KV heads: TP 4 neither divides"):
+        specs.tp_shapes(odd, 4)

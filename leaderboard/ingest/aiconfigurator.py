@@ -38,9 +38,12 @@ def _place(file: SourceFile) -> tuple[str, str, str]:
 
 
 def _bytes_of(df: pl.DataFrame, column: str, sizes: dict[str, float], file: SourceFile) -> pl.Expr:
-    """``column``'s dtype names as bytes per element. A name ``sizes`` lacks stops the build:
-    a guessed size would misplace the warm flag's DRAM floor."""
+    """``column``'s dtype names as bytes per element. A name ``sizes`` lacks, or none, stops
+    the build: a guessed size would misplace the warm flag's DRAM floor or, for a collective,
+    its message size, the key it is looked up by."""
     unknown = sorted(set(df[column].drop_nulls().unique()) - set(sizes))
+    if df[column].null_count():
+        unknown.append(None)
     if unknown:
         raise BuildError(f"{file.path}: {column} {', '.join(map(repr, unknown))} has no size in "
                          f"bytes; add it to the dtype sizes in {__name__} (source {file.rel})")
