@@ -63,7 +63,6 @@ import polars as pl
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
 from leaderboard import store
-from leaderboard.cells.memory import kv_heads_per_gpu
 from leaderboard.cells.profiles import LAYER_OPS as PROFILED_LAYER_OPS
 from leaderboard.serving import simulate
 from leaderboard.serving.report_light import light_kernels_table
@@ -90,7 +89,7 @@ def per_token_elements(model: dict, tp: int) -> dict[str, float]:
     """Per kind of light op, the elements it handles per token on one GPU of ``tp``."""
     s = tp_shapes(model, tp)
     return {"hidden": s["hidden"], "act": s["gate_up"][0],
-            "rope": (s["heads"] + kv_heads_per_gpu(model, tp)) * model["head_dim"]}
+            "rope": (s["heads"] + s["kv_heads"]) * model["head_dim"]}
 
 
 def nearest_count(measured: np.ndarray, latency: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -280,11 +280,28 @@ def resolve_model(models: dict[str, dict[str, Any]], spelling: str, context: str
     return index[key]
 
 
+def kv_heads_per_gpu(model: dict, tp: int) -> int:
+    """The KV heads one GPU of ``tp`` holds: its share of them, or one whole head where TP
+    outnumbers them (each GPU then keeps a replica, as vLLM's QKV projection does). A TP that
+    neither divides the KV heads nor is a multiple of them is refused, as vLLM refuses it."""
+    nkv = model["num_kv_heads"]
+    if nkv % tp and tp % nkv:
+        raise SpecError(f"model '{model.get('name', 'unnamed')}' has {nkv} KV heads: TP {tp} "
+                        "neither divides them nor is a multiple of them, which vLLM's QKV "
+                        "projection refuses; use a TP that does")
+    return max(nkv // tp, 1)
+
+
 def tp_shapes(model: dict, tp: int) -> dict[str, tuple[int, int] | int]:
-    """Per-GPU GEMM (n, k) and attention heads under Megatron TP sharding."""
+    """Per-GPU GEMM (n, k) and attention heads under Megatron TP sharding (a KV head replicated
+    where TP outnumbers them). A TP that does not divide the query heads is refused."""
     h, d = model["hidden_size"], model["head_dim"]
-    nq, nkv, f = model["num_heads"], model["num_kv_heads"], model["intermediate_size"]
+    nq, f = model["num_heads"], model["intermediate_size"]
+    if nq % tp:
+        raise SpecError(f"model '{model.get('name', 'unnamed')}' has {nq} attention heads, "
+                        f"which TP {tp} does not divide; use a TP that does")
+    kv = kv_heads_per_gpu(model, tp)
     up = 2 * f if model["gated_mlp"] else f
-    return {"qkv": ((nq + 2 * nkv) * d // tp, h), "o": (h, nq * d // tp),
+    return {"qkv": ((nq // tp + 2 * kv) * d, h), "o": (h, nq * d // tp),
             "gate_up": (up // tp, h), "down": (h, f // tp),
-            "heads": nq // tp, "kv_heads": nkv // tp, "hidden": h}
+            "heads": nq // tp, "kv_heads": kv, "hidden": h}

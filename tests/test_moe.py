@@ -250,6 +250,9 @@ def _silicon_row(**change) -> dict:
     ({"model": "gpt-oss-120b", "precision": "fp4", "tp": 1}, "sliding-window attention"),
     ({"model": "gpt-oss-120b", "precision": "fp8", "backend": "trtllm"}, "MoE on trtllm"),
     ({"model": "gpt-oss-120b", "precision": "fp8", "tp": 2}, "sliding-window attention"),
+    # a dense row whose TP does not shard its heads is left out with the reason, not a crash
+    ({"model": "llama-3.1-8b", "precision": "bf16", "tp": 3},
+     "32 attention heads, which TP 3 does not divide"),
 ])
 def test_which_moe_serving_runs_are_replayed(change, says):
     from leaderboard.serving.datasets import exclusion

@@ -834,8 +834,10 @@ def test_a_decode_floor_is_the_bytes_a_step_reads_over_the_datasheet_bandwidth()
     kv = 3 * (100 + 20) * 2 * 2 * 1 * 16 * 2
     floor = artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 3, 100, 40, gpu)
     assert floor == pytest.approx((weights + kv) / 1e9 * 1e3)
-    # TP 4: weights a quarter, LM head 1000 x 64 / 4 x 2; the KV the same, one head per GPU
-    quarter = 2 * (64 * 32 + 64 * 16 + 64 * 64 + 64 * 32) + 1000 * 64 // 4 * 2
+    # TP 4: qkv (4 / 4 + 2 x 1) x 16 x 64 (each GPU keeps one of the 2 KV heads whole, as
+    # vLLM's QKV projection does), the others a quarter, LM head 1000 x 64 / 4 x 2; the KV the
+    # same, one head per GPU
+    quarter = 2 * (64 * 48 + 64 * 16 + 64 * 64 + 64 * 32) + 1000 * 64 // 4 * 2
     assert artefacts.decode_floor_ms(TOY_MODEL, 4, "fp8", 3, 100, 40, gpu) == pytest.approx(
         (quarter + kv) / 1e6)
     # 0.9 GiB less weights (layers, LM head and embedding) holds N tokens of 128 bytes; the

@@ -137,3 +137,28 @@ def test_every_config_in_conf_composes():
                 assert "sources" in cfg
                 if overrides:
                     assert cfg.sources.root == "/x" and cfg.gpu_specs == "/y"
+
+
+def test_tp_shapes_replicate_a_kv_head_where_tp_outnumbers_them_and_refuse_the_rest():
+    """Qwen3-235B-A22B: 64 query heads, 4 KV heads, head size 128. At TP 4 each GPU holds 16 + 1
+    heads and its QKV projection writes (16 + 2 x 1) x 128 = 2,304 wide; at TP 8 each holds 8
+    query heads and one KV head, a replica (vLLM's QKV projection keeps one KV head per GPU),
+    (8 + 2 x 1) x 128 = 1,280 wide, where sharding all 4 over 8 would give 0 KV heads and
+    (64 + 8) x 128 / 8 = 1,152. TP 3 shards neither 64 query heads nor 4 KV heads; Llama-3.1-8B
+    at TP 16 has 32 / 16 query heads and a KV head replicated twice (8 KV heads), but at TP 3
+    its 32 query heads do not split."""
+    model = specs.load_models()["qwen3-235b-a22b"]
+    assert (model["num_heads"], model["num_kv_heads"], model["head_dim"]) == (64, 4, 128)
+    at4, at8 = specs.tp_shapes(model, 4), specs.tp_shapes(model, 8)
+    assert (at4["heads"], at4["kv_heads"], at4["qkv"][0]) == (16, 1, 2304)
+    assert (at8["heads"], at8["kv_heads"], at8["qkv"][0]) == (8, 1, 1280)
+    llama = specs.load_models()["llama-3.1-8b"]
+    assert specs.tp_shapes(llama, 16)["kv_heads"] == 1
+    with pytest.raises(specs.SpecError, match="qwen3-235b-a22b.*4 KV heads: TP 3 neither divides"):
+        specs.kv_heads_per_gpu(model, 3)
+    with pytest.raises(specs.SpecError, match="llama-3.1-8b.*32 attention heads, which TP 3"):
+        specs.tp_shapes(llama, 3)
+    # 48 query heads split over TP 4, but 6 KV heads neither split over 4 nor replicate evenly
+    odd = {**llama, "name": "odd", "num_heads": 48, "num_kv_heads": 6}
+    with pytest.raises(specs.SpecError, match="'odd' has 6 KV heads: TP 4 neither divides"):
+        specs.tp_shapes(odd, 4)

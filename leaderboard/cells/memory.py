@@ -9,7 +9,7 @@ Memory sizes in the specs are binary gigabytes (an "80 GB" HBM3 stack holds 80 G
 
 from __future__ import annotations
 
-from leaderboard_core.specs import is_moe, moe_shapes, tp_shapes
+from leaderboard_core.specs import is_moe, kv_heads_per_gpu, moe_shapes, tp_shapes
 
 UTILIZATION = 0.9
 BF16_BYTES = 2
@@ -45,12 +45,6 @@ def weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
     embeddings = 1 if model.get("tied_embeddings") else 2
     return (model["num_layers"] * layer_weight_bytes(model, tp, gemm_dtype)
             + embeddings * lm_head_bytes(model, tp))
-
-
-def kv_heads_per_gpu(model: dict, tp: int) -> int:
-    """The KV heads one GPU of ``tp`` holds: its share of them (rounded down where TP does not
-    divide them), or one whole head where TP outnumbers them (each GPU then keeps a replica)."""
-    return max(model["num_kv_heads"] // tp, 1)
 
 
 def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> float:

@@ -12,7 +12,7 @@ from leaderboard.cells.common import PHASES, family_configs, phase_counts, rende
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid
 from leaderboard_core.layer_work import light_kernel_elements, routed_experts
-from leaderboard_core.specs import GpuSpec, is_moe, moe_shapes, tp_shapes
+from leaderboard_core.specs import GpuSpec, is_moe, kv_heads_per_gpu, moe_shapes, tp_shapes
 from leaderboard_core.versioning import release
 
 
@@ -97,7 +97,7 @@ def light_kernel_share(model: dict, tp: int, q_lens: list[int], ctx_lens: list[i
     weights the step reads, of an MoE layer only the experts some token routes to; each GEMM's
     bf16 input and output; attention's Q and O; the KV cache)."""
     s, tokens, layers = tp_shapes(model, tp), sum(q_lens), model["num_layers"]
-    kv_width = memory.kv_heads_per_gpu(model, tp) * model["head_dim"]
+    kv_width = kv_heads_per_gpu(model, tp) * model["head_dim"]
     q_width = model["num_heads"] * model["head_dim"] / tp
     attention = [s["qkv"], s["o"]]
     dense = [s["gate_up"], s["down"]]

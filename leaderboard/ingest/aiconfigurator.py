@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import polars as pl
 
-from leaderboard.ingest.base import Adapter, IngestContext, provenance, read_table
+from leaderboard.ingest.base import Adapter, BuildError, IngestContext, provenance, read_table
 from leaderboard.sources import SourceFile
 from leaderboard_core.specs import KV_CACHE_BYTES
 
 ROOT = "ai-dynamo__aiconfigurator/aic-core/src/aiconfigurator_core/systems/data"
 SOURCE = "aiconfigurator"
 
-# Bytes per element read by a GEMM's inputs; outputs are written in bf16.
+# Bytes per element read by a GEMM's inputs (a fused-MoE layer's: its weights); outputs are
+# written in bf16. A 4-bit weight format counts half a byte whatever its activations' width.
 GEMM_INPUT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8": 1.0,
                     "int4_wo": 0.5, "nvfp4": 0.5, "w4a8_awq": 0.5,
-                    "w4a16_mxfp4": 0.5}
+                    "w4a16_mxfp4": 0.5, "w4a8_mxfp4_mxfp8": 0.5}
 COMM_DTYPE_BYTES = {"bfloat16": 2, "half": 2, "float16": 2, "int8": 1, "fp8": 1, "float": 4}
 # A point faster than DRAM can stream its working set once: its operands stayed in L2 between
 # the timed repeats (a forward pass reads them cold). Real; kept, flagged.
@@ -36,11 +37,24 @@ def _place(file: SourceFile) -> tuple[str, str, str]:
     return parts[-5], parts[-3], parts[-2]
 
 
+def _bytes_of(df: pl.DataFrame, column: str, sizes: dict[str, float], file: SourceFile) -> pl.Expr:
+    """``column``'s dtype names as bytes per element. A name ``sizes`` lacks, or none, stops
+    the build: a guessed size would misplace the warm flag's DRAM floor or, for a collective,
+    its message size, the key it is looked up by."""
+    unknown = sorted(set(df[column].drop_nulls().unique()) - set(sizes))
+    if df[column].null_count():
+        unknown.append(None)
+    if unknown:
+        raise BuildError(f"{file.path}: {column} {', '.join(map(repr, unknown))} has no size in "
+                         f"bytes; add it to the dtype sizes in {__name__} (source {file.rel})")
+    return pl.col(column).replace_strict(sizes, return_dtype=pl.Float64)
+
+
 def _gemm(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
     sku, backend, version = _place(file)
     gpu = ctx.gpu(sku, file)
     df = read_table(file, ["m", "n", "k", "gemm_dtype", "latency"])
-    in_bytes = pl.col("gemm_dtype").replace_strict(GEMM_INPUT_BYTES, default=2.0)
+    in_bytes = _bytes_of(df, "gemm_dtype", GEMM_INPUT_BYTES, file)
     moved = in_bytes * (pl.col("m") * pl.col("k") + pl.col("k") * pl.col("n")) + 2.0 * pl.col(
         "m") * pl.col("n")
     df = df.select(
@@ -55,11 +69,10 @@ def _warm(bytes_moved: pl.Expr, gpu) -> pl.Expr:
     return pl.when(pl.col("latency") < dram_floor_ms).then(pl.lit(WARM_FLAG))
 
 
-def _attention_bytes(prefill: bool, columns: list[str]) -> pl.Expr:
+def _attention_bytes(prefill: bool, columns: list[str], kv: pl.Expr) -> pl.Expr:
     """The cold working set: prefill reads Q, K, V and writes O of every prompt token; decode
     reads the KV cache (K and V) of every request, its last ``window_size`` tokens only under
-    sliding-window attention."""
-    kv = pl.col("kv_cache_dtype").replace_strict(KV_CACHE_BYTES, default=2.0)
+    sliding-window attention. ``kv``: the KV cache's bytes per element."""
     heads, kv_heads, d = pl.col("num_heads"), pl.col("num_key_value_heads"), pl.col("head_dim")
     kv_heads = pl.when(kv_heads == 0).then(heads).otherwise(kv_heads)
     if prefill:
@@ -83,7 +96,8 @@ def _attention(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]
         # A key listed with 0 KV heads means "same as query heads" (MHA): normalize it.
         num_kv_heads=pl.when(pl.col("num_key_value_heads") == 0).then(pl.col("num_heads"))
         .otherwise(pl.col("num_key_value_heads")),
-        head_dim="head_dim", latency_ms="latency", flags=_warm(_attention_bytes(prefill, df.columns), gpu),
+        head_dim="head_dim", latency_ms="latency", flags=_warm(_attention_bytes(
+            prefill, df.columns, _bytes_of(df, "kv_cache_dtype", KV_CACHE_BYTES, file)), gpu),
         window_size=optional.get("window_size", pl.lit(0)),
         power_w=optional.get("power", pl.lit(None)),
         power_limit_w=optional.get("power_limit", pl.lit(None)),
@@ -104,7 +118,7 @@ def _collective(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame
         backend=pl.lit("nccl") if nccl else pl.col("backend"),
         num_gpus="num_gpus", devices_per_node="num_gpus", dtype=pl.col(dtype_col),
         message_bytes=pl.col("message_size")
-        * pl.col(dtype_col).replace_strict(COMM_DTYPE_BYTES, default=2),
+        * _bytes_of(df, dtype_col, COMM_DTYPE_BYTES, file).cast(pl.Int64),
         latency_ms="latency",
     )
     df = provenance(df.drop("backend"), file, SOURCE, sku, "nccl", version, "median").with_columns(
@@ -121,7 +135,7 @@ def _moe(file: SourceFile, ctx: IngestContext) -> tuple[str, pl.DataFrame]:
     df = read_table(file, ["moe_dtype", "kernel_source", "num_tokens", "hidden_size", "inter_size",
                            "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
                            "latency"])
-    w_bytes = pl.col("moe_dtype").replace_strict(GEMM_INPUT_BYTES, default=2.0)
+    w_bytes = _bytes_of(df, "moe_dtype", GEMM_INPUT_BYTES, file)
     local = pl.col("num_experts") / pl.col("moe_ep_size")
     # Balanced routing touches every expert it can (on one GPU of an expert-parallel group, its
     # share of the routed rows: tokens x top-k / EP); skewed routing may pile the tokens onto a

@@ -23,7 +23,7 @@ from leaderboard.cells import memory
 from leaderboard.cells.common import render_card, source_lines
 from leaderboard.cells.fp8_check import block_ratios
 from leaderboard.serving import artefacts
-from leaderboard_core.specs import GpuSpec, is_moe, load_models, uncomposable_reason
+from leaderboard_core.specs import GpuSpec, SpecError, is_moe, load_models, uncomposable_reason
 from leaderboard_core.versioning import content_hash, release
 
 SUPPORTED_PRECISIONS = ("bf16", "fp8")
@@ -61,8 +61,11 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict]) -> s
                 "backends' FP8 kernels are not checked against a measured table yet)")
     if row["sku"] not in gpus:
         return "no conf/gpu spec for the GPU"
-    if memory.weight_bytes(model, row["tp"], row["precision"]) > (
-            memory.UTILIZATION * gpus[row["sku"]]["mem_gb"] * 2**30):
+    try:
+        weights = memory.weight_bytes(model, row["tp"], row["precision"])
+    except SpecError as exc:  # a TP that does not shard the model's heads
+        return str(exc)
+    if weights > memory.UTILIZATION * gpus[row["sku"]]["mem_gb"] * 2**30:
         return (f"weights alone above {memory.UTILIZATION:.0%} of TP{row['tp']} x "
                 f"{gpus[row['sku']]['mem_gb']} GiB (the run's parallelism is not what it states)")
     if (row["pp"] or 1) > 1 or (row["attention_dp"] or 1) > 1:

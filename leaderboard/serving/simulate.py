@@ -18,7 +18,7 @@ from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
 from leaderboard_core import paths
-from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec
+from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec, kv_heads_per_gpu
 from leaderboard_core.versioning import release
 
 CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
@@ -52,7 +52,7 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     them."""
     total, weights = float(gpu["mem_gb"]) * 2**30, memory.weight_bytes(m, tp, gemm_dtype)
     free = tp * (fraction * (total - weights) if of_free else fraction * total - weights)
-    per_token = (2 * m["num_layers"] * tp * memory.kv_heads_per_gpu(m, tp) * m["head_dim"]
+    per_token = (2 * m["num_layers"] * tp * kv_heads_per_gpu(m, tp) * m["head_dim"]
                  * KV_CACHE_BYTES[kv_cache_dtype(conf)])
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
