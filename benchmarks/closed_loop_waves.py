@@ -89,9 +89,9 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
 
 
 def oracle_sets(closed_only: bool = True) -> list[tuple[str, str]]:
-    """Every serving set of closed loops (or, with ``closed_only`` false, every serving set)
-    that has an oracle, with the step set the oracle fits on (a run of recorded arrivals has no
-    unstated loop length or launch flags to try)."""
+    """Every serving set that has an oracle, with the step set the oracle fits on: only those
+    of closed loops unless ``closed_only`` is false (for the loop-length and launch-flag
+    benchmarks: a run of recorded arrivals has no unstated loop length or launch flags)."""
     with StoreCatalog() as catalog:
         rows = catalog.datasets()
         chosen = {n for n, r in rows.items() if r["kind"] == "serving" and (

@@ -18,8 +18,8 @@ none of them on any GPU. Two pinned sources time light kernels as an engine runs
   counts it), the rotary embedding and the activation, and the sampler at 1 to 256 sequences.
   Read for ``rtx4090_serving``, a vLLM 0.19 run of that model on that GPU: the one set whose
   own GPU, engine and version have them timed, so the one direct check. Its sampler, the only
-  one timed, is read for every set, unscaled (the datacenter GPUs' memory is 3 to 8 times the
-  RTX 4090's, so there it likely costs less).
+  one timed, is read for every set, unscaled (the datacenter GPUs' memory bandwidth is 3 to 8
+  times the RTX 4090's, so there it likely costs less).
 
 LLMServingSim's v0 profile (``layers.csv``) of the H100 times Hugging Face modules, whose
 RMSNorm is several elementwise kernels (17 to 19 µs a norm at one token, against Vidur's 4 to
@@ -152,9 +152,14 @@ class LightKernels:
 
 class Sampler:
     """Each step's sampling time (ms): the measured sampler at the sequence count nearest the
-    step's requests."""
+    step's requests. ``points``: one profile's (GPU, model, TP) sampler, never several pooled."""
 
     def __init__(self, points: pl.DataFrame):
+        profiles = points.select("sku", "model", "tp").unique()
+        if len(profiles) != 1:
+            raise ValueError(f"expected one sampler profile, found {len(profiles)}: "
+                             f"{profiles.rows()}; choose which one a step reads")
+        self.profile = profiles.row(0, named=True)
         ordered = points.sort("num_tokens")
         self.counts, self.latency = ordered["num_tokens"].to_numpy(), ordered["latency_ms"].to_numpy()
 
@@ -166,15 +171,16 @@ class Sampler:
 def measured_points() -> pl.DataFrame:
     """Every light op and sampler an engine timed: Vidur's H100 points and the vLLM profiles."""
     with store.connect() as con:
-        return con.sql("SELECT source, sku, backend_version, op, model, tp, num_tokens, latency_ms "
+        return con.sql("SELECT source, sku, op, model, tp, num_tokens, latency_ms "
                        "FROM model_ops WHERE kv_len = 0 AND ((source = 'vidur' AND sku = ? AND "
                        "op_family = 'light') OR (source = 'llmservingsim' AND backend = 'vllm' "
                        "AND op_family IN ('light', 'sampler')))", params=[VIDUR_GPU]).pl()
 
 
 def light_source(points: pl.DataFrame, sku: str) -> tuple[str, pl.DataFrame]:
-    """The light kernels a set on ``sku`` reads: the GPU's own, timed in vLLM, where any; else
-    Vidur's H100. Returns the source's name and its points."""
+    """The light kernels a set on ``sku`` reads: the GPU's own, timed in vLLM, where any (the
+    RTX 4090's, at vLLM 0.19.0, the version of its serving run); else Vidur's H100. Returns the
+    source's name and its points."""
     own = points.filter(source="llmservingsim", sku=sku).filter(
         pl.col("op").is_in(list(LAYER_OPS["llmservingsim"])))
     if len(own):
@@ -191,6 +197,19 @@ def host_time_added(backend: str, version: str | None) -> bool:
     return bool(timed(probe)[0] > LONG_STEP_MS)
 
 
+def predict_parts(targets: pl.DataFrame, held: pl.Series, timers: tuple, predict
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """TTFT and TPOT per row of ``targets`` (which carry their row number in ``_target``): the
+    ``held`` rows predicted with ``timers[0]``, the others with ``timers[1]``, by
+    ``predict(part, timer) -> (ttft, tpot)`` in the part's row order, put back in place."""
+    ttft, tpot = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
+    for part, step_timer in ((targets.filter(held), timers[0]), (targets.filter(~held), timers[1])):
+        if len(part):
+            at = part["_target"].to_numpy()
+            ttft[at], tpot[at] = predict(part, step_timer)
+    return ttft, tpot
+
+
 def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
     """Per backend (and all together): the oracle's TTFT / TPOT MAPE, signed median TPOT error
     (%) and TPOT gap per added client (µs, as the report's oracle section reads it) on
@@ -201,7 +220,6 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
     source, light_points = light_source(points, inputs.gpu.sku)
     light = LightKernels(light_points, models, LAYER_OPS[source])
     sampler = Sampler(points.filter(op="sampler"))
-    sampled_at = "+".join(sorted(set(points.filter(op="sampler")["sku"])))
 
     def with_light(cells: pl.DataFrame) -> np.ndarray:
         return timer(cells) + light.step_ms(cells)
@@ -216,29 +234,26 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
         "backend", "backend_version").iter_rows()])
     frame = targets.select("backend", "model", "tp", "isl", "concurrency", "gt_ttft_ms",
                            "gt_tpot_ms").with_columns(held)
-    for name, (when_held, otherwise) in readings.items():
-        ttft, tpot = np.full(len(targets), np.nan), np.full(len(targets), np.nan)
+    for name, timers in readings.items():
         with progress.track(f"{dataset}: {name}", len(targets)) as bar:
-            for part, step_timer in ((targets.filter(held), when_held),
-                                     (targets.filter(~held), otherwise)):
-                if len(part):
-                    rows = part["_target"].to_numpy()
-                    ttft[rows], tpot[rows], _, _ = simulate.predict_targets(
-                        part, models, inputs.gpu, step_timer, progress=bar.advance)
+            ttft, tpot = predict_parts(targets, held, timers, lambda part, step_timer: (
+                simulate.predict_targets(part, models, inputs.gpu, step_timer,
+                                         progress=bar.advance)[:2]))
         frame = frame.with_columns(pl.Series(f"{name}_ttft", ttft), pl.Series(f"{name}_tpot", tpot))
     every = pl.concat([frame.with_columns(backend=pl.lit("all")), frame])
 
     def error(name: str, phase: str) -> pl.Expr:
         return (pl.col(f"{name}_{phase}") / pl.col(f"gt_{phase}_ms") - 1) * 100
 
-    rows = (every.group_by("backend", maintain_order=True)
+    found = (every.group_by("backend", maintain_order=True)
             .agg(n=pl.len(), sampling_added=(~pl.col("held")).sum(),
                  **{f"{name}_{phase}_mape": error(name, phase).abs().mean()
                     for name in readings for phase in ("ttft", "tpot")},
                  **{f"{name}_tpot_signed_median": error(name, "tpot").median() for name in readings})
             .with_columns(dataset=pl.lit(dataset), light_source=pl.lit(
-                f"{source} {light_points['sku'][0]}"), sampler_source=pl.lit(sampled_at)).to_dicts())
-    for row in rows:
+                f"{source} {light_points['sku'][0]}"), sampler_source=pl.lit(
+                sampler.profile["sku"])).to_dicts())
+    for row in found:
         # A line per backend's (model, TP, isl): "all" pools the backends' lines, not their loads.
         parts = [part for (backend,), part in frame.group_by("backend")
                  if row["backend"] in ("all", backend)]
@@ -247,7 +262,7 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
                 "model", "tp", "isl", "concurrency", gt_ms="gt_tpot_ms",
                 pred_ms=f"{name}_tpot"))[1]]
             row[f"{name}_tpot_gap_per_client_us"] = 1e3 * float(np.median(slopes)) if slopes else None
-    return rows
+    return found
 
 
 def main() -> None:

@@ -64,6 +64,7 @@ def test_an_moe_model_counts_its_activation_on_its_dense_layers_only(bench):
 
 
 ROW = {"dataset": "h100_silicon", "backend": "all", "n": 288, "sampling_added": 198,
+       "sampler_source": "rtx4090",
        "light_source": "vidur h100_sxm", "headline_ttft_mape": 40.8, "light_ttft_mape": 39.1,
        "sampled_ttft_mape": 39.4, "headline_tpot_mape": 15.0, "light_tpot_mape": 8.7,
        "sampled_tpot_mape": 8.2, "headline_tpot_signed_median": -14.5,
@@ -87,10 +88,15 @@ def test_the_report_shows_the_rows_and_each_sets_clause(tmp_path):
     assert "(vidur h100_sxm)" in clause
     assert "39.1 % TTFT and 8.7 % TPOT against 40.8 % and 15.0 %" in clause
     assert "-3.2 % against -14.5 %" in clause
-    assert "sampler on 198 of its 288 targets too 39.4 % and 8.2 %" in clause
+    assert "the rtx4090 sampler on 198 of its 288 targets too 39.4 % and 8.2 %" in clause
     assert light_kernels_measured("h200_silicon_fp8", path) is None
     said = unknowns_measured("h100_silicon", None, tmp_path / "none", tmp_path / "none", path)
     assert said.startswith(" Measured: ") and clause in said
+    path.write_text(json.dumps({"rows": [{**ROW, "sampling_added": 0}], "code_version": "abc",
+                                "date": "2026-12-05", "seconds": 12.0}))
+    none_added = light_kernels_measured("h100_silicon", path)
+    assert none_added.endswith("no sampler is added, as the replay's host time of every one of "
+                               "its runs already holds sampling") and "39.4" not in none_added
 
 
 def test_only_layers_built_alike_are_read_and_a_replicated_kv_head_counts(bench):
@@ -136,18 +142,64 @@ def test_a_vllm_profile_counts_its_norm_twice_a_layer_and_is_read_for_its_own_gp
     assert source == "vidur" and other["op"].to_list() == ["add"]
 
 
-def test_the_sampler_reads_the_nearest_request_count():
+def test_the_recorded_arrivals_line_carries_its_light_kernel_clause(tmp_path):
+    """``rtx4090_serving``'s line in the oracle's section ends with what its own GPU's light
+    kernels give, from the benchmark's JSON."""
+    from leaderboard.serving import report_oracle
+
+    rows = pl.DataFrame({
+        "dataset": "rtx4090_serving", "backend": "vllm", "model": "llama-3.1-8b", "tp": 1,
+        "isl": [100, 900] * 3, "concurrency": pl.Series([None] * 6, dtype=pl.Int64),
+        "workload_id": [0, 1] * 3, "phase": ["ttft"] * 2 + ["tpot"] * 2 + ["service"] * 2,
+        "pred_ms": [1000.0, 2000.0, 10.0, 10.0, 80.0, 60.0],
+        "gt_ms": [1000.0, 2000.0, 10.0, 10.0, 100.0, 100.0]}).with_columns(
+        signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
+    light = tmp_path / "light.json"
+    light.write_text(json.dumps({"rows": [{**ROW, "dataset": "rtx4090_serving", "n": 300,
+                                           "sampling_added": 300,
+                                           "light_source": "llmservingsim rtx4090"}]}))
+    text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
+                                                         light))
+    line = next(x for x in text.splitlines() if x.startswith("`rtx4090_serving`"))
+    assert "MAPE, signed median -30.0 %. Measured: the light kernels (llmservingsim rtx4090)" \
+        in line and line.endswith("on 300 of its 300 targets too 39.4 % and 8.2 %.")
+
+
+def test_the_sampler_reads_the_nearest_request_count_of_one_profile(bench):
     """Measured at 1, 16 and 256 sequences: 3 requests read 1 (log-nearer than 16), 5 read 16,
-    2,000 read 256, the largest."""
-    bench = load_benchmark("light_kernels")
-    sampler = bench.Sampler(pl.DataFrame({"num_tokens": [256, 1, 16],
-                                          "latency_ms": [0.3, 0.025, 0.03]}))
+    2,000 read 256, the largest. A second profile (another GPU) is never pooled in."""
+    points = pl.DataFrame({"sku": "rtx4090", "model": "llama-3.1-8b", "tp": 1,
+                           "num_tokens": [256, 1, 16], "latency_ms": [0.3, 0.025, 0.03]})
+    sampler = bench.Sampler(points)
     cells = pl.DataFrame({"num_requests": [3, 5, 2000]})
     assert sampler.step_ms(cells) == pytest.approx([0.025, 0.03, 0.3])
+    assert sampler.profile == {"sku": "rtx4090", "model": "llama-3.1-8b", "tp": 1}
+    with pytest.raises(ValueError, match="expected one sampler profile, found 2"):
+        bench.Sampler(pl.concat([points, points.with_columns(sku=pl.lit("rtx_pro_6000"))]))
+
+
+def test_held_and_other_targets_are_predicted_apart_and_put_back_in_place(bench):
+    """Rows 0, 2 and 3 held, 1 and 4 not: each part goes to ``predict`` with its own timer, in
+    its own order, and every row gets its own part's answer back (here the row number, plus
+    100 for the held timer's)."""
+    targets = pl.DataFrame({"run": ["a", "b", "a", "c", "b"]}).with_row_index("_target")
+    held = pl.Series([True, False, True, True, False])
+    calls = []
+
+    def predict(part, timer):
+        calls.append((part["_target"].to_list(), timer))
+        at = part["_target"].to_numpy().astype(float)
+        return at + (100 if timer == "held" else 0), -at
+
+    ttft, tpot = bench.predict_parts(targets, held, ("held", "other"), predict)
+    assert calls == [([0, 2, 3], "held"), ([1, 4], "other")]
+    assert ttft.tolist() == [100.0, 1.0, 102.0, 103.0, 4.0]
+    assert tpot.tolist() == [-0.0, -1.0, -2.0, -3.0, -4.0]
 
 
 @pytest.mark.parametrize(("backend", "version", "added"), [
-    ("vllm", "0.12.0", True), ("vllm", "unknown", True), ("vllm", "0.19.0", False),
+    ("vllm", "0.12.0", True), ("vllm", "unknown", True), ("vllm", None, True),
+    ("vllm", "0.14.0", False), ("vllm", "0.19.0", False),
     ("sglang", "0.5.1.post1", False), ("trtllm", "1.0.0rc3", False)])
 def test_the_host_time_holds_sampling_only_where_the_replay_adds_it(bench, backend, version,
                                                                      added):

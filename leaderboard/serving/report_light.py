@@ -60,8 +60,9 @@ def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
             "`rtx4090_serving`, a sensitivity, not a measurement of the runs. A negative signed "
             "median: the replay is faster than the engine. The TPOT gap per client is read as "
             "in the oracle's section above (measured minus replayed TPOT, the median slope over "
-            "(model, TP, isl) of a line over the loads): what the added kernels leave of it "
-            "grows with the clients by other work.",
+            "each backend's (model, TP, isl) of a line over the loads): where it stays positive "
+            "after the added kernels, the measured TPOT grows with the clients by other work; "
+            "where it turns negative, the added kernels grow faster than the measured TPOT.",
             "", *light_kernels_table(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
@@ -76,14 +77,18 @@ def light_kernels_measured(dataset: str, path: Path = LIGHT_JSON) -> str | None:
                None)
     if row is None:
         return None
-    return (f"the light kernels ({row['light_source']}) added to every step "
+    said = (f"the light kernels ({row['light_source']}) added to every step "
             f"(`benchmarks/light_kernels.py`) give {fmt(row['light_ttft_mape'])} % TTFT and "
             f"{fmt(row['light_tpot_mape'])} % TPOT against {fmt(row['headline_ttft_mape'])} % and "
             f"{fmt(row['headline_tpot_mape'])} % (signed median TPOT "
             f"{fmt(row['light_tpot_signed_median'])} % against "
-            f"{fmt(row['headline_tpot_signed_median'])} %), and with the RTX 4090's sampler on "
-            f"{row['sampling_added']} of its {row['n']} targets too {fmt(row['sampled_ttft_mape'])} "
-            f"% and {fmt(row['sampled_tpot_mape'])} %")
+            f"{fmt(row['headline_tpot_signed_median'])} %)")
+    if not row["sampling_added"]:
+        return said + ("; no sampler is added, as the replay's host time of every one of its "
+                       "runs already holds sampling")
+    return (f"{said}, and with the {row['sampler_source']} sampler on {row['sampling_added']} of "
+            f"its {row['n']} targets too {fmt(row['sampled_ttft_mape'])} % and "
+            f"{fmt(row['sampled_tpot_mape'])} %")
 
 
 # Presents results, never changes a run's numbers: versioning.code_hash skips this file.
