@@ -142,29 +142,6 @@ def test_a_vllm_profile_counts_its_norm_twice_a_layer_and_is_read_for_its_own_gp
     assert source == "vidur" and other["op"].to_list() == ["add"]
 
 
-def test_the_recorded_arrivals_line_carries_its_light_kernel_clause(tmp_path):
-    """``rtx4090_serving``'s line in the oracle's section ends with what its own GPU's light
-    kernels give, from the benchmark's JSON."""
-    from leaderboard.serving import report_oracle
-
-    rows = pl.DataFrame({
-        "dataset": "rtx4090_serving", "backend": "vllm", "model": "llama-3.1-8b", "tp": 1,
-        "isl": [100, 900] * 3, "concurrency": pl.Series([None] * 6, dtype=pl.Int64),
-        "workload_id": [0, 1] * 3, "phase": ["ttft"] * 2 + ["tpot"] * 2 + ["service"] * 2,
-        "pred_ms": [1000.0, 2000.0, 10.0, 10.0, 80.0, 60.0],
-        "gt_ms": [1000.0, 2000.0, 10.0, 10.0, 100.0, 100.0]}).with_columns(
-        signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
-    light = tmp_path / "light.json"
-    light.write_text(json.dumps({"rows": [{**ROW, "dataset": "rtx4090_serving", "n": 300,
-                                           "sampling_added": 300,
-                                           "light_source": "llmservingsim rtx4090"}]}))
-    text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
-                                                         light))
-    line = next(x for x in text.splitlines() if x.startswith("`rtx4090_serving`"))
-    assert "MAPE, signed median -30.0 %. Measured: the light kernels (llmservingsim rtx4090)" \
-        in line and line.endswith("on 300 of its 300 targets too 39.4 % and 8.2 %.")
-
-
 def test_the_sampler_reads_the_nearest_request_count_of_one_profile(bench):
     """Measured at 1, 16 and 256 sequences: 3 requests read 1 (log-nearer than 16), 5 read 16,
     2,000 read 256, the largest. A second profile (another GPU) is never pooled in."""

@@ -1005,7 +1005,8 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
 
 def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_time(tmp_path):
     """Recorded arrivals (no concurrency, a prompt length per request): no gap by load, and the
-    verdict gives the service time's error, here 20 % and 40 % short: mean 30, median -30."""
+    verdict gives the service time's error, here 20 % and 40 % short: mean 30, median -30; with
+    the light-kernel benchmark's JSON, the line ends with what its own GPU's kernels give."""
     from leaderboard.serving import report_oracle
 
     rows = pl.DataFrame({
@@ -1023,6 +1024,21 @@ def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_t
            "TPOT within its thresholds" in text and "met" not in text
     assert "service time (first token minus first scheduled, TTFT without the queue) is 30.0 % " \
            "MAPE, signed median -30.0 %" in text
+    light = tmp_path / "light.json"
+    light.write_text(json.dumps({"rows": [{
+        "dataset": "rtx4090_serving", "backend": "all", "n": 300, "sampling_added": 300,
+        "light_source": "llmservingsim rtx4090", "sampler_source": "rtx4090",
+        **{f"{name}_{metric}": value for name, shift in (("headline", 0.0), ("light", -2.0),
+                                                         ("sampled", -2.5))
+           for metric, value in (("ttft_mape", 8.0 + shift), ("tpot_mape", 5.0 + shift),
+                                 ("tpot_signed_median", -3.0 - shift))}}]}))
+    text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
+                                                         light))
+    line = next(x for x in text.splitlines() if x.startswith("`rtx4090_serving`"))
+    assert ("MAPE, signed median -30.0 %. Measured: the light kernels (llmservingsim rtx4090) "
+            "added to every step (`benchmarks/light_kernels.py`) give 6.0 % TTFT and 3.0 % TPOT "
+            "against 8.0 % and 5.0 %") in line
+    assert line.endswith("the rtx4090 sampler on 300 of its 300 targets too 5.5 % and 2.5 %.")
 
 
 def test_the_bracket_counts_measured_ttfts_between_lockstep_and_steady_state():
