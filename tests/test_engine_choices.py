@@ -203,8 +203,9 @@ def test_a_missed_set_says_what_each_unknown_was_measured_to_give(tmp_path):
     mine = pl.concat([rows("h200_silicon_fp8", [80.0, 125.0], [100.0, 100.0], [60.0, 60.0]),
                       rows("h100_silicon", [100.0, 100.0], [105.0, 95.0], [90.0, 90.0])])
     waves, choices = tmp_path / "waves.json", tmp_path / "choices.json"
-    light = tmp_path / "light.json"  # none: tests/test_light_kernels.py reads its clause
-    only_bracket = "\n".join(what_stops_the_oracle(mine, waves, choices, light))
+    # none: tests/test_light_kernels.py and tests/test_kv_cache_write.py read their clauses
+    light = kv_write = tmp_path / "none.json"
+    only_bracket = "\n".join(what_stops_the_oracle(mine, waves, choices, light, kv_write))
     waves.write_text(json.dumps({"rows": [
         {"dataset": "h200_silicon_fp8", "backend": "all", "waves": w, "dropped": d,
          "ttft_mape": t, "tpot_mape": 5.0, "n": 2}
@@ -214,7 +215,7 @@ def test_a_missed_set_says_what_each_unknown_was_measured_to_give(tmp_path):
          "moved": m, "closer": k}
         for c, t, p, m, k in (("headline", 55.0, 8.04, 0, 0), ("fp8_kv", 96.66, 9.51, 4, 1),
                               ("no_prefix_cache", 55.0, 8.04, 0, 0))]}))
-    text = "\n".join(what_stops_the_oracle(mine, waves, choices, light))
+    text = "\n".join(what_stops_the_oracle(mine, waves, choices, light, kv_write))
     bracket = ("the measured TTFT lies inside the closed loop's bracket for 50 % of 2 loads and "
                "10.0 % off it on average")
     line = next(x for x in text.splitlines() if x.startswith("`h200_silicon_fp8`"))

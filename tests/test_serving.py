@@ -966,7 +966,7 @@ def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(
 
     def what_stops_the_oracle(rows):  # without the benchmarks' files
         return report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
-                                                   tmp_path / "no")
+                                                   tmp_path / "no", tmp_path / "no")
 
     c = np.array([8, 16, 64, 128])
     tpot_pred, ttft_pred = 10.0 + 0 * c, 100.0 + 0 * c
@@ -1017,7 +1017,7 @@ def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_t
         "gt_ms": [1000.0, 2000.0, 10.0, 10.0, 100.0, 100.0]}).with_columns(
         signed_pct=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
     text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
-                                                         tmp_path / "no"))
+                                                         tmp_path / "no", tmp_path / "no"))
     row = next(line for line in text.splitlines() if line.startswith("| rtx4090_serving | vllm"))
     assert [x.strip() for x in row.strip("|").split("|")][7:] == ["—"] * 4
     assert "`rtx4090_serving` (recorded arrivals, not held to the `_silicon` goal): TTFT and " \
@@ -1033,7 +1033,7 @@ def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_t
            for metric, value in (("ttft_mape", 8.0 + shift), ("tpot_mape", 5.0 + shift),
                                  ("tpot_signed_median", -3.0 - shift))}}]}))
     text = "\n".join(report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
-                                                         light))
+                                                         light, tmp_path / "no"))
     line = next(x for x in text.splitlines() if x.startswith("`rtx4090_serving`"))
     assert ("MAPE, signed median -30.0 %. Measured: the light kernels (llmservingsim rtx4090) "
             "added to every step (`benchmarks/light_kernels.py`) give 6.0 % TTFT and 3.0 % TPOT "

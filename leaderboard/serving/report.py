@@ -12,6 +12,7 @@ import polars as pl
 
 from leaderboard import ranking, results
 from leaderboard.rerun import last_rerun
+from leaderboard.serving.report_kv_write import kv_write
 from leaderboard.serving.report_light import light_kernels
 from leaderboard.serving.report_oracle import oracle_section
 from leaderboard.serving.report_unknowns import closed_loop_lengths, engine_choices
@@ -211,7 +212,7 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
     oracle = oracle if oracle is not None else runs.clear()
     predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
     lines += (oracle_section(oracle, predictions) + closed_loop_lengths() + engine_choices()
-              + light_kernels())
+              + light_kernels() + kv_write())
     lines += ["### TTFT and TPOT per predictor", "",
               "Service time (recorded arrivals only): first token minus the first step that "
               "scheduled the request, TTFT without the queue. TTFT vs best: `tie` where a "

@@ -11,6 +11,7 @@ import polars as pl
 
 from leaderboard import families, metrics, report_leaderboard, results
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, STEP_FAMILY, oracle_home
+from leaderboard.serving.report_kv_write import KV_WRITE_JSON
 from leaderboard.serving.report_light import LIGHT_JSON, light_kernels_measured
 from leaderboard.serving.report_unknowns import CHOICES_JSON, TARGETS, WAVES_JSON, unknowns_measured
 from leaderboard_core.report_tables import fmt, phase_stat, table
@@ -206,7 +207,8 @@ def frontend_reading(mine: pl.DataFrame) -> list[str]:
 
 
 def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
-                          choices: Path = CHOICES_JSON, light: Path = LIGHT_JSON) -> list[str]:
+                          choices: Path = CHOICES_JSON, light: Path = LIGHT_JSON,
+                          kv_write: Path = KV_WRITE_JSON) -> list[str]:
     """Measured, per dataset and backend: which way the oracle misses, how its TPOT gap
     (measured minus oracle) grows with the clients, and how far the measured TTFT lies above
     the steady state's (the time a first token spends outside the replayed steps); per dataset
@@ -255,7 +257,8 @@ def what_stops_the_oracle(mine: pl.DataFrame, waves: Path = WAVES_JSON,
                           dataset, light)) is not None else "")]
             continue
         lines += ["", f"`{dataset}`: " + ("; ".join(missed) + ": missed." if missed else "met.")
-                  + (unknowns_measured(dataset, bracket.get(dataset), waves, choices, light)
+                  + (unknowns_measured(dataset, bracket.get(dataset), waves, choices, light,
+                                       kv_write)
                      if missed else "")]
     return lines + [""]
 

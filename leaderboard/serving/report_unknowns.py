@@ -1,7 +1,8 @@
 """What the serving replay's unknowns were measured to give its oracle, from the benchmarks'
 JSON: the closed loop's length (``benchmarks/closed_loop_waves.py``), the launch flags no
-record states (``benchmarks/engine_choices.py``) and the light kernels no table holds
-(``benchmarks/light_kernels.py``, read through ``report_light``)."""
+record states (``benchmarks/engine_choices.py``), the light kernels no table holds
+(``benchmarks/light_kernels.py``, read through ``report_light``) and the KV-cache write the later
+attention tables omit (``benchmarks/kv_cache_write.py``, through ``report_kv_write``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from pathlib import Path
 
 from leaderboard import report_sections
+from leaderboard.serving.report_kv_write import KV_WRITE_JSON, kv_write_measured
 from leaderboard.serving.report_light import LIGHT_JSON, light_kernels_measured
 from leaderboard.serving.simulate import load_conf
 from leaderboard_core import paths
@@ -154,10 +156,11 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
 
 def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
                       waves: Path = WAVES_JSON, choices: Path = CHOICES_JSON,
-                      light: Path = LIGHT_JSON) -> str:
+                      light: Path = LIGHT_JSON, kv_write: Path = KV_WRITE_JSON) -> str:
     """What the oracle of ``dataset`` gives under each reading of what no record states: the
     clients' drift (``bracket``: loads, % inside, mean % off), the request count, the launch
-    flags and the light kernels, each benchmark's figure beside its own headline replay's."""
+    flags, the light kernels and the KV-cache write, each benchmark's figure beside its own
+    headline replay's."""
     said = []
     if bracket is not None:
         n, share, off = bracket
@@ -182,8 +185,8 @@ def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
                  + (f"{r['closer']} of the {r['moved']} loads it moves closer" if r["moved"]
                     else "moving no load")
                  for r in rows if headline and r["choice"] != "headline"]
-    if (clause := light_kernels_measured(dataset, light)) is not None:
-        said.append(clause)
+    said += [clause for clause in (light_kernels_measured(dataset, light),
+                                   kv_write_measured(dataset, kv_write)) if clause is not None]
     return " Measured: " + "; ".join(said) + "." if said else ""
 
 

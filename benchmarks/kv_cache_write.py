@@ -1,0 +1,175 @@
+"""Whether the oracle's attention tables hold the KV-cache write, and what the write gives the
+serving oracle where they do not.
+
+Each step of a layer writes the new tokens' keys and values into the paged KV cache. vLLM's
+FlashAttention backend once did this inside its forward; vLLM moved it into an op of its own
+(``unified_kv_cache_update``, PR 25954, "Split FlashAttn attention and cache update"; the
+cold-start regression it caused was reported against main on 2026-01-28, vllm issue 33267), and
+later backends followed (tracking issue 32335). aiconfigurator's collector times the backend's
+``impl.forward`` alone (``collector/vllm/collect_attn.py``), so a table collected after the
+split holds no write, and one collected before holds it. No release note in reach names the
+first release with the split. The tables answer it: where a GPU has decode attention timed at
+vLLM 0.14.0 and 0.19.0, this differences the two at every shape both time (BF16 KV, no sliding
+window) and groups the difference by the bytes a call writes (batch x KV heads x head size x 2
+for keys and values x 2 bytes). A kernel dropped from the later table leaves a difference that
+is positive at every shape, about one launch at the smallest writes and growing with the bytes
+at the largest; a changed attention kernel would not follow the bytes written.
+
+The oracle reads attention at its step set's version: 0.14.0 for the BF16 `_silicon` sets,
+0.19.0 for the FP8 and MoE ones. Each set whose oracle reads a version past 0.14.0 on a GPU
+that has the difference is replayed twice with the oracle's step timer: as the headline, and
+with each step's write added to every layer, read from the GPU's difference at the measured
+bytes nearest the step's (its new tokens x the KV heads one GPU holds x head size x 4 bytes, on a
+log scale; a step writing more than the largest measured call reads that call, short of its
+cost). This reads the whole difference as the write, so it is an upper reading where the two
+versions' attention kernels also differ. The B200 has no 0.14.0 table to difference; sets read
+at 0.14.0, and LLMServingSim's profile (a whole attention layer), are listed, not replayed.
+Prints markdown; ``--json PATH`` also writes the rows, which the report shows:
+
+    .venv/bin/python benchmarks/kv_cache_write.py --json benchmarks/kv_cache_write.json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import polars as pl
+from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
+from light_kernels import nearest_count
+
+from leaderboard import store
+from leaderboard.serving import simulate
+from leaderboard.serving.report_kv_write import kv_write_tables
+from leaderboard_core import progress
+from leaderboard_core.specs import kv_heads_per_gpu, load_models
+
+# The two aiconfigurator versions whose decode attention is differenced: the BF16 step sets'
+# and the FP8 and MoE step sets'.
+BEFORE, AFTER = "0.14.0", "0.19.0"
+KV_BYTES = 2  # BF16 keys and values, as the headline replays every KV cache
+SHAPE = ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim")
+
+
+def table_difference() -> pl.DataFrame:
+    """Per GPU and bytes written a call, over every decode shape timed at both versions (BF16
+    KV, no sliding window): how many, and the median and quartiles of BEFORE minus AFTER (µs)."""
+    with store.connect() as con:
+        times = con.sql(
+            "SELECT sku, backend_version, batch, kv_len, num_heads, num_kv_heads, head_dim, "
+            "median(latency_ms) AS latency_ms FROM attention WHERE source = 'aiconfigurator' "
+            "AND backend = 'vllm' AND phase = 'decode' AND kv_dtype = 'bfloat16' "
+            "AND coalesce(window_size, 0) = 0 AND backend_version IN (?, ?) GROUP BY ALL",
+            params=[BEFORE, AFTER]).pl()
+    paired = times.filter(backend_version=BEFORE).join(
+        times.filter(backend_version=AFTER), on=["sku", *SHAPE], suffix="_after")
+    return (paired.with_columns(
+                written_bytes=pl.col("batch") * pl.col("num_kv_heads") * pl.col("head_dim")
+                * 2 * KV_BYTES,
+                difference_us=(pl.col("latency_ms") - pl.col("latency_ms_after")) * 1e3)
+            .group_by("sku", "written_bytes").agg(
+                shapes=pl.len(), median_us=pl.col("difference_us").median(),
+                q25_us=pl.col("difference_us").quantile(0.25),
+                q75_us=pl.col("difference_us").quantile(0.75),
+                positive=(pl.col("difference_us") > 0).mean() * 100)
+            .sort("sku", "written_bytes"))
+
+
+class CacheWrite:
+    """Each step's KV-cache write (ms) on one GPU: per layer, the GPU's table difference at the
+    measured bytes nearest the step's."""
+
+    def __init__(self, difference: pl.DataFrame, models: dict):
+        self.models = models
+        self.written = difference["written_bytes"].to_numpy().astype(float)
+        self.layer_us = difference["median_us"].to_numpy()
+
+    def step_ms(self, cells: pl.DataFrame) -> np.ndarray:
+        out = np.zeros(len(cells))
+        indexed = cells.with_row_index("_i")
+        for (name, tp), group in indexed.group_by("model", "tp"):
+            model = self.models[name]
+            per_token = kv_heads_per_gpu(model, int(tp)) * model["head_dim"] * 2 * KV_BYTES
+            written = np.maximum(group["total_tokens"].to_numpy(), 1) * per_token
+            out[group["_i"].to_numpy()] = (model["num_layers"] / 1e3
+                                           * nearest_count(self.written, self.layer_us, written))
+        return out
+
+
+def step_set(home: str) -> dict:
+    """The oracle's step set ``home``: its source, GPU and one vLLM version."""
+    with store.connect() as con:
+        source, sku, versions = con.sql("SELECT source, sku, backend_versions FROM datasets "
+                                        "WHERE name = ?", params=[home]).fetchone()
+    versions = json.loads(versions)
+    if len(versions) != 1:
+        raise ValueError(f"step set {home} holds vLLM versions {versions}; expected one")
+    return {"source": source, "sku": sku, "version": versions[0]}
+
+
+def not_replayed(home: dict, differenced: set[str]) -> str | None:
+    """Why the write is not added to the oracle on step set ``home`` (``step_set``'s), or None
+    where it is."""
+    if home["source"] != "aiconfigurator":
+        return f"{home['source']}'s profile times a whole attention layer"
+    if home["version"] == BEFORE:
+        return f"its oracle reads vLLM {BEFORE}'s tables, which hold the write"
+    if home["sku"] not in differenced:
+        return f"no vLLM {BEFORE} table of {home['sku']} to difference"
+    return None
+
+
+def replay(dataset: str, home: str, difference: pl.DataFrame) -> list[dict]:
+    """Per backend (and all together): the oracle's TTFT / TPOT MAPE and signed median TPOT
+    error (%) on ``dataset``, as the headline replays it and with the KV-cache write added, and
+    the median write added to a step (ms)."""
+    timer, inputs = oracle_timer(dataset, home)
+    models = load_models()
+    write = CacheWrite(difference.filter(sku=inputs.gpu.sku), models)
+
+    def with_write(cells: pl.DataFrame) -> np.ndarray:
+        return timer(cells) + write.step_ms(cells)
+
+    frame = inputs.target.select("backend", "gt_ttft_ms", "gt_tpot_ms")
+    for name, step_timer in (("headline", timer), ("write", with_write)):
+        with progress.track(f"{dataset}: {name}", len(inputs.target)) as bar:
+            ttft, tpot = simulate.predict_targets(inputs.target, models, inputs.gpu, step_timer,
+                                                  progress=bar.advance)[:2]
+        frame = frame.with_columns(pl.Series(f"{name}_ttft", ttft), pl.Series(f"{name}_tpot", tpot))
+    every = pl.concat([frame.with_columns(backend=pl.lit("all")), frame])
+
+    def error(name: str, phase: str) -> pl.Expr:
+        return (pl.col(f"{name}_{phase}") / pl.col(f"gt_{phase}_ms") - 1) * 100
+
+    return (every.group_by("backend", maintain_order=True)
+            .agg(n=pl.len(), **{f"{name}_{phase}_mape": error(name, phase).abs().mean()
+                                for name in ("headline", "write") for phase in ("ttft", "tpot")},
+                 **{f"{name}_tpot_signed_median": error(name, "tpot").median()
+                    for name in ("headline", "write")},
+                 tpot_added_ms=(pl.col("write_tpot") - pl.col("headline_tpot")).median())
+            .with_columns(dataset=pl.lit(dataset), sku=pl.lit(inputs.gpu.sku)).to_dicts())
+
+
+def main() -> None:
+    json_path = json_argument(__doc__)
+    started, rows, listed = time.perf_counter(), [], []
+    difference = table_difference()
+    differenced = set(difference["sku"])
+    for dataset, home in oracle_sets(closed_only=False):
+        read = step_set(home)
+        if (why := not_replayed(read, differenced)) is not None:
+            listed.append({"dataset": dataset, **read, "why": why})
+            continue
+        print(f"{dataset}: the oracle on {home} (vLLM {read['version']}), with and without "
+              "the write", flush=True)
+        rows += [{**row, "version": read["version"]} for row in replay(dataset, home, difference)]
+    bench = stamped({"before": BEFORE, "after": AFTER, "difference": difference.to_dicts(),
+                     "rows": rows, "listed": listed}, started)
+    print("\n".join(kv_write_tables(bench)))
+    if json_path:
+        json_path.write_text(json.dumps(bench, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
