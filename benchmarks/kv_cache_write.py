@@ -101,7 +101,7 @@ def step_set(home: str) -> dict:
     """The oracle's step set ``home``: its source, GPU and one vLLM version."""
     with store.connect() as con:
         source, sku, versions = con.sql("SELECT source, sku, backend_versions FROM datasets "
-                                        "WHERE name = ?", params=[home]).fetchone()
+                                        "WHERE name = ?", params=[home]).fetchall()[0]
     versions = json.loads(versions)
     if len(versions) != 1:
         raise ValueError(f"step set {home} holds vLLM versions {versions}; expected one")
