@@ -114,7 +114,8 @@ def not_replayed(home: dict, differenced: set[str]) -> str | None:
     if home["source"] != "aiconfigurator":
         return f"{home['source']}'s profile times a whole attention layer"
     if home["version"] == BEFORE:
-        return f"its oracle reads vLLM {BEFORE}'s tables, which hold the write"
+        return (f"its oracle reads vLLM {BEFORE}'s tables, the earlier of the two: where the "
+                "difference is the write, they hold it")
     if home["sku"] not in differenced:
         return f"no vLLM {BEFORE} table of {home['sku']} to difference"
     return None

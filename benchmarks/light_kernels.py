@@ -81,8 +81,6 @@ LAYER_OPS = {
     "llmservingsim": {op: (kind, PROFILED_LAYER_OPS["dense.csv"][op]) for op, kind in
                       (("layernorm", "hidden"), ("rotary_emb", "rope"), ("act_fn", "act"))},
 }
-# A step time no host time reaches: whether a replay adds its host time to a step or overlaps it.
-LONG_STEP_MS = 1e9
 
 
 def per_token_elements(model: dict, tp: int) -> dict[str, float]:
@@ -188,15 +186,6 @@ def light_source(points: pl.DataFrame, sku: str) -> tuple[str, pl.DataFrame]:
     return "vidur", points.filter(source="vidur")
 
 
-def host_time_added(backend: str, version: str | None) -> bool:
-    """Whether the replay adds the backend's host time to a step of this run rather than
-    overlapping it (or having none): then that time already holds sampling."""
-    probe = pl.DataFrame({"num_requests": [1]})
-    timed = simulate.with_host_time(lambda cells: np.full(len(cells), LONG_STEP_MS), backend,
-                                    version)
-    return bool(timed(probe)[0] > LONG_STEP_MS)
-
-
 def predict_parts(targets: pl.DataFrame, held: pl.Series, timers: tuple, predict
                   ) -> tuple[np.ndarray, np.ndarray]:
     """TTFT and TPOT per row of ``targets`` (which carry their row number in ``_target``): the
@@ -230,7 +219,7 @@ def replay(dataset: str, home: str, points: pl.DataFrame) -> list[dict]:
     # Per reading, the step timer of a run whose host time holds sampling, and of any other.
     readings = {"headline": (timer, timer), "light": (with_light, with_light),
                 "sampled": (with_light, with_sampling)}
-    held = pl.Series("held", [host_time_added(b, v) for b, v in targets.select(
+    held = pl.Series("held", [simulate.host_time_added(b, v) for b, v in targets.select(
         "backend", "backend_version").iter_rows()])
     frame = targets.select("backend", "model", "tp", "isl", "concurrency", "gt_ttft_ms",
                            "gt_tpot_ms").with_columns(held)

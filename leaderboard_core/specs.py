@@ -292,6 +292,15 @@ def kv_heads_per_gpu(model: dict, tp: int) -> int:
     return max(nkv // tp, 1)
 
 
+def kv_elements_per_token(model: dict, tp: int) -> int:
+    """The KV-cache elements one GPU of ``tp`` holds per token and layer: the keys and values of
+    its KV heads (``kv_heads_per_gpu``), or an MLA model's one compressed latent and rotary key
+    (``kv_lora_rank + qk_rope_head_dim``), which every head reads and every GPU holds whole."""
+    if model.get("attention") == "mla":
+        return model["kv_lora_rank"] + model["qk_rope_head_dim"]
+    return 2 * kv_heads_per_gpu(model, tp) * model["head_dim"]
+
+
 def tp_shapes(model: dict, tp: int) -> dict[str, tuple[int, int] | int]:
     """Per-GPU GEMM (n, k) and attention heads under Megatron TP sharding (a KV head replicated
     where TP outnumbers them). A TP that does not divide the query heads is refused."""

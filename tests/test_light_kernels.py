@@ -172,15 +172,3 @@ def test_held_and_other_targets_are_predicted_apart_and_put_back_in_place(bench)
     assert calls == [([0, 2, 3], "held"), ([1, 4], "other")]
     assert ttft.tolist() == [100.0, 1.0, 102.0, 103.0, 4.0]
     assert tpot.tolist() == [-0.0, -1.0, -2.0, -3.0, -4.0]
-
-
-@pytest.mark.parametrize(("backend", "version", "added"), [
-    ("vllm", "0.12.0", True), ("vllm", "unknown", True), ("vllm", None, True),
-    ("vllm", "0.14.0", False), ("vllm", "0.19.0", False),
-    ("sglang", "0.5.1.post1", False), ("trtllm", "1.0.0rc3", False)])
-def test_the_host_time_holds_sampling_only_where_the_replay_adds_it(bench, backend, version,
-                                                                     added):
-    """vLLM before 0.14.0, and an unrecorded version, has its host time (Vidur's, sampling
-    among it) added to each step; from 0.14.0 it overlaps the step; SGLang and TRT-LLM have
-    none (conf/serving/schedulers.yaml)."""
-    assert bench.host_time_added(backend, version) is added

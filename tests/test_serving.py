@@ -717,6 +717,21 @@ def test_kv_capacity_counts_a_replicated_kv_head_on_every_gpu():
         assert kv_capacity(m, tp, gpu, 0.9, load_conf(), "fp8") == int(free // per_token), tp
 
 
+def test_an_mla_model_caches_one_latent_a_token_and_layer_on_every_gpu():
+    """DeepSeek-V3 caches kv_lora_rank 512 + qk_rope_head_dim 64 = 576 elements a token and
+    layer, the same on every GPU of the group, not keys and values per head: at TP 8, 61 layers
+    x 576 x 2 bytes = 70,272 bytes a GPU (per-head counting, 2 x 128 / 8 heads x 192, would give
+    10.7 times that). The engine's capacity counts it on each of the 8 GPUs."""
+    from leaderboard.cells.memory import kv_bytes, weight_bytes
+    from leaderboard.serving.simulate import kv_capacity, load_conf
+
+    m, gpu = load_models()["deepseek-v3"], load_gpu_specs()["b200_sxm"]
+    assert (m["attention"], m["kv_lora_rank"], m["qk_rope_head_dim"]) == ("mla", 512, 64)
+    assert kv_bytes(m, 8, [1], [0]) == 61 * 576 * 2
+    free = 8 * (0.9 * float(gpu["mem_gb"]) * 2**30 - weight_bytes(m, 8, "fp8"))
+    assert kv_capacity(m, 8, gpu, 0.9, load_conf(), "fp8") == int(free // (8 * 61 * 576 * 2))
+
+
 def test_sglang_memory_fraction_follows_its_version_rule_and_trtllm_takes_the_free_memory():
     from leaderboard.serving.sglang_kv import static_memory_fraction
     from leaderboard.serving.simulate import kv_capacity, load_conf, policy_for
@@ -1164,8 +1179,9 @@ def test_a_step_pays_host_time_unless_its_engine_overlaps_it(backend, version, h
     """A vLLM step before 0.14.0, or of an unrecorded version, adds Vidur's 1.422 ms + 0.0416
     ms per request. From 0.14.0 vLLM schedules asynchronously by default (release notes, PR
     27614): a step takes the longer of its GPU time and that host time. SGLang and TRT-LLM
-    have no measured host time (and run overlap schedulers): their steps add none."""
-    from leaderboard.serving.simulate import with_host_time
+    have no measured host time (and run overlap schedulers): their steps add none. The
+    predicate the light-kernel benchmark reads says the same."""
+    from leaderboard.serving.simulate import host_time_added, with_host_time
 
     requests = np.array([1, 8, 64, 512])  # 512 requests: 22.7 ms of host time, over a 10 ms step
     timed = with_host_time(lambda c: np.full(len(c), 10.0), backend, version)
@@ -1173,6 +1189,7 @@ def test_a_step_pays_host_time_unless_its_engine_overlaps_it(backend, version, h
     expected = {"added": 10.0 + measured, "overlapped": np.maximum(10.0, measured),
                 "none": np.full(4, 10.0)}[host]
     np.testing.assert_allclose(timed(pl.DataFrame({"num_requests": requests})), expected)
+    assert host_time_added(backend, version) is (host == "added")
 
 
 def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():

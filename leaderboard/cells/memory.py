@@ -9,7 +9,7 @@ Memory sizes in the specs are binary gigabytes (an "80 GB" HBM3 stack holds 80 G
 
 from __future__ import annotations
 
-from leaderboard_core.specs import is_moe, kv_heads_per_gpu, moe_shapes, tp_shapes
+from leaderboard_core.specs import is_moe, kv_elements_per_token, moe_shapes, tp_shapes
 
 UTILIZATION = 0.9
 BF16_BYTES = 2
@@ -52,8 +52,7 @@ def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> fl
     if len(q_lens) != len(ctx_lens):
         raise ValueError(f"{len(q_lens)} q_lens against {len(ctx_lens)} ctx_lens")
     tokens = sum(q_lens) + sum(ctx_lens)
-    return tokens * model["num_layers"] * 2 * kv_heads_per_gpu(model, tp) * model["head_dim"] \
-        * BF16_BYTES
+    return tokens * model["num_layers"] * kv_elements_per_token(model, tp) * BF16_BYTES
 
 
 def room_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int], mem_gb: float,

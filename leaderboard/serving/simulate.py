@@ -18,7 +18,7 @@ from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
 from leaderboard_core import paths
-from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec, kv_heads_per_gpu
+from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec, kv_elements_per_token
 from leaderboard_core.versioning import release
 
 CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
@@ -48,11 +48,10 @@ def kv_capacity(m: dict, tp: int, gpu: GpuSpec, fraction: float, conf: dict,
     shard, or with ``of_free`` (TensorRT-LLM's ``free_gpu_memory_fraction``) ``fraction`` of what
     the weight shard leaves free (TensorRT-LLM also subtracts its profiled activation peak, CUDA
     graphs and NCCL buffers, which no record gives, so this overstates its KV). A token's KV
-    takes room on every GPU: its share of the KV heads, or a whole head where TP outnumbers
-    them."""
+    takes room on every GPU (``kv_elements_per_token``)."""
     total, weights = float(gpu["mem_gb"]) * 2**30, memory.weight_bytes(m, tp, gemm_dtype)
     free = tp * (fraction * (total - weights) if of_free else fraction * total - weights)
-    per_token = (2 * m["num_layers"] * tp * kv_heads_per_gpu(m, tp) * m["head_dim"]
+    per_token = (m["num_layers"] * tp * kv_elements_per_token(m, tp)
                  * KV_CACHE_BYTES[kv_cache_dtype(conf)])
     if free <= per_token:
         raise ValueError(f"{m['name']} at TP {tp} does not fit {gpu.sku}'s {gpu['mem_gb']} GB")
@@ -120,12 +119,20 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
     return policy, with_kv_cache(placed, kv_cache_dtype(load_conf()))
 
 
+def host_time_added(backend: str, version: str | None) -> bool:
+    """Whether the replay adds ``backend``'s measured host time (``host_time`` in the yaml) to
+    each step of a run of ``version``: it has one, and the version is before the one whose
+    scheduler overlaps it (``overlapped``). A ``version`` not recorded (None, 'unknown') is
+    taken as older."""
+    host = load_conf()["backends"][backend].get("host_time", {})
+    return "base_ms" in host and not _from_version(version, host.get("overlapped"))
+
+
 def with_host_time(timer: StepTimer, backend: str, version: str | None) -> StepTimer:
-    """``timer`` with the backend's measured per-step host time (``host_time`` in the yaml),
-    the same for every predictor: added to the step, or, from the version whose scheduler
-    overlaps it (``overlapped``: a step's host work runs while the GPU runs the step before),
-    only where it outlasts the step's GPU time. A ``version`` not recorded (None, 'unknown') is
-    taken as older. A backend with no measured host time adds none."""
+    """``timer`` with the backend's measured per-step host time, the same for every predictor:
+    added to the step (``host_time_added``), or, from the version whose scheduler overlaps it (a
+    step's host work runs while the GPU runs the step before), only where it outlasts the
+    step's GPU time. A backend with no measured host time adds none."""
     host = load_conf()["backends"][backend].get("host_time", {})
     if "base_ms" not in host:
         return timer
@@ -133,9 +140,9 @@ def with_host_time(timer: StepTimer, backend: str, version: str | None) -> StepT
     def host_ms(cells: pl.DataFrame) -> np.ndarray:
         return host["base_ms"] + host["per_request_ms"] * cells["num_requests"].to_numpy()
 
-    if _from_version(version, host.get("overlapped")):
-        return lambda cells: np.maximum(timer(cells), host_ms(cells))
-    return lambda cells: timer(cells) + host_ms(cells)
+    if host_time_added(backend, version):
+        return lambda cells: timer(cells) + host_ms(cells)
+    return lambda cells: np.maximum(timer(cells), host_ms(cells))
 
 
 def with_expert_placement(timer: StepTimer, moe_ep: int | None) -> StepTimer:
