@@ -8,22 +8,23 @@ cold-start regression it caused was reported against main on 2026-01-28, vllm is
 later backends followed (tracking issue 32335). aiconfigurator's collector times the backend's
 ``impl.forward`` alone (``collector/vllm/collect_attn.py``), so a table collected after the
 split holds no write, and one collected before holds it. No release note in reach names the
-first release with the split. The tables answer it: where a GPU has decode attention timed at
-vLLM 0.14.0 and 0.19.0, this differences the two at every shape both time (BF16 KV, no sliding
-window) and groups the difference by the bytes a call writes (batch x KV heads x head size x 2
-for keys and values x 2 bytes). A kernel dropped from the later table leaves a difference that
-is positive at every shape, about one launch at the smallest writes and growing with the bytes
-at the largest; a changed attention kernel would not follow the bytes written.
+first release with the split; the tables bracket it. Where a GPU has decode attention timed at
+vLLM 0.14.0 and 0.19.0, this differences the two at every shape both time (the replay's KV
+dtype, no sliding window) and groups the difference by the bytes a call writes (batch x the KV
+elements a GPU holds per token, ``kv_elements_per_token``, x the dtype's bytes). A kernel
+dropped from the later table leaves a difference positive at most shapes and about one launch
+where little is written. Where much is written the difference also holds what changed in the
+attention kernel between the versions (at 8 MiB it is two to three times what a write at the
+datasheet bandwidth costs), so a step's write read there is an upper reading.
 
 The oracle reads attention at its step set's version: 0.14.0 for the BF16 `_silicon` sets,
-0.19.0 for the FP8 and MoE ones. Each set whose oracle reads a version past 0.14.0 on a GPU
-that has the difference is replayed twice with the oracle's step timer: as the headline, and
+0.19.0 for the FP8 and MoE ones. Each set whose oracle reads a version at or past 0.19.0 on a
+GPU that has the difference is replayed twice with the oracle's step timer: as the headline, and
 with each step's write added to every layer, read from the GPU's difference at the measured
-bytes nearest the step's (its new tokens x the KV heads one GPU holds x head size x 4 bytes, on a
-log scale; a step writing more than the largest measured call reads that call, short of its
-cost). This reads the whole difference as the write, so it is an upper reading where the two
-versions' attention kernels also differ. The B200 has no 0.14.0 table to difference; sets read
-at 0.14.0, and LLMServingSim's profile (a whole attention layer), are listed, not replayed.
+bytes nearest the step's (its new tokens x the KV elements one GPU holds per token x the dtype's
+bytes, on a log scale; a step writing more than the largest measured call reads that call). A
+set read at 0.14.0 or before, one read between the two versions, one on a GPU without a 0.14.0
+table (the B200), and LLMServingSim's profile (a whole attention layer) are listed, not replayed.
 Prints markdown; ``--json PATH`` also writes the rows, which the report shows:
 
     .venv/bin/python benchmarks/kv_cache_write.py --json benchmarks/kv_cache_write.json
@@ -43,30 +44,37 @@ from leaderboard import store
 from leaderboard.serving import simulate
 from leaderboard.serving.report_kv_write import kv_write_tables
 from leaderboard_core import progress
-from leaderboard_core.specs import kv_heads_per_gpu, load_models
+from leaderboard_core.specs import KV_CACHE_BYTES, kv_elements_per_token, load_models
+from leaderboard_core.versioning import release
 
 # The two aiconfigurator versions whose decode attention is differenced: the BF16 step sets'
 # and the FP8 and MoE step sets'.
 BEFORE, AFTER = "0.14.0", "0.19.0"
-KV_BYTES = 2  # BF16 keys and values, as the headline replays every KV cache
 SHAPE = ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim")
 
 
+def kv_dtype() -> str:
+    """The KV cache dtype the headline replays every backend with."""
+    return simulate.kv_cache_dtype(simulate.load_conf())
+
+
 def table_difference() -> pl.DataFrame:
-    """Per GPU and bytes written a call, over every decode shape timed at both versions (BF16
-    KV, no sliding window): how many, and the median and quartiles of BEFORE minus AFTER (µs)."""
+    """Per GPU and bytes written a call, over every decode shape timed at both versions (the
+    replay's KV dtype, no sliding window): how many, the median and quartiles of BEFORE minus
+    AFTER (µs), and the share of them positive (%)."""
     with store.connect() as con:
         times = con.sql(
             "SELECT sku, backend_version, batch, kv_len, num_heads, num_kv_heads, head_dim, "
             "median(latency_ms) AS latency_ms FROM attention WHERE source = 'aiconfigurator' "
-            "AND backend = 'vllm' AND phase = 'decode' AND kv_dtype = 'bfloat16' "
+            "AND backend = 'vllm' AND phase = 'decode' AND kv_dtype = ? "
             "AND coalesce(window_size, 0) = 0 AND backend_version IN (?, ?) GROUP BY ALL",
-            params=[BEFORE, AFTER]).pl()
+            params=[kv_dtype(), BEFORE, AFTER]).pl()
     paired = times.filter(backend_version=BEFORE).join(
         times.filter(backend_version=AFTER), on=["sku", *SHAPE], suffix="_after")
     return (paired.with_columns(
+                # keys and values of the heads one GPU holds: the tables' heads are per GPU
                 written_bytes=pl.col("batch") * pl.col("num_kv_heads") * pl.col("head_dim")
-                * 2 * KV_BYTES,
+                * 2 * KV_CACHE_BYTES[kv_dtype()],
                 difference_us=(pl.col("latency_ms") - pl.col("latency_ms_after")) * 1e3)
             .group_by("sku", "written_bytes").agg(
                 shapes=pl.len(), median_us=pl.col("difference_us").median(),
@@ -81,7 +89,7 @@ class CacheWrite:
     measured bytes nearest the step's."""
 
     def __init__(self, difference: pl.DataFrame, models: dict):
-        self.models = models
+        self.models, self.element_bytes = models, KV_CACHE_BYTES[kv_dtype()]
         self.written = difference["written_bytes"].to_numpy().astype(float)
         self.layer_us = difference["median_us"].to_numpy()
 
@@ -90,7 +98,8 @@ class CacheWrite:
         indexed = cells.with_row_index("_i")
         for (name, tp), group in indexed.group_by("model", "tp"):
             model = self.models[name]
-            per_token = kv_heads_per_gpu(model, int(tp)) * model["head_dim"] * 2 * KV_BYTES
+            per_token = kv_elements_per_token(model, int(tp)) * self.element_bytes
+            # at least one token: the nearest point is read on a log scale
             written = np.maximum(group["total_tokens"].to_numpy(), 1) * per_token
             out[group["_i"].to_numpy()] = (model["num_layers"] / 1e3
                                            * nearest_count(self.written, self.layer_us, written))
@@ -113,9 +122,13 @@ def not_replayed(home: dict, differenced: set[str]) -> str | None:
     where it is."""
     if home["source"] != "aiconfigurator":
         return f"{home['source']}'s profile times a whole attention layer"
-    if home["version"] == BEFORE:
-        return (f"its oracle reads vLLM {BEFORE}'s tables, the earlier of the two: where the "
-                "difference is the write, they hold it")
+    version = release(home["version"])
+    if version is not None and version <= release(BEFORE):
+        return (f"its oracle reads vLLM {home['version']}'s tables, at or before {BEFORE}: where "
+                "the difference is the write, they hold it")
+    if version is None or version < release(AFTER):
+        return (f"its oracle reads vLLM {home['version']}'s tables, before {AFTER}: whether they "
+                "hold the write is unknown")
     if home["sku"] not in differenced:
         return f"no vLLM {BEFORE} table of {home['sku']} to difference"
     return None

@@ -38,8 +38,13 @@ def test_each_layer_writes_its_new_tokens_at_the_nearest_measured_bytes(bench):
 def test_only_sets_read_at_a_later_aiconfigurator_version_with_a_difference_are_replayed(bench):
     later = {"source": "aiconfigurator", "sku": "h100_sxm", "version": bench.AFTER}
     assert bench.not_replayed(later, {"h100_sxm"}) is None
-    assert "the earlier of the two" in bench.not_replayed({**later, "version": bench.BEFORE},
-                                                          {"h100_sxm"})
+    assert bench.not_replayed({**later, "version": "0.24.0"}, {"h100_sxm"}) is None
+    assert "0.14.0's tables, at or before 0.14.0: where the difference is the write, they hold" \
+        in bench.not_replayed({**later, "version": bench.BEFORE}, {"h100_sxm"})
+    assert "at or before" in bench.not_replayed({**later, "version": "0.12.0"}, {"h100_sxm"})
+    for between in ("0.16.0", "unknown"):
+        assert "before 0.19.0: whether they hold the write is unknown" in bench.not_replayed(
+            {**later, "version": between}, {"h100_sxm"})
     assert bench.not_replayed({**later, "sku": "b200_sxm"}, {"h100_sxm"}) == \
         f"no vLLM {bench.BEFORE} table of b200_sxm to difference"
     assert "whole attention layer" in bench.not_replayed(
@@ -77,7 +82,7 @@ BENCH = {"before": "0.14.0", "after": "0.19.0", "rows": [ROW, {**ROW, "backend":
          "difference": [{"sku": "h100_sxm", "written_bytes": 4096, "shapes": 570,
                          "median_us": 1.89, "q25_us": 1.46, "q75_us": 3.92, "positive": 99.5}],
          "listed": [{"dataset": "h100_silicon", "why": "its oracle reads vLLM 0.14.0's tables, "
-                     "the earlier of the two"}],
+                     "at or before 0.14.0"}],
          "code_version": "abc", "date": "2026-12-05", "seconds": 60.0}
 
 
@@ -91,8 +96,8 @@ def test_the_report_shows_the_tables_and_each_replayed_sets_clause(tmp_path):
     assert ("| h100_silicon_fp8 | all | 45 | 0.19.0 | 108.0 / 108.4 | 6.1 / 5.6 | -5.8 / -5.0 "
             "| 0.15 |") in text
     assert text.index("| all |") < text.index("| vllm |")
-    assert ("Not replayed: `h100_silicon` (its oracle reads vLLM 0.14.0's tables, the earlier "
-            "of the two).") in text
+    assert ("Not replayed: `h100_silicon` (its oracle reads vLLM 0.14.0's tables, at or before "
+            "0.14.0).") in text
     clause = kv_write_measured("h100_silicon_fp8", path)
     assert "vLLM 0.19.0 attention tables omit" in clause
     assert "108.4 % TTFT and 5.6 % TPOT against 108.0 % and 6.1 %" in clause

@@ -59,18 +59,19 @@ def kv_write(path: Path = KV_WRITE_JSON) -> list[str]:
             "FlashAttention backend's write of the new keys and values out of that forward "
             "into an op of its own (its PR 25954; later backends followed), so a table "
             "collected after the split holds no write. No release note in reach names the "
-            f"first release with it; the tables do. The first table: vLLM {before}'s decode "
-            f"attention minus {after}'s at every shape both time on a GPU (BF16 KV, no sliding "
-            "window), by the bytes a call writes (batch x KV heads x head size x 2 x 2 bytes). "
-            "A kernel dropped from the later table shows as a difference positive at nearly "
-            "every shape, about one launch at small writes and growing with the bytes at "
-            "large ones. The oracle reads attention at its step set's version "
-            f"({before} for the BF16 sets, {after} for the FP8 and MoE ones). The second: each "
-            f"set read at {after} replayed with the oracle's step timer as the headline and "
-            "with every layer's write added, read from the GPU's difference at the measured "
-            "bytes nearest the step's (a step writing more than the largest measured call reads "
-            "that call, short of its cost). It reads the whole difference as the write: an "
-            "upper reading where the versions' attention kernels also differ.",
+            f"first release with it; the tables bracket it. The first table: vLLM {before}'s "
+            f"decode attention minus {after}'s at every shape both time on a GPU (the replay's "
+            "KV dtype, no sliding window), by the bytes a call writes (batch x KV heads x head "
+            "size x 2 x the dtype's bytes). A kernel dropped from the later table shows as a "
+            "difference positive at most shapes and about one launch where little is written; "
+            "where much is written the difference also holds what changed in the attention "
+            "kernel (at 8 MiB it is two to three times a write at the datasheet bandwidth), so "
+            "a step's write read there is an upper reading. The oracle reads attention at its "
+            f"step set's version ({before} for the BF16 sets, {after} for the FP8 and MoE "
+            f"ones). The second table: each set read at {after} on a GPU with both tables, "
+            "replayed with the oracle's step timer as the headline and with every layer's write "
+            "added, read from the GPU's difference at the measured bytes nearest the step's (a "
+            "step writing more than the largest measured call reads that call).",
             "", *kv_write_tables(bench), "",
             f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
