@@ -9,7 +9,8 @@ summed from sub-batches. A mixed step is the exception: vLLM V1's FlashAttention
 its prompts and decodes as one kernel, which aiconfigurator never timed, so its two attention
 points stand in for one call and the cell is labelled ``composed`` (kept out of the headline
 ``all``). Embedding, LM head, sampling and the light kernels (norms, activation, rope, residual
-add, KV-cache write) are not in the ground truth: aiconfigurator did not measure them.
+add) are not in the ground truth: aiconfigurator did not measure them. The KV-cache write is
+likely in a 0.14.0 table's attention and not in a 0.19.0 one (``benchmarks/kv_cache_write.py``).
 """
 
 from __future__ import annotations
