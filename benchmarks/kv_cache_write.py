@@ -14,8 +14,8 @@ dtype, no sliding window) and groups the difference by the bytes a call writes (
 elements a GPU holds per token, ``kv_elements_per_token``, x the dtype's bytes). A kernel
 dropped from the later table leaves a difference positive at most shapes and about one launch
 where little is written. Where much is written the difference also holds what changed in the
-attention kernel between the versions (at 8 MiB it is two to three times what a write at the
-datasheet bandwidth costs), so a step's write read there is an upper reading.
+attention kernel between the versions (the table gives each group's median over one launch plus
+the write at the datasheet bandwidth), so a step's write read there is an upper reading.
 
 The oracle reads attention at its step set's version: 0.14.0 for the BF16 `_silicon` sets,
 0.19.0 for the FP8 and MoE ones. Each set whose oracle reads a version at or past 0.19.0 on a
@@ -44,7 +44,7 @@ from leaderboard import store
 from leaderboard.serving import simulate
 from leaderboard.serving.report_kv_write import kv_write_tables
 from leaderboard_core import progress
-from leaderboard_core.specs import KV_CACHE_BYTES, kv_elements_per_token, load_models
+from leaderboard_core.specs import KV_CACHE_BYTES, kv_elements_per_token, load_gpu_specs, load_models
 from leaderboard_core.versioning import release
 
 # The two aiconfigurator versions whose decode attention is differenced: the BF16 step sets'
@@ -59,9 +59,8 @@ def kv_dtype() -> str:
 
 
 def table_difference() -> pl.DataFrame:
-    """Per GPU and bytes written a call, over every decode shape timed at both versions (the
-    replay's KV dtype, no sliding window): how many, the median and quartiles of BEFORE minus
-    AFTER (µs), and the share of them positive (%)."""
+    """``by_bytes_written`` over every decode shape the store times at both versions (the
+    replay's KV dtype, no sliding window)."""
     with store.connect() as con:
         times = con.sql(
             "SELECT sku, backend_version, batch, kv_len, num_heads, num_kv_heads, head_dim, "
@@ -69,8 +68,19 @@ def table_difference() -> pl.DataFrame:
             "AND backend = 'vllm' AND phase = 'decode' AND kv_dtype = ? "
             "AND coalesce(window_size, 0) = 0 AND backend_version IN (?, ?) GROUP BY ALL",
             params=[kv_dtype(), BEFORE, AFTER]).pl()
+    return by_bytes_written(times, load_gpu_specs())
+
+
+def by_bytes_written(times: pl.DataFrame, gpus: dict) -> pl.DataFrame:
+    """Per GPU and bytes written a call, over the decode shapes of ``times`` timed at both
+    versions: how many, the median and quartiles of BEFORE minus AFTER (µs), the share of them
+    positive (%), and the median over what one launch (the GPU's median at its smallest write)
+    plus the write at the GPU's datasheet bandwidth would cost (reading the new keys and values
+    and writing them: twice the bytes)."""
     paired = times.filter(backend_version=BEFORE).join(
         times.filter(backend_version=AFTER), on=["sku", *SHAPE], suffix="_after")
+    bandwidth = pl.DataFrame({"sku": list(gpus), "bytes_per_us": [
+        float(g["mem_bw_gbs"]) * 1e3 for g in gpus.values()]})
     return (paired.with_columns(
                 # keys and values of the heads one GPU holds: the tables' heads are per GPU
                 written_bytes=pl.col("batch") * pl.col("num_kv_heads") * pl.col("head_dim")
@@ -81,7 +91,12 @@ def table_difference() -> pl.DataFrame:
                 q25_us=pl.col("difference_us").quantile(0.25),
                 q75_us=pl.col("difference_us").quantile(0.75),
                 positive=(pl.col("difference_us") > 0).mean() * 100)
-            .sort("sku", "written_bytes"))
+            .sort("sku", "written_bytes")
+            .join(bandwidth, on="sku", how="left", maintain_order="left")
+            .with_columns(over_launch_and_write=pl.col("median_us") / (
+                pl.col("median_us").first().over("sku")
+                + 2 * pl.col("written_bytes") / pl.col("bytes_per_us")))
+            .drop("bytes_per_us"))
 
 
 class CacheWrite:

@@ -13,7 +13,7 @@ from conftest import SHARED, load_benchmark
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
 from leaderboard.serving.report_kv_write import kv_write, kv_write_measured
 from leaderboard.serving.report_unknowns import unknowns_measured
-from leaderboard_core.specs import load_models
+from leaderboard_core.specs import load_gpu_specs, load_models
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,28 @@ def test_only_sets_read_at_a_later_aiconfigurator_version_with_a_difference_are_
         {**later, "source": "llmservingsim"}, {"h100_sxm"})
 
 
+def test_each_group_is_read_against_one_launch_plus_the_write_at_datasheet_bandwidth(bench):
+    """H100 (3,350 GB/s): one shape writing 512 bytes, 2 µs slower at 0.14.0, and three
+    writing 8 MiB, 10, 20 and 30 µs slower (median 20). One launch is the smallest write's 2 µs;
+    8 MiB read and written at 3.35 bytes a picosecond take 2 x 8,388,608 / 3.35e6 = 5.008 µs,
+    so the 8 MiB group is 20 / 7.008 = 2.85 times them. A shape timed at one version only is
+    not paired."""
+    rows = []
+    for batch, heads, slower_us in ((1, 1, 2.0), (2048, 8, 10.0), (4096, 4, 20.0),
+                                    (8192, 2, 30.0), (16, 1, None)):
+        shape = {"sku": "h100_sxm", "batch": batch, "kv_len": 64, "num_heads": 32,
+                 "num_kv_heads": heads, "head_dim": 128}
+        rows.append({**shape, "backend_version": bench.AFTER, "latency_ms": 0.010})
+        if slower_us is not None:
+            rows.append({**shape, "backend_version": bench.BEFORE,
+                         "latency_ms": 0.010 + slower_us / 1e3})
+    got = bench.by_bytes_written(pl.DataFrame(rows), load_gpu_specs()).to_dicts()
+    assert [(r["written_bytes"], r["shapes"]) for r in got] == [(512, 1), (8 * 2**20, 3)]
+    assert got[1]["median_us"] == pytest.approx(20.0)
+    assert got[1]["over_launch_and_write"] == pytest.approx(20.0 / (2.0 + 2 * 8 * 2**20 / 3.35e6))
+    assert got[0]["over_launch_and_write"] == pytest.approx(2.0 / (2.0 + 2 * 512 / 3.35e6))
+
+
 def test_the_difference_is_the_pinned_tables_own(bench, store_home):
     """H100, 4 KiB written a call (batch x KV heads x 128 x 4 = 4,096, e.g. 8 requests of one
     KV head): the median over every shared shape of 0.14.0's decode latency minus 0.19.0's,
@@ -80,7 +102,8 @@ ROW = {"dataset": "h100_silicon_fp8", "backend": "all", "n": 45, "version": "0.1
        "write_tpot_signed_median": -5.0, "tpot_added_ms": 0.15}
 BENCH = {"before": "0.14.0", "after": "0.19.0", "rows": [ROW, {**ROW, "backend": "vllm"}],
          "difference": [{"sku": "h100_sxm", "written_bytes": 4096, "shapes": 570,
-                         "median_us": 1.89, "q25_us": 1.46, "q75_us": 3.92, "positive": 99.5}],
+                         "median_us": 1.89, "q25_us": 1.46, "q75_us": 3.92, "positive": 99.5,
+                         "over_launch_and_write": 1.09}],
          "listed": [{"dataset": "h100_silicon", "why": "its oracle reads vLLM 0.14.0's tables, "
                      "at or before 0.14.0"}],
          "code_version": "abc", "date": "2026-12-05", "seconds": 60.0}
@@ -92,7 +115,7 @@ def test_the_report_shows_the_tables_and_each_replayed_sets_clause(tmp_path):
     assert kv_write_measured("h100_silicon_fp8", path) is None
     path.write_text(json.dumps(BENCH))
     text = "\n".join(kv_write(path))
-    assert "| h100_sxm | 4 KiB | 570 | 1.9 | 1.5 / 3.9 | 99.5 |" in text
+    assert "| h100_sxm | 4 KiB | 570 | 1.9 | 1.5 / 3.9 | 99.5 | 1.1 |" in text
     assert ("| h100_silicon_fp8 | all | 45 | 0.19.0 | 108.0 / 108.4 | 6.1 / 5.6 | -5.8 / -5.0 "
             "| 0.15 |") in text
     assert text.index("| all |") < text.index("| vllm |")

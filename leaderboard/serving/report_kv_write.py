@@ -29,10 +29,10 @@ def kv_write_tables(bench: dict) -> list[str]:
     (the script prints them too)."""
     before, after = bench["before"], bench["after"]
     lines = table(["GPU", "bytes written a call", "shapes", f"{before} - {after} median µs",
-                   "quartiles µs", "positive %"],
+                   "quartiles µs", "positive %", "x (one launch + the write at datasheet bandwidth)"],
                   [[r["sku"], _bytes(r["written_bytes"]), str(r["shapes"]), fmt(r["median_us"]),
-                    f"{fmt(r['q25_us'])} / {fmt(r['q75_us'])}", fmt(r["positive"])]
-                   for r in bench["difference"]], "lrrrrr")
+                    f"{fmt(r['q25_us'])} / {fmt(r['q75_us'])}", fmt(r["positive"]),
+                    fmt(r["over_launch_and_write"])] for r in bench["difference"]], "lrrrrrr")
     rows = sorted(bench["rows"], key=lambda r: (r["dataset"], r["backend"] != "all", r["backend"]))
     lines += [""] + table(["dataset", "backend", "n", "tables of vLLM", "TTFT MAPE %: headline / + write",
                            "TPOT MAPE %: headline / + write",
@@ -65,7 +65,8 @@ def kv_write(path: Path = KV_WRITE_JSON) -> list[str]:
             "size x 2 x the dtype's bytes). A kernel dropped from the later table shows as a "
             "difference positive at most shapes and about one launch where little is written; "
             "where much is written the difference also holds what changed in the attention "
-            "kernel (at 8 MiB it is two to three times a write at the datasheet bandwidth), so "
+            "kernel (the last column: the median over one launch, the GPU's median at its "
+            "smallest write, plus reading and writing the bytes at the datasheet bandwidth), so "
             "a step's write read there is an upper reading. The oracle reads attention at its "
             f"step set's version ({before} for the BF16 sets, {after} for the FP8 and MoE "
             f"ones). The second table: each set read at {after} on a GPU with both tables, "
