@@ -3,10 +3,10 @@ kernel table holds.
 
 The oracle prices a replayed step from the target GPU's measured GEMM, attention, all-reduce and
 fused-MoE tables and the LM head. The engine also runs a layer's light kernels: the two RMSNorms,
-rotary embedding, the gated activation and the residual adds (Qwen3's per-head q/k norms have
-no measurement here; the KV-cache write is ``benchmarks/kv_cache_write.py``'s), and a step ends
-in sampling. aiconfigurator timed
-none of them on any GPU. Two pinned sources time light kernels as an engine runs them:
+rotary embedding, the gated activation and the residual adds (Qwen3's per-head q/k norms have no
+measurement here), and a step ends in sampling. aiconfigurator timed none of these on any GPU
+(the KV-cache write is ``benchmarks/kv_cache_write.py``'s). Two pinned sources time light
+kernels as an engine runs them:
 
 - Vidur (``model_ops``, ``source = 'vidur'``, ``h100_sxm``): its engine's own kernels, one
   RMSNorm, rotary, activation and add each, the GPU time of each op's kernels from its

@@ -13,7 +13,7 @@ from conftest import SHARED, load_benchmark
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
 from leaderboard.serving.report_kv_write import kv_write, kv_write_measured
 from leaderboard.serving.report_unknowns import unknowns_measured
-from leaderboard_core.specs import load_gpu_specs, load_models
+from leaderboard_core.specs import load_models
 
 
 @pytest.fixture(scope="module")
@@ -52,25 +52,32 @@ def test_only_sets_read_at_a_later_aiconfigurator_version_with_a_difference_are_
 
 
 def test_each_group_is_read_against_one_launch_plus_the_write_at_datasheet_bandwidth(bench):
-    """H100 (3,350 GB/s): one shape writing 512 bytes, 2 µs slower at 0.14.0, and three
-    writing 8 MiB, 10, 20 and 30 µs slower (median 20). One launch is the smallest write's 2 µs;
-    8 MiB read and written at 3.35 bytes a picosecond take 2 x 8,388,608 / 3.35e6 = 5.008 µs,
-    so the 8 MiB group is 20 / 7.008 = 2.85 times them. A shape timed at one version only is
-    not paired."""
+    """Two GPUs, each against its own launch and bandwidth. A (2,000 GB/s, 2e6 bytes a µs,
+    listed last): one shape writing 512 bytes, 2 µs slower at the earlier version, and three
+    writing 8 MiB, 10, 20 and 30 µs slower (median 20); its launch is 2 µs and 8 MiB read and
+    written take 2 x 8,388,608 / 2e6 = 8.39 µs, so that group is 20 / 10.39 times them. B
+    (4,000 GB/s, listed first): 512 bytes 1 µs slower, its own launch, so 1 / (1 + 1,024 / 4e6).
+    A shape timed at one version only is not paired."""
     rows = []
-    for batch, heads, slower_us in ((1, 1, 2.0), (2048, 8, 10.0), (4096, 4, 20.0),
-                                    (8192, 2, 30.0), (16, 1, None)):
-        shape = {"sku": "h100_sxm", "batch": batch, "kv_len": 64, "num_heads": 32,
+    for sku, batch, heads, slower_us in (("b", 1, 1, 1.0), ("a", 1, 1, 2.0), ("a", 2048, 8, 10.0),
+                                         ("a", 4096, 4, 20.0), ("a", 8192, 2, 30.0),
+                                         ("a", 16, 1, None)):
+        shape = {"sku": sku, "batch": batch, "kv_len": 64, "num_heads": 32,
                  "num_kv_heads": heads, "head_dim": 128}
         rows.append({**shape, "backend_version": bench.AFTER, "latency_ms": 0.010})
         if slower_us is not None:
             rows.append({**shape, "backend_version": bench.BEFORE,
                          "latency_ms": 0.010 + slower_us / 1e3})
-    got = bench.by_bytes_written(pl.DataFrame(rows), load_gpu_specs()).to_dicts()
-    assert [(r["written_bytes"], r["shapes"]) for r in got] == [(512, 1), (8 * 2**20, 3)]
-    assert got[1]["median_us"] == pytest.approx(20.0)
-    assert got[1]["over_launch_and_write"] == pytest.approx(20.0 / (2.0 + 2 * 8 * 2**20 / 3.35e6))
-    assert got[0]["over_launch_and_write"] == pytest.approx(2.0 / (2.0 + 2 * 512 / 3.35e6))
+    gpus = {"b": {"mem_bw_gbs": 4000}, "c": {"mem_bw_gbs": 1}, "a": {"mem_bw_gbs": 2000}}
+    got = {(r["sku"], r["written_bytes"]): r
+           for r in bench.by_bytes_written(pl.DataFrame(rows), gpus, 2).to_dicts()}
+    assert {k: r["shapes"] for k, r in got.items()} == {("a", 512): 1, ("a", 8 * 2**20): 3,
+                                                         ("b", 512): 1}
+    assert got[("a", 8 * 2**20)]["median_us"] == pytest.approx(20.0)
+    assert got[("a", 8 * 2**20)]["over_launch_and_write"] == pytest.approx(
+        20.0 / (2.0 + 2 * 8 * 2**20 / 2e6))
+    assert got[("a", 512)]["over_launch_and_write"] == pytest.approx(2.0 / (2.0 + 1024 / 2e6))
+    assert got[("b", 512)]["over_launch_and_write"] == pytest.approx(1.0 / (1.0 + 1024 / 4e6))
 
 
 def test_the_difference_is_the_pinned_tables_own(bench, store_home):
