@@ -79,6 +79,19 @@ def benchmark_json(path: Path, script: str) -> tuple[dict | None, str]:
     return (json.loads(path.read_text()) if path.exists() else None), command
 
 
+def benchmark_stamp(bench: dict) -> str:
+    """The line under a benchmark's tables: the code and date it ran at and how long it took."""
+    return f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s."
+
+
+def benchmark_set_row(path: Path, script: str, dataset: str) -> dict | None:
+    """The row a serving benchmark's JSON at ``path`` (written by ``benchmarks/<script>.py``)
+    holds for ``dataset`` with every backend together; None before it ran, or where it has none."""
+    bench, _ = benchmark_json(path, script)
+    return None if bench is None else next(
+        (r for r in bench["rows"] if r["dataset"] == dataset and r["backend"] == "all"), None)
+
+
 def _widest_spread(rows: list[dict], key: str) -> tuple[str, float] | None:
     """(GPU, (max - min) / min in %) of the GPU whose measured ``key`` moves most between vLLM
     versions; None if no GPU has it at two versions."""

@@ -68,23 +68,19 @@ def kv_write(path: Path = KV_WRITE_JSON) -> list[str]:
             "kernel, which moves it both ways (the last column: the median over one launch, the "
             "GPU's median at its smallest write, plus reading and writing the bytes at the "
             "datasheet bandwidth), so there it bounds the write in neither direction. The "
-            "oracle reads attention at its "
-            f"step set's version ({before} for the BF16 sets, {after} for the FP8 and MoE "
-            f"ones). The second table: each set read at {after} on a GPU with both tables, "
+            f"oracle reads attention at its step set's version ({before} for the BF16 sets, "
+            f"{after} for the FP8 and MoE ones). The second table: each set read at {after} on a GPU with both tables, "
             "replayed with the oracle's step timer as the headline and with every layer's write "
             "added, read from the GPU's difference at the measured bytes nearest the step's (a "
             "step writing more than the largest measured call reads that call).",
             "", *kv_write_tables(bench), "",
-            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+            report_sections.benchmark_stamp(bench), ""]
 
 
 def kv_write_measured(dataset: str, path: Path = KV_WRITE_JSON) -> str | None:
     """The clause of ``dataset``'s "what stops the oracle" line: its TTFT and TPOT with the
     KV-cache write added, beside the benchmark's own headline replay; None where not replayed."""
-    bench, _ = report_sections.benchmark_json(path, "kv_cache_write")
-    row = None if bench is None else next(
-        (r for r in bench["rows"] if r["dataset"] == dataset and r["backend"] == "all"), None)
-    if row is None:
+    if (row := report_sections.benchmark_set_row(path, "kv_cache_write", dataset)) is None:
         return None
     return (f"the KV-cache write its vLLM {row['version']} attention tables omit "
             f"(`benchmarks/kv_cache_write.py`, {fmt(row['tpot_added_ms'], 2)} ms a token at the "

@@ -64,18 +64,13 @@ def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
             "after the added kernels, the measured TPOT grows with the clients by other work; "
             "where it turns negative, the added kernels grow faster than the measured TPOT.",
             "", *light_kernels_table(bench), "",
-            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+            report_sections.benchmark_stamp(bench), ""]
 
 
 def light_kernels_measured(dataset: str, path: Path = LIGHT_JSON) -> str | None:
     """The clause of ``dataset``'s "what stops the oracle" line: its TTFT and TPOT with the
     light kernels and sampling added, beside the benchmark's own headline replay."""
-    bench, _ = report_sections.benchmark_json(path, "light_kernels")
-    if bench is None:
-        return None
-    row = next((r for r in bench["rows"] if r["dataset"] == dataset and r["backend"] == "all"),
-               None)
-    if row is None:
+    if (row := report_sections.benchmark_set_row(path, "light_kernels", dataset)) is None:
         return None
     said = (f"the light kernels ({row['light_source']}) added to every step "
             f"(`benchmarks/light_kernels.py`) give {fmt(row['light_ttft_mape'])} % TTFT and "

@@ -79,7 +79,7 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
             "TTFT / TPOT MAPE % for each length, each a replay of its own, over every wave or "
             f"without the first {dropped} (a warm-up that did not drain):", "",
             *closed_loop_table(bench), "", *_best_lengths(bench), "",
-            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+            report_sections.benchmark_stamp(bench), ""]
 
 
 def engine_choices_tables(bench: dict) -> list[str]:
@@ -151,7 +151,7 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "sources support. The targets `fp8_kv_capacity` and `no_prefix_cache` move are "
             "listed after the table:",
             "", *engine_choices_tables(bench), "",
-            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
+            report_sections.benchmark_stamp(bench), ""]
 
 
 def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
