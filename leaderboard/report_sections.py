@@ -79,9 +79,11 @@ def benchmark_json(path: Path, script: str) -> tuple[dict | None, str]:
     return (json.loads(path.read_text()) if path.exists() else None), command
 
 
-def benchmark_stamp(bench: dict) -> str:
-    """The line under a benchmark's tables: the code and date it ran at and how long it took."""
-    return f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s."
+def benchmark_section(prose: str, tables: list[str], bench: dict) -> list[str]:
+    """A benchmark's section of the report: its ``prose``, its ``tables`` and the line under
+    them that gives the code and date the benchmark ran at and how long it took."""
+    return [prose, "", *tables, "",
+            f"Code {bench['code_version']}, {bench['date']}, {bench['seconds']:.0f} s.", ""]
 
 
 def benchmark_set_row(path: Path, script: str, dataset: str) -> dict | None:

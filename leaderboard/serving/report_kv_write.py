@@ -54,7 +54,8 @@ def kv_write(path: Path = KV_WRITE_JSON) -> list[str]:
     if bench is None:
         return [f"No KV-cache-write benchmark yet ({command}).", ""]
     before, after = bench["before"], bench["after"]
-    return [f"Whether the attention tables hold the KV-cache write ({command}). aiconfigurator's "
+    return report_sections.benchmark_section(
+            f"Whether the attention tables hold the KV-cache write ({command}). aiconfigurator's "
             "collector times the attention backend's forward alone, and vLLM moved the "
             "FlashAttention backend's write of the new keys and values out of that forward "
             "into an op of its own (its PR 25954; later backends followed), so a table "
@@ -69,12 +70,11 @@ def kv_write(path: Path = KV_WRITE_JSON) -> list[str]:
             "GPU's median at its smallest write, plus reading and writing the bytes at the "
             "datasheet bandwidth), so there it bounds the write in neither direction. The "
             f"oracle reads attention at its step set's version ({before} for the BF16 sets, "
-            f"{after} for the FP8 and MoE ones). The second table: each set read at {after} on a GPU with both tables, "
-            "replayed with the oracle's step timer as the headline and with every layer's write "
-            "added, read from the GPU's difference at the measured bytes nearest the step's (a "
-            "step writing more than the largest measured call reads that call).",
-            "", *kv_write_tables(bench), "",
-            report_sections.benchmark_stamp(bench), ""]
+            f"{after} for the FP8 and MoE ones). The second table: each set read at {after} on "
+            "a GPU with both tables, replayed with the oracle's step timer as the headline and "
+            "with every layer's write added, read from the GPU's difference at the measured "
+            "bytes nearest the step's (a step writing more than the largest measured call reads "
+            "that call).", kv_write_tables(bench), bench)
 
 
 def kv_write_measured(dataset: str, path: Path = KV_WRITE_JSON) -> str | None:

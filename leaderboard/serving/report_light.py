@@ -39,7 +39,8 @@ def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
     bench, command = report_sections.benchmark_json(path, "light_kernels")
     if bench is None:
         return [f"No light-kernel benchmark yet ({command}).", ""]
-    return [f"What the kernel tables leave out of a step: the light kernels and sampling "
+    return report_sections.benchmark_section(
+            f"What the kernel tables leave out of a step: the light kernels and sampling "
             f"({command}). The oracle's steps hold no norm, rotary embedding, residual add, "
             "sampler or, outside an MoE layer's fused experts, activation: aiconfigurator timed "
             "none on any GPU. Two pinned sources time them as an engine runs them. Vidur timed "
@@ -63,8 +64,7 @@ def light_kernels(path: Path = LIGHT_JSON) -> list[str]:
             "each backend's (model, TP, isl) of a line over the loads): where it stays positive "
             "after the added kernels, the measured TPOT grows with the clients by other work; "
             "where it turns negative, the added kernels grow faster than the measured TPOT.",
-            "", *light_kernels_table(bench), "",
-            report_sections.benchmark_stamp(bench), ""]
+            light_kernels_table(bench), bench)
 
 
 def light_kernels_measured(dataset: str, path: Path = LIGHT_JSON) -> str | None:

@@ -69,7 +69,8 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
     if bench is None:
         return [f"No closed-loop length benchmark yet ({command}).", ""]
     dropped = " or ".join(str(d) for d in bench["dropped"] if d)
-    return [f"How long a loop the replay runs ({command}). No record states how many "
+    return report_sections.benchmark_section(
+            f"How long a loop the replay runs ({command}). No record states how many "
             "requests a `_silicon` run sent. The "
             f"replay's headline runs {load_conf()['simulation']['waves']} waves of "
             "`concurrency` requests. aiconfigurator's own benchmark template sends 50 (unless "
@@ -77,9 +78,8 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
             "every warm-up response before it profiles, so the profiled waves also start from "
             "an idle engine; public GenAI-Perf benchmark scripts often send 10. The oracle's "
             "TTFT / TPOT MAPE % for each length, each a replay of its own, over every wave or "
-            f"without the first {dropped} (a warm-up that did not drain):", "",
-            *closed_loop_table(bench), "", *_best_lengths(bench), "",
-            report_sections.benchmark_stamp(bench), ""]
+            f"without the first {dropped} (a warm-up that did not drain):",
+            [*closed_loop_table(bench), "", *_best_lengths(bench)], bench)
 
 
 def engine_choices_tables(bench: dict) -> list[str]:
@@ -108,7 +108,8 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
     bench, command = report_sections.benchmark_json(path, "engine_choices")
     if bench is None:
         return [f"No engine-choice benchmark yet ({command}).", ""]
-    return [f"Engine choices no record states ({command}). The `_silicon` CSV holds no launch "
+    return report_sections.benchmark_section(
+            f"Engine choices no record states ({command}). The `_silicon` CSV holds no launch "
             "flags. The headline replays every backend with a BF16 KV cache (vLLM's "
             "`--kv-cache-dtype auto` for a BF16 or online-FP8 model) and vLLM with prefix "
             "caching on (V1's default, which aiconfigurator's generator keeps unless asked). "
@@ -149,9 +150,7 @@ def engine_choices(path: Path = CHOICES_JSON) -> list[str]:
             "its TTFT error shrinks. A choice that helped one GPU's runs and hurt another's "
             "would be a per-GPU fit to the measurements, so the headline keeps what the "
             "sources support. The targets `fp8_kv_capacity` and `no_prefix_cache` move are "
-            "listed after the table:",
-            "", *engine_choices_tables(bench), "",
-            report_sections.benchmark_stamp(bench), ""]
+            "listed after the table:", engine_choices_tables(bench), bench)
 
 
 def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
