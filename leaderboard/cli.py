@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import inputs, predictor_index
+from leaderboard import config, inputs, predictor_index
 from leaderboard.config import check_names, load_config, unknown_key
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
@@ -38,6 +38,7 @@ def check_choices(argv: list[str]) -> None:
     """Answer a typo in ``predictor=``, ``dataset=``, a predictor field or any key with the
     valid names and the closest one (``config.check_names``, ``config.unknown_key``)."""
     try:
+        config.refuse_config_doors(argv)
         check_names(argv)
         for value in (a.partition("=")[2] for a in argv if a.startswith("runs_dir=")):
             for folder in value.split(","):  # before Hydra makes its log folder there
@@ -93,6 +94,9 @@ def print_metrics(metrics: dict, folder) -> None:
     if status == "UNSEALED":
         stderr.print(f"[yellow]unsealed:[/] sandbox {metrics['sandbox']}, not namespaces and "
                      "Landlock: the report lists this run apart and never ranks it",
+                     highlight=False)
+    if metrics["valid"] and not metrics.get("rankable"):
+        stderr.print(f"[yellow]not rankable:[/] {'; '.join(metrics['unrankable_because'])}",
                      highlight=False)
     Console().print(f"fit {metrics['fit_seconds'] or 0:.2f} s, predict "
                     f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; sandbox "

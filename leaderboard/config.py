@@ -25,6 +25,25 @@ OmegaConf.register_new_resolver(
 GROUPS = ("predictor", "dataset", "split")
 
 
+# Ways to hand Hydra configs or code of one's own: a run's config is the suite's, and a
+# predictor's code reaches only sealed children (``predictors_path``)
+CONFIG_DOORS = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
+DOOR_KEYS = ("hydra.searchpath", "hydra.callbacks", "hydra.sweeper", "hydra.launcher._target_")
+
+
+def refuse_config_doors(argv) -> None:
+    """Raise ``InputError`` for a flag or override that adds config folders, callbacks or a
+    ``_target_`` of one's own to the harness (each would run code or configs in the process
+    that holds the ground truth)."""
+    for arg in argv:
+        flag, key = arg.partition("=")[0], arg.partition("=")[0].lstrip("+~")
+        if flag in CONFIG_DOORS or key.startswith(DOOR_KEYS) or key.endswith("_target_"):
+            raise InputError(f"{flag} is not taken: the harness composes only the suite's own "
+                             "configs (conf/) and runs no code it was handed; put a predictor in "
+                             "a folder and pass predictors_path=DIR, and choose a launcher with "
+                             "hydra/launcher=local|slurm")
+
+
 def include_predictors(overrides) -> None:
     """Register the predictors of ``predictors_path=DIR`` (a folder outside the repo) before
     Hydra composes, so that ``predictor=<name>`` finds their nodes."""
@@ -149,6 +168,7 @@ def command_config(argv: list[str], prog: str, doc: str, section: str,
         print(f"{prog}: {flag} is deprecated and goes in the next release; use {override}",
               file=sys.stderr)
         overrides.append(override)
+    refuse_config_doors(overrides)
     flags = [a for a in overrides if a.startswith("-")]
     if flags:
         raise InputError(f"unknown flag {flags[0]}: {prog} takes key=value overrides only "

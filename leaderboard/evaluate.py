@@ -22,6 +22,7 @@ from leaderboard import (
     debris,
     metrics,
     predictor_index,
+    rankable,
     readings,
     sandbox,
     seal_walls,
@@ -45,8 +46,8 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: int
-                     ) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
+def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: int,
+                     spec: RunSpec) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
     """Predictions (or None), the target rows they score, and the timing/validity facts.
 
     Construct, fit, reading and predict run in a child process that gets the home bundle and
@@ -58,7 +59,8 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
-        supplier, inputs.data_roots, predictor_index.folders())
+        supplier, inputs.data_roots, predictor_index.folders(described),
+        predictor_index.child_folders(described), spec.stage_seconds)
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
     if pred is None:
@@ -75,14 +77,15 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     return pred, target, facts
 
 
-def _simulate(described: dict, params: dict, inputs: RunInputs) -> tuple[pl.DataFrame, dict]:
+def _simulate(described: dict, params: dict, inputs: RunInputs, spec: RunSpec) -> tuple[pl.DataFrame, dict]:
     """Serving targets: the sandboxed child fits the predictor and prices the steps this
     process's replay schedules (no deploy reading); this process keeps the measured TTFT/TPOT
     and builds the scored rows."""
     refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
     pred, _, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
-        "serving", 0, refuse_all, inputs.data_roots, predictor_index.folders())
+        "serving", 0, refuse_all, inputs.data_roots, predictor_index.folders(described),
+        predictor_index.child_folders(described), spec.stage_seconds)
     if facts.get("not_supported"):
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0
@@ -116,12 +119,15 @@ def run(spec: RunSpec) -> RunResult:
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
-    budget = readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
+    # Deploy readings are for step targets only (docs/design.md): an op-level or serving
+    # child that asks anyway is refused, and its run INVALID
+    budget = (readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
+              if inputs.level == "step" else 0)
     if inputs.serving:  # a row per target and metric; the steps timed are the replay's
-        predictions, facts = _simulate(described, params, inputs)
+        predictions, facts = _simulate(described, params, inputs, spec)
         target, pred = predictions, None if facts["invalid_reasons"] else predictions["pred_ms"]
     else:
-        pred, target, facts = _fit_and_predict(described, params, inputs, budget)
+        pred, target, facts = _fit_and_predict(described, params, inputs, budget, spec)
         columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
         predictions = target.select(columns).with_columns(
             pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
@@ -160,8 +166,14 @@ def run(spec: RunSpec) -> RunResult:
                                 if facts.get("predict_seconds") else None),
         "level": inputs.level,
         "phases": metrics.by_phase(predictions, phases, inputs.level) if pred is not None else {},
+        "reading_max_points": spec.reading_max_points,
+        "reading_max_fraction": spec.reading_max_fraction,
+        "inputs_digest": rankable.inputs_digest(inputs),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    result["unrankable_because"] = rankable.reasons(spec, inputs, params, described["defaults"],
+                                                    result["sealed"], result["sandbox"])
+    result["rankable"] = not result["unrankable_because"]
     folder = _write(spec, result, predictions, inputs.target_lineage)
     return RunResult(folder, result, predictions)
 

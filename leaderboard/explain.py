@@ -1,36 +1,48 @@
 """``python -m leaderboard.explain predictor=ours dataset=h200_vidur [explain.cell=ID | explain.worst=K]``:
 a cell, term by term, beside what was measured.
 
-Fits the predictor as a run does (a wall-clock target first takes its deploy reading), asks it
-for its ``explain`` of the blind cell (the tables it offers; ``ours`` gives each op of a layer
-with its factors, then the step's terms), prints each measured op of the cell (from its lineage)
-beside the predictor's split of the prediction where it offers one (``predict_by_op``), and sets
-the prediction against the measured time. ``explain.worst=K`` predicts every cell and explains
-the K with the largest error. This command reads the store, so it is a diagnostic, not a scored
-run. With neither key, the dataset's first cell is explained.
+Fits the predictor in a sealed child as a run does (a wall-clock target first takes its deploy
+reading), asks it there for its ``explain`` of the blind cell (the tables it offers; ``ours``
+gives each op of a layer with its factors, then the step's terms), prints each measured op of
+the cell (from its lineage) beside the predictor's split of the prediction where it offers one
+(``predict_by_op``), and sets the prediction against the measured time. ``explain.worst=K``
+predicts every cell and explains the K with the largest error. This command reads the store, so
+it is a diagnostic, not a scored run. With neither key, the dataset's first cell is explained.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import metrics
+from leaderboard import metrics, predictor_index, readings, sandbox
 from leaderboard.config import command_config
 from leaderboard.inputs import InputError, guarded
-from leaderboard.readings import take_in_process
-from leaderboard.run_inputs import RunSpec, load_inputs, require_card_scope
+from leaderboard.run_inputs import RunInputs, RunSpec, load_inputs, require_card_scope
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, NotSupported
-from predictors import registry
-from predictors.base import Predictor
 
 
-def load(predictor: str, dataset: str):
-    if registry.get(predictor).explain is Predictor.explain:  # before a fit that may be long
+@dataclass
+class Explained:
+    """A fitted predictor's answers, made in its sealed child: every scored cell's prediction
+    (``predicted``), and per cell asked for its ``explain`` tables, per-op split and prediction."""
+
+    predictor: str
+    cells: pl.DataFrame  # the scored cells, ground truth included (this process's)
+    gpu: object
+    lineage: pl.DataFrame
+    predicted: np.ndarray | None = None
+    explained: dict = field(default_factory=dict)
+
+
+def load(predictor: str, dataset: str) -> tuple[dict, RunInputs]:
+    described = predictor_index.get(predictor)
+    if not described["explains"]:  # before a fit that may be long
         raise InputError(f"predictor '{predictor}' offers no explain; its prediction only is "
                          "scored (a predictor offers one by overriding Predictor.explain); "
                          "ours and its rungs have one")
@@ -39,63 +51,98 @@ def load(predictor: str, dataset: str):
         raise InputError(f"explain takes a step dataset (cells with their measured ops); "
                          f"{dataset} holds {inputs.target_row['kind']}, not cells: pick a _vidur, "
                          "_vidur19 or _vidurprof one (python -m leaderboard.data list)")
-    card = registry.describe(predictor, registry.get(predictor))["card"]
     try:  # what a run would decline, explain declines too (an MoE cell for a dense card)
-        require_card_scope(predictor, card, inputs)
+        require_card_scope(predictor, described["card"], inputs)
     except NotSupported as exc:
         raise InputError(str(exc)) from exc
-    model = registry.build(predictor).fit(inputs.home)
-    # as a run: the cells a deploy reading touched are not scored
-    cells, _ = take_in_process(model, inputs.target, inputs.target_lineage, inputs.gpu)
-    return model, cells, inputs.gpu, inputs.target_lineage
+    return described, inputs
 
 
-def worst(model, cells: pl.DataFrame, gpu, k: int) -> list[str]:
+def sealed(described: dict, inputs: RunInputs, cell_ids=None) -> Explained:
+    """Fit in a sealed child as a run does (a wall-clock target first takes its deploy reading,
+    and the cells it touched are not scored), then predict every cell (``cell_ids`` None) or
+    explain the given ones."""
+    budget = readings.cap(len(inputs.target))
+    supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
+    pred, _, facts = sandbox.fit_and_predict(
+        described, described["defaults"], inputs.home, inputs.target.drop(GROUND_TRUTH_COLUMNS),
+        inputs.gpu, "step" if cell_ids is None else "explain", budget, supplier,
+        inputs.data_roots, predictor_index.folders(described),
+        predictor_index.child_folders(described), explain=cell_ids or ())
+    if facts["invalid_reasons"]:
+        raise InputError(f"{described['name']} could not be explained: "
+                         f"{'; '.join(facts['invalid_reasons'])}")
+    return Explained(described["name"], supplier.scored(), inputs.gpu, inputs.target_lineage,
+                     pred, facts.get("explained", {}))
+
+
+def worst(model: Explained, k: int) -> list[str]:
     """The ids of the ``k`` cells with the largest absolute error."""
-    predicted = model.predict(cells.drop(GROUND_TRUTH_COLUMNS), gpu)
-    errors = np.abs(metrics.errors(predicted, cells["gt_ms"].to_numpy()))
-    return [cells["cell_id"][int(i)] for i in np.argsort(-errors)[:k]]
+    errors = np.abs(metrics.errors(model.predicted, model.cells["gt_ms"].to_numpy()))
+    return [model.cells["cell_id"][int(i)] for i in np.argsort(-errors)[:k]]
 
 
-def measured_ops(model, cell: pl.DataFrame, lineage: pl.DataFrame, gpu) -> dict | None:
+def measured_ops(model: Explained, cell: pl.DataFrame, answer: dict) -> dict | None:
     """The cell's measured ops (one row per op: calls, ms per call, ms in all) beside the
     predictor's own split of its prediction, when it offers one."""
-    rows = lineage.filter(pl.col("cell_id") == cell["cell_id"][0])
+    rows = model.lineage.filter(pl.col("cell_id") == cell["cell_id"][0])
     if rows.is_empty():
         return None
     per_op = rows.group_by("op", maintain_order=True).agg(
         pl.col("count").sum().alias("calls"), (pl.col("latency_ms") * pl.col("count")).sum()
         .alias("measured_ms"))
-    split = model.predict_by_op(cell.drop(GROUND_TRUTH_COLUMNS), gpu) or {}
+    split = answer["by_op"]
     table = []
     for op, calls, measured in per_op.iter_rows():
-        predicted = float(split[op][0]) if op in split else None
+        predicted = split.get(op)
         table.append({"op": op, "calls": calls, "measured ms": f"{measured:.4f}",
                       "predicted ms": "-" if predicted is None else f"{predicted:.4f}",
                       "error %": "-" if predicted is None
                       else f"{metrics.errors(predicted, measured):+.1f}"})
     note = ("measured: each op's points from the cell's lineage, times its calls" if split else
-            f"measured: from the cell's lineage; {model.name} does not split its prediction by op")
+            f"measured: from the cell's lineage; {model.predictor} does not split its "
+            "prediction by op")
     return {"title": "measured ops of this cell", "rows": table, "note": note}
 
 
-def render(model, cell: pl.DataFrame, gpu, console: Console,
-           lineage: pl.DataFrame | None = None) -> None:
-    c0 = cell.row(0, named=True)
-    blind = cell.drop(GROUND_TRUTH_COLUMNS)
-    tables = list(model.explain(blind, gpu) or [])
-    if lineage is not None and (ops := measured_ops(model, cell, lineage, gpu)):
+def render(model: Explained, cell_id: str, console: Console) -> None:
+    cell, answer = model.cells.filter(pl.col("cell_id") == cell_id), model.explained[cell_id]
+    c0, gpu = cell.row(0, named=True), model.gpu
+    tables = [t for t in answer["tables"] if isinstance(t, dict)]
+    if ops := measured_ops(model, cell, answer):
         tables.append(ops)
-    console.print(f"[bold]{model.name}[/] on {gpu.sku} ({gpu['arch']}): cell {c0['cell_id']}, "
-                  f"{c0['model']} TP{c0['tp']}, {c0['phase']}, {c0['num_requests']} requests, "
-                  f"{c0['total_tokens']} tokens, ground truth {c0['gt_kind']}")
+    console.print(f"[bold]{model.predictor}[/] on {gpu.sku} ({gpu['arch']}): cell "
+                  f"{c0['cell_id']}, {c0['model']} TP{c0['tp']}, {c0['phase']}, "
+                  f"{c0['num_requests']} requests, {c0['total_tokens']} tokens, ground truth "
+                  f"{c0['gt_kind']}")
     for spec in tables:
         if spec.get("note"):
-            console.print(spec["note"])
-        console.print(_table(spec["title"], spec["rows"]))
-    predicted = float(model.predict(blind, gpu)[0])
+            console.print(str(spec["note"]))
+        console.print(_table(str(spec.get("title", "")), list(spec.get("rows", []))))
+    predicted = answer["pred"]
     console.print(f"predicted {predicted:.4f} ms, measured {c0['gt_ms']:.4f} ms, error "
                   f"{metrics.errors(predicted, c0['gt_ms']):+.2f} %")
+
+
+def explained_cells(predictor: str, dataset: str, wanted: str | None = None,
+                    k: int | None = None) -> tuple[Explained, list[str]]:
+    """The cells to show (the ``k`` worst, ``wanted``, or the first scored one), explained."""
+    described, inputs = load(predictor, dataset)
+    if k:
+        chosen = worst(sealed(described, inputs), k)
+    else:
+        scored = readings.Supplier(inputs.target, inputs.target_lineage, 0).scored()
+        chosen = [wanted or scored["cell_id"][0]]
+    model = sealed(described, inputs, chosen)
+    for cell_id in chosen:
+        if cell_id not in model.explained:
+            cells = model.cells["cell_id"]
+            close = [c for c in cells if cell_id in c][:3] or cells.head(3).to_list()
+            raise InputError(f"no cell '{cell_id}' in {dataset} (deploy-reading rows are not "
+                             f"explained: they are not scored). Cell ids look like: "
+                             f"{', '.join(close)}; explain.worst=K picks the K worst cells, and "
+                             "every id is in a run's predictions.parquet (column cell_id)")
+    return model, chosen
 
 
 def _table(title: str, rows: list[dict]) -> Table:
@@ -121,17 +168,9 @@ def arguments(argv: list[str]) -> tuple[str, str, str | None, int | None]:
 
 def main(argv: list[str]) -> None:
     predictor, dataset, wanted, k = arguments(argv)
-    model, cells, gpu, lineage = load(predictor, dataset)
-    chosen = worst(model, cells, gpu, k) if k else [wanted or cells["cell_id"][0]]
+    model, chosen = explained_cells(predictor, dataset, wanted, k)
     for cell_id in chosen:
-        cell = cells.filter(pl.col("cell_id") == cell_id)
-        if cell.is_empty():
-            close = [c for c in cells["cell_id"] if cell_id in c][:3] or cells["cell_id"].head(3)
-            raise InputError(f"no cell '{cell_id}' in {dataset} (deploy-reading rows are not "
-                             f"explained: they are not scored). Cell ids look like: "
-                             f"{', '.join(close)}; explain.worst=K picks the K worst cells, and "
-                             "every id is in a run's predictions.parquet (column cell_id)")
-        render(model, cell, gpu, Console(width=200), lineage)
+        render(model, cell_id, Console(width=200))
 
 
 if __name__ == "__main__":

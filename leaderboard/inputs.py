@@ -60,6 +60,7 @@ def _flag(value) -> str | None:
 ROOT: dict[str, Callable[[object], str | None]] = {
     "reading.max_points": _number(int, 0),
     "reading.max_fraction": _number(float, 0, 1),
+    "seal.stage_seconds": _number(float, 1, low_open=False),
     "split.seed": _number(int, 0),
     "split.test_fraction": _number(float, 0, 1, low_open=True),
     "split.home_points": _one_of(*HOME_POINTS),

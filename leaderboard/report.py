@@ -32,6 +32,7 @@ from leaderboard import (
     families,
     metrics,
     op_atlas,
+    rankable,
     ranking,
     report_headline,
     report_leaderboard,
@@ -113,18 +114,21 @@ def rankings(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     return lines
 
 
-def unsealed_runs(unsealed: pl.DataFrame) -> list[str]:
-    """The current runs not sealed by namespaces and Landlock: listed, never ranked."""
-    if not len(unsealed):
+def unranked_runs(unranked: pl.DataFrame) -> list[str]:
+    """The current runs that are neither the default run of their (predictor, dataset) nor a
+    protocol's: listed with why, never ranked."""
+    if not len(unranked):
         return []
-    rows = [[p, d, s or "process", "VALID" if v else "INVALID",
-             fmt(json.loads(ph or "{}").get("all", {}).get("mape"))]
-            for p, d, s, v, ph in unsealed.sort("predictor", "dataset").select(
-                "predictor", "dataset", "sandbox", "valid", "phases").iter_rows()]
-    return ["## Unsealed runs (not ranked)", "",
-            "Runs whose child ran without its namespaces and Landlock: nothing but the "
-            "predictor's discipline kept it from the store, so no table above counts them.", "",
-            *table(["predictor", "dataset", "sandbox", "run", "all MAPE %"], rows, "lllll")]
+    rows = [[p, d, "VALID" if v else "INVALID", fmt(json.loads(ph or "{}").get("all", {}).get("mape")),
+             "; ".join(why or ["recorded before runs said whether they are rankable"])]
+            for p, d, v, ph, why in unranked.sort("predictor", "dataset").select(
+                "predictor", "dataset", "valid", "phases", "unrankable_because").iter_rows()]
+    return ["## Runs not ranked", "",
+            "Runs that changed the rules (reading caps, parameters), ran without the seal's "
+            "namespaces and Landlock, or scored rows other than the store's own: no table above "
+            "counts them (docs/design.md, \"Rankable runs\").", "",
+            *table(["predictor", "dataset", "run", "all MAPE %", "not rankable because"], rows,
+                   "lllrl")]
 
 
 def atlases(images: dict[str, Path], out: Path, atlas_dir: Path) -> list[str]:
@@ -194,10 +198,14 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     fresh = results.up_to_date(every, versions)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
     everything = results.current(fresh, versions).pl()
-    # Only sealed runs make any table but the one that lists the others
-    sealed = pl.col("sealed").fill_null(False)
-    current, unsealed = everything.filter(sealed), everything.filter(~sealed)
-    runs = report_leaderboard.leaderboard_runs(current, datasets)
+    # The leaderboards rank default runs only; a protocol's table takes the runs that differ
+    # from the default by its protocol alone; every other run is listed apart
+    protocol = pl.Series([rankable.protocol_only(why) if ok is not None else False
+                          for ok, why in everything.select("rankable", "unrankable_because")
+                          .iter_rows()], dtype=pl.Boolean)
+    current, unranked = everything.filter(protocol), everything.filter(~protocol)
+    runs = report_leaderboard.leaderboard_runs(
+        current.filter(pl.col("rankable").fill_null(False)), datasets)
     is_serving = _of_families(families.suffixes(level="serving"))
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
@@ -228,7 +236,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir, oracle)
     body += report_moe.section(runs, serving_runs, outcomes)
     body += report_sections.throughput() + report_sections.seal_overhead() + performance(runs)
-    body += unsealed_runs(unsealed)
+    body += unranked_runs(unranked)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
     body += (report_headline.cell_datasets() if from_store else []) + report_headline.store_build()
     return "\n".join([BEGIN, "", *body, END])

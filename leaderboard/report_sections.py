@@ -17,10 +17,9 @@ from pathlib import Path
 import polars as pl
 from rich.console import Console
 
+from leaderboard import predictor_index
 from leaderboard_core import paths
 from leaderboard_core.report_tables import fmt, table
-from predictors import registry
-from predictors.base import Predictor
 
 THROUGHPUT_JSON = paths.REPO_ROOT / "benchmarks" / "predict_throughput.json"
 FLOORS_JSON = paths.REPO_ROOT / "benchmarks" / "kernel_floors.json"
@@ -30,22 +29,10 @@ FLOOR_COLUMNS = ("attention_us", "ours_attention_us", "allreduce_us", "ours_allr
 EXPLAIN_DATASET = "h200_vidur"
 
 
-def _distinct(names: list[str], hook: str) -> list[str]:
-    """The first of ``names`` to carry each distinct override of a ``Predictor`` hook (the ladder
-    rungs of ``ours`` share its hooks, so they are shown once)."""
-    seen, chosen = {Predictor}, []
-    for name in names:
-        owner = next(k for k in registry.get(name).__mro__ if hook in vars(k))
-        if owner not in seen:
-            seen.add(owner)
-            chosen.append(name)
-    return chosen
-
-
 def predictor_sections(runs: pl.DataFrame) -> list[str]:
-    """The sections each registered predictor offers of its own (``report_sections``)."""
-    return [line for name in _distinct(registry.names(), "report_sections")
-            for line in registry.get(name).report_sections(runs)]
+    """The sections each registered predictor offers of its own (``report_sections``), made in
+    a sealed child (``predictor_index.report_sections``)."""
+    return predictor_index.report_sections(runs)
 
 
 def explain_examples(runs: pl.DataFrame) -> list[str]:
@@ -54,11 +41,14 @@ def explain_examples(runs: pl.DataFrame) -> list[str]:
     from leaderboard import explain  # reads the store and fits
 
     ran = set(runs.filter(pl.col("dataset") == EXPLAIN_DATASET)["predictor"])
+    owners = {name: d["explains"] for name, d in predictor_index.index().items()}
+    # the ladder rungs of ``ours`` share its explain: the first name of each owner is shown
+    chosen = {owners[name]: name for name in sorted(ran, reverse=True) if owners.get(name)}
     lines = []
-    for predictor in _distinct(sorted(ran), "explain"):
-        model, cells, gpu, lineage = explain.load(predictor, EXPLAIN_DATASET)
+    for predictor in sorted(chosen.values()):
+        model, (cell_id,) = explain.explained_cells(predictor, EXPLAIN_DATASET)
         console = Console(record=True, width=170, file=io.StringIO())
-        explain.render(model, cells.head(1), gpu, console, lineage)
+        explain.render(model, cell_id, console)
         lines += [f"## {predictor}: one cell explained", "",
                   f"`python -m leaderboard.explain predictor={predictor} dataset={EXPLAIN_DATASET}` "
                   "(its first cell):", "", "```", console.export_text().rstrip(), "```", ""]

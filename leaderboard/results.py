@@ -37,6 +37,7 @@ RUN_COLUMNS = {
     "predict_cells_per_s": "DOUBLE", "phases": "JSON", "created_at": "VARCHAR",
     "home_datasets": "VARCHAR[]", "home_points": "VARCHAR", "home_points_used": "VARCHAR",
     "sandbox": "VARCHAR", "sealed": "BOOLEAN", "spec_hash": "VARCHAR", "home_profiled_rows": "BIGINT",
+    "rankable": "BOOLEAN", "unrankable_because": "VARCHAR[]",
 }
 RUN_FILES = ("metrics.json", "predictions.parquet")
 
@@ -137,11 +138,13 @@ def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = 
             code: str | None = None, specs: Mapping[str, str] | None = None
             ) -> duckdb.DuckDBPyRelation:
     """The runs that still count: up to date, and of those the latest per (predictor, dataset,
-    params, split, homes, home points)."""
+    params, split, homes, home points, and why it is not rankable): a later run that changed
+    the rules never hides the default one."""
     return up_to_date(runs, versions, code, specs).query("fresh", """
         SELECT * FROM fresh
         QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction,
-                                                home_datasets, home_points
+                                                home_datasets, home_points, rankable,
+                                                unrankable_because
                                    ORDER BY created_at DESC, run_id DESC) = 1
         ORDER BY predictor, dataset""")
 

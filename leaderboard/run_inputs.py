@@ -39,6 +39,7 @@ class RunSpec:
     hub_revision: str | None = None
     reading_max_points: int = readings.MAX_POINTS
     reading_max_fraction: float = readings.MAX_FRACTION
+    stage_seconds: float = 7200.0  # conf/config.yaml's seal.stage_seconds
 
     def __post_init__(self):
         # relative to the repository root, as report.out is: one folder whatever the working
@@ -60,7 +61,8 @@ class RunSpec:
                    runs_dir=cfg.runs_dir, output_json=cfg.output.json,
                    sources_root=cfg.sources.root, gpu_specs=cfg.gpu_specs,
                    reading_max_points=cfg.reading.max_points,
-                   reading_max_fraction=cfg.reading.max_fraction)
+                   reading_max_fraction=cfg.reading.max_fraction,
+                   stage_seconds=cfg.seal.stage_seconds)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class RunInputs:
     home_points: str = "behind_cells"  # what the home's op points are (``homes.points_of``)
     serving: bool = False  # a serving dataset: targets are TTFT/TPOT of replayed loads
     data_roots: tuple[str, ...] = ()  # where this run's measurements come from or go
+    default_homes: list[str] = field(default_factory=list)  # the homes of the default run
 
     @property
     def level(self) -> str:
@@ -121,7 +124,16 @@ def load_inputs(spec: RunSpec) -> RunInputs:
     return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
                      "split_by_point" if op_level else homes.points_of(spec.home_points, home_rows,
                                                                         rows), serving,
-                     _data_roots(spec))
+                     _data_roots(spec), _default_homes(spec.dataset, rows))
+
+
+def _default_homes(name: str, rows: dict[str, dict]) -> list[str]:
+    """The homes a run on ``name`` has when none is named; none where its family has no
+    default (every home is then named, and no run on it is the default one)."""
+    try:
+        return homes.homes_of(name, None, rows)
+    except ValueError:
+        return []
 
 
 def _data_roots(spec: RunSpec) -> tuple[str, ...]:

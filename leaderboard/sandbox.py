@@ -45,7 +45,7 @@ PREDICTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # What the harness takes from the child's facts.json, and of which type; the rest is dropped
 FACT_TYPES = {"fit_seconds": (int, float, type(None)), "predict_seconds": (int, float, type(None)),
               "invalid_reasons": list, "home_profiled_rows": int, "not_supported": str,
-              "by_op_names": list, "by_op_error": str, "sandbox": str}
+              "by_op_names": list, "by_op_error": str, "sandbox": str, "explained": dict}
 MAX_FACTS = 16 << 20
 PSEUDO_FS = ("/proc", "/sys", "/dev")  # kernel files: no one can put a measurement there
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
@@ -163,22 +163,25 @@ def seal_request(read: list[str], write: list[str], data_roots=()) -> dict:
 
 
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,
-        cache: Path, predictor_dirs=(), data_roots=()) -> dict:
+        cache: Path, predictor_dirs=(), data_roots=(), include=(), explain=()) -> dict:
     """The child's instructions. What it may read is decided here, from what this process
     knows (the suite's code, the ``predictors_path`` folders it was given, the job folder),
-    never from what a child reported (``checked_code``)."""
+    never from what a child reported (``checked_code``). ``include``: the ``predictors_path``
+    folders the child registers before it looks the predictor up by name."""
     read = [*checked_code(predictor_dirs, data_roots), str(folder / "in")]
     write = [str(folder / "out"), str(cache), "/dev/null"]
     namespaced = ["/proc"] if seal_walls.namespaces_available() else []  # its own PIDs only
     return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
-            "params": params, "level": level, "budget": budget,
+            "include": list(include), "explain": list(explain), "params": params,
+            "level": level, "budget": budget,
             "progress": progress.shown(), "read": read, "list": [*listable(), *namespaced],
             "write": write, **seal_request(read, write, data_roots)}
 
 
 def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
                     level: str, budget: int, supply: Callable[[ReadingRequest], Reading],
-                    data_roots=(), predictor_dirs=()) -> tuple[np.ndarray | None, list[str], dict]:
+                    data_roots=(), predictor_dirs=(), include=(), stage_seconds=None,
+                    explain=()) -> tuple[np.ndarray | None, list[str], dict]:
     """The child's predictions (None if it failed; on serving, TTFT and TPOT stacked, from the
     replay run here), the cells its reading took out of the score, and the facts it measured
     (fit seconds, predict seconds, sandbox, INVALID reasons, and the per-op split ``by_op`` of
@@ -189,13 +192,15 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
         (folder / "in" / "gpu.json").write_text(json.dumps(gpu_json(gpu), default=str))
         cache = predictor_cache(described["name"], params, folder / "in" / "home")
         (folder / "in" / "job.json").write_text(json.dumps(
-            job(described, params, level, budget, folder, cache, predictor_dirs, data_roots),
+            job(described, params, level, budget, folder, cache, predictor_dirs, data_roots,
+                include, explain),
             default=str))
         served: dict = {}
         replay = (lambda channel: serve(channel, folder, blind, home, gpu, served)) if (
             level == "serving") else None
         unscored, reasons = talk(folder, cache, child_env(folder, cache),
-                                 [str(folder / "out"), str(cache)], supply, replay)
+                                 [str(folder / "out"), str(cache)], supply, replay,
+                                 stage_seconds)
         facts = _child_facts(folder / "out" / "facts.json")
         if facts is None:
             return None, unscored, {"invalid_reasons": reasons or [

@@ -52,6 +52,8 @@ def describe(request: dict, answer_fd: int) -> None:
             registry.include(folder)
         answer = {"predictors": {name: registry.describe(name, registry.get(name))
                                  for name in registry.names()}}
+        if "sections_of" in request:
+            answer["sections"] = _sections(registry, request["sections_of"])
     except Exception as exc:  # noqa: BLE001 - a broken predictor module, told to the parent
         answer = {"error": f"registering the predictors failed: {type(exc).__name__}: {exc}"}
     if tried := guard.attempts():
@@ -59,6 +61,22 @@ def describe(request: dict, answer_fd: int) -> None:
                            f"{tried[0]}); no predictor runs until that code is removed"}
     with open(answer_fd, "w") as out:
         out.write(json.dumps(answer, default=str))
+
+
+def _sections(registry, runs_file: str) -> list[str]:
+    """Each distinct ``report_sections`` hook's lines (the ladder rungs of ``ours`` share
+    theirs, so it is called once), from the runs the report wrote to ``runs_file``."""
+    import polars as pl  # noqa: PLC0415 - only once confined
+
+    from predictors.base import Predictor  # noqa: PLC0415
+
+    runs, seen, lines = pl.read_ipc(runs_file), {Predictor}, []
+    for name in registry.names():
+        owner = next(k for k in registry.get(name).__mro__ if "report_sections" in vars(k))
+        if owner not in seen:
+            seen.add(owner)
+            lines += [str(line) for line in registry.get(name).report_sections(runs)]
+    return lines
 
 
 def main(argv: list[str]) -> None:
@@ -85,7 +103,7 @@ def main(argv: list[str]) -> None:
         _add_site_folders(job)
         from leaderboard import sandbox_job, seal_walls  # noqa: PLC0415 - once confined
 
-        facts = sandbox_job.run(job, folder, ask)
+        facts = sandbox_job.run(job, folder, ask, send)
         if left := seal_walls.leftover_processes():
             facts["invalid_reasons"].append(
                 f"the predictor left {len(left)} process(es) running after it finished (they "

@@ -18,17 +18,27 @@ from leaderboard_core import guard, progress
 from leaderboard_core.contract import NotSupported
 
 
-def _resolve(ref: dict) -> type:
-    """The predictor class, by module and name (ladder rungs are made by a factory, so they are
-    found through the registry)."""
+def _resolve(job: dict) -> type:
+    """The class registered under the name the run asked for, with the module and class the
+    harness was told of: the ``predictors_path`` folders of the job registered first (none for a
+    predictor of the suite's own, so no folder's code runs beside it), a module the harness
+    imported itself (the tests' probes) imported by name. A folder's module could re-point the
+    registry; a class other than the described one makes the run INVALID."""
     import importlib
 
     from predictors import registry
 
-    found = importlib.import_module(ref["module"])
-    for part in ref["qualname"].split("."):
-        found = getattr(found, part, None)
-    return found if isinstance(found, type) else registry.get(ref["name"])
+    ref = job["predictor"]
+    for folder in job["include"]:
+        registry.include(folder)
+    if not ref["module"].startswith("predictors."):
+        importlib.import_module(ref["module"])
+    found = registry.get(ref["name"])
+    if (found.__module__, found.__qualname__) != (ref["module"], ref["qualname"]):
+        raise RuntimeError(f"the predictor registered as '{ref['name']}' is "
+                           f"{found.__module__}.{found.__qualname__}, not the described "
+                           f"{ref['module']}.{ref['qualname']}; a module re-pointed the name")
+    return found
 
 
 def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts: dict) -> None:
@@ -46,6 +56,22 @@ def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts
             facts["by_op_names"] = [str(k) for k in parts]
     except Exception as exc:  # noqa: BLE001 - reported, never fatal to the run
         facts["by_op_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _explain(estimator, blind: pl.DataFrame, gpu, cell_ids: list[str]) -> dict:
+    """Per cell asked for (and still scored): the predictor's ``explain`` tables, its per-op
+    split and its prediction, as plain JSON for the harness to set beside the measurements."""
+    explained = {}
+    for cell_id in cell_ids:
+        cell = blind.filter(pl.col("cell_id") == cell_id)
+        if cell.is_empty():
+            continue
+        split = estimator.predict_by_op(cell, gpu) or {}
+        explained[cell_id] = json.loads(json.dumps({
+            "tables": list(estimator.explain(cell, gpu) or []),
+            "by_op": {str(op): float(np.asarray(ms)[0]) for op, ms in split.items()},
+            "pred": float(np.asarray(estimator.predict(cell, gpu))[0])}, default=str))
+    return explained
 
 
 def _failure(exc: Exception) -> str:
@@ -73,17 +99,20 @@ def answer_steps(estimator, gpu, inputs: Path, out: Path, ask: Callable[[dict], 
         request = ask({"seconds": time.perf_counter() - started})
 
 
-def run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
-    """Construct, fit, read, predict: everything the predictor does, as facts for the parent."""
+def run(job: dict, folder: Path, ask: Callable[[dict], dict], tell: Callable[[dict], None]
+        ) -> dict:
+    """Construct, fit, read, predict: everything the predictor does, as facts for the parent,
+    which ``tell`` keeps informed of the stage (each has its own wall-time limit there)."""
     guard.seal_process("the sandboxed fit and predict")
     progress.show(job["progress"])  # the child draws on the parent's terminal, if it may
     facts = {"fit_seconds": None, "predict_seconds": None, "invalid_reasons": [],
              "home_profiled_rows": 0}
     inputs, out = folder / "in", folder / "out"
     try:
-        estimator = _resolve(job["predictor"])(**job["params"])
+        estimator = _resolve(job)(**job["params"])
         home, blind = read_home(inputs / "home"), read_frame(inputs / "blind.arrow")
         gpu = gpu_of(json.loads((inputs / "gpu.json").read_text()))
+        tell({"stage": "fit"})
         started = time.perf_counter()
         fitted = estimator.fit(home)
         facts["fit_seconds"] = time.perf_counter() - started
@@ -93,15 +122,19 @@ def run(job: dict, folder: Path, ask: Callable[[dict], dict]) -> dict:
         if job["level"] == "serving":
             answer_steps(estimator, gpu, inputs, out, ask)
             return facts
-        request = (estimator.request_reading(blind, gpu, job["budget"]) if job["level"] == "step"
-                   else None)
+        request = (estimator.request_reading(blind, gpu, job["budget"])
+                   if job["level"] in ("step", "explain") else None)
         if request is not None and request.size:
             answer = ask({"cells": list(request.cells), "op_points": list(request.op_points)})
             if "refused" in answer:
                 return facts
             estimator.take_reading(read_reading(inputs / "reading"), gpu)
             blind = blind.filter(~pl.col("cell_id").is_in(answer["unscored"]))
+        if job["level"] == "explain":
+            facts["explained"] = _explain(estimator, blind, gpu, job["explain"])
+            return facts
         predict = estimator.predict_ops if job["level"] == "op" else estimator.predict
+        tell({"stage": "predict"})
         predict(blind.head(8), gpu)  # warm caches, so the timing below is throughput
         started = time.perf_counter()
         pred = np.asarray(predict(blind, gpu), dtype=np.float64)

@@ -9,7 +9,9 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -34,6 +36,10 @@ class ChildGone(RuntimeError):
     """The child closed its pipe while the harness waited for an answer."""
 
 
+class TimedOut(RuntimeError):
+    """The child said nothing within its stage's wall-time limit."""
+
+
 class PipeLines:
     """Lines (bytes, ending in a newline unless cut at ``limit`` or by the end of the pipe) from
     a pipe's read end, waited for in slices of ``WAKE_SECONDS``, so that Ctrl-C stops the run
@@ -43,10 +49,13 @@ class PipeLines:
         self.fd, self.pending = fd, bytearray()
         self.ready = select.poll()  # not select.select, which refuses descriptors from 1024 on
         self.ready.register(fd, select.POLLIN)
+        self.deadline: float | None = None  # time.monotonic() past which ``TimedOut``
 
     def readline(self, limit: int) -> bytes:
         while (end := self.pending.find(b"\n", 0, limit)) < 0 and len(self.pending) < limit:
             if not self.ready.poll(WAKE_SECONDS * 1000):
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    raise TimedOut
                 continue
             if not (chunk := os.read(self.fd, 1 << 16)):
                 break
@@ -67,16 +76,24 @@ class Channel:
     does to its own memory erases them; the child's last message is ``done``. A message longer
     than ``MAX_MESSAGE`` or not a JSON object ends the conversation."""
 
-    def __init__(self, inbox, outbox):
+    def __init__(self, inbox, outbox, stage_seconds: float | None = None):
         self.inbox, self.outbox = inbox, outbox
         self.attempts: list[str] = []
         self.problems: list[str] = []
         self.done = False
+        self.stage_seconds = stage_seconds
+        self.start_stage("start")
+
+    def start_stage(self, stage: str) -> None:
+        """Each stage (start, fit, predict, each serving answer) gets ``stage_seconds`` anew."""
+        self.stage = stage
+        if self.stage_seconds is not None:
+            self.inbox.deadline = time.monotonic() + self.stage_seconds
 
     def receive(self) -> dict | None:
-        """The next message that is not an attempt; None once the pipe closed, said done or
-        broke the protocol."""
-        while raw := self.inbox.readline(MAX_MESSAGE):
+        """The next message that is not an attempt or a stage; None once the pipe closed, said
+        done, broke the protocol or was silent past its stage's limit."""
+        while raw := self._line():
             if not raw.endswith(b"\n") and len(raw) >= MAX_MESSAGE:
                 self.problems.append(f"the predictor sent a message over {MAX_MESSAGE:,} "
                                      "bytes on the harness pipe")
@@ -92,12 +109,22 @@ class Channel:
                 return None
             if "attempt" in message:
                 self.attempts.append(str(message["attempt"]))
+            elif isinstance(message.get("stage"), str) and len(message) == 1:
+                self.start_stage(message["stage"][:40])
             elif message.get("done"):
                 self.done = True
                 return None
             else:
                 return message
         return None
+
+    def _line(self) -> bytes:
+        try:
+            return self.inbox.readline(MAX_MESSAGE)
+        except TimedOut:
+            self.problems.append(f"timed out in {self.stage} after {self.stage_seconds:g} s "
+                                 "(seal.stage_seconds)")
+            return b""
 
     def send(self, message: dict) -> None:
         data = memoryview((json.dumps(message) + "\n").encode())
@@ -108,6 +135,7 @@ class Channel:
             pass  # the child is gone; the missing "done" says so
 
     def ask(self, message: dict) -> dict:
+        self.start_stage("a serving answer")
         self.send(message)
         answer = self.receive()
         if answer is None:
@@ -150,8 +178,8 @@ def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: 
     channel.send({"end": True})
 
 
-def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serve
-         ) -> tuple[list[str], list[str]]:
+def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serve,
+         stage_seconds: float | None = None) -> tuple[list[str], list[str]]:
     """Run the child, answering its reading requests and, on serving, running the replay for it
     (``serve``, None on other levels); the cells taken out, and the reasons the run is INVALID:
     an attempt on sealed data, a refused or malformed request, a pipe closed before the child
@@ -163,8 +191,9 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
     command = seal_walls.child_command(["-m", "leaderboard.sandbox_child", str(folder),
                                         str(to_child_r), str(from_child_w)], writable)
     # stdout and stderr are inherited, so a long fit's progress reaches the user's terminal.
+    # a session of its own: a timed-out child is killed with every process it started
     child = subprocess.Popen(command, env=env, cwd=folder / "out",
-                             pass_fds=(to_child_r, from_child_w))
+                             pass_fds=(to_child_r, from_child_w), start_new_session=True)
     os.close(to_child_r)
     os.close(from_child_w)
     unscored, reasons, before = [], [], None
@@ -172,7 +201,7 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
     try:
         with (contextlib.closing(PipeLines(from_child_r)) as inbox,
               os.fdopen(to_child_w, "wb", buffering=0) as outbox):
-            channel = Channel(inbox, outbox)
+            channel = Channel(inbox, outbox, stage_seconds)
             while (message := channel.receive()) is not None:
                 if message.get("replay") and serve is not None:
                     serve(channel)
@@ -192,7 +221,7 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
                     channel.send({"refused": str(exc)})
     finally:
         if channel_open := child.poll() is None:
-            child.kill()
+            kill_group(child)
         child.wait()
         if before not in (None, UNSNAPSHOTTED):
             reasons += put_back(cache, snapshot, before)
@@ -206,6 +235,36 @@ def talk(folder: Path, cache: Path, env: dict, writable: list[str], supply, serv
         reasons.append(f"the predictor's process closed its pipe to the harness before it was "
                        f"done (exit {child.returncode}{', killed' if channel_open else ''})")
     return unscored, reasons
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    """``child`` and every process of its session (it was started as their leader)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+
+
+def read_answer(fd: int, limit: int, seconds: float, child: subprocess.Popen
+                ) -> tuple[str, str | None]:
+    """A one-shot child's answer on ``fd`` (its whole output), within ``limit`` bytes and
+    ``seconds``; past either the child's session is killed and the second value says why."""
+    lines, why = PipeLines(fd), None
+    lines.deadline = time.monotonic() + seconds
+    data = bytearray()
+    try:
+        while len(data) <= limit and (chunk := lines.readline(limit + 1 - len(data))):
+            data += chunk
+        if len(data) > limit:
+            why = f"answered more than {limit:,} bytes"
+    except TimedOut:
+        why = f"timed out after {seconds:g} s"
+    finally:
+        lines.close()
+        if why:
+            kill_group(child)
+        child.wait()
+    return data.decode(errors="replace"), why
 
 
 def _snapshot(cache: Path, snapshot: Path, reasons: list[str]) -> str:

@@ -51,8 +51,9 @@ def discover() -> None:
 
 
 def add_to_path(folder: str | Path) -> Path:
-    """``folder`` (a ``predictors_path``) resolved and appended to ``sys.path``, which the
-    sandboxed children inherit; a clear error if it is not a directory."""
+    """``folder`` (a ``predictors_path``) resolved and appended to ``sys.path``: called in a
+    sealed child only (the harness never puts a folder of predictors on its own path); a clear
+    error if it is not a directory."""
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
         raise ValueError(f"predictors_path={folder} is not a directory; pass a folder of "
@@ -65,8 +66,8 @@ def add_to_path(folder: str | Path) -> Path:
 def include(folder: str | Path) -> list[str]:
     """Register every predictor module in ``folder``, a directory outside the repository (as
     lm-eval's ``--include_path`` adds tasks): each ``*.py`` not starting with ``_`` is imported
-    by its own name with ``folder`` on ``sys.path`` (``add_to_path``), so that the sandboxed
-    child imports it the same way. Returns the module names."""
+    by its own name with ``folder`` on ``sys.path`` (``add_to_path``). Only sealed children call
+    it. Returns the module names."""
     folder = add_to_path(folder)
     modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
     for name in modules:
@@ -114,7 +115,15 @@ def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
                      "needs_profiled_rows": cls.card.needs_profiled_rows,
                      "precisions": list(cls.card.precisions),
                      "layers": list(cls.card.layers)},
-            "predicts_ops": callable(getattr(cls, "predict_ops", None))}
+            "predicts_ops": callable(getattr(cls, "predict_ops", None)),
+            "explains": _hook_owner(cls, "explain")}
+
+
+def _hook_owner(cls: type[Predictor], hook: str) -> str:
+    """The class that overrides ``hook`` for ``cls`` (``module.qualname``), or "" where it keeps
+    ``Predictor``'s: predictors that share one (the ladder rungs of ``ours``) name one owner."""
+    owner = next(k for k in cls.__mro__ if hook in vars(k))
+    return "" if owner is Predictor else f"{owner.__module__}.{owner.__qualname__}"
 
 
 def _type_name(parameter) -> str:

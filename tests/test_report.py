@@ -64,6 +64,9 @@ def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str
         "phases": {"all": {"n": len(predictions), "mape": 10.0}}, "created_at": created_at,
         "home_datasets": [home], "home_points": "full_grid", "home_points_used": "full_grid",
         **overrides}
+    unsealed = [] if metrics["sealed"] else [f"unsealed: sandbox {metrics['sandbox']}"]
+    metrics.setdefault("unrankable_because", unsealed)
+    metrics.setdefault("rankable", not metrics["unrankable_because"])
     folder = runs_dir / (folder_name or run_id)
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1))
@@ -190,8 +193,8 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "atlas" / "tiny.png").stat().st_size > 1000
     assert "1 dropped as stale" in block
     # an unsealed run is listed apart, and in no other table
-    unsealed = block[block.index("## Unsealed runs"):block.index("## Provenance")]
-    assert "| peeker | h200_vidur | process | VALID | 0.0 |" in unsealed
+    unsealed = block[block.index("## Runs not ranked"):block.index("## Provenance")]
+    assert "| peeker | h200_vidur | VALID | 0.0 | unsealed: sandbox process |" in unsealed
     assert "peeker" not in block.replace(unsealed, "")
     assert "| tiny | 10.0 | 10.0 | 10.0 | 10.0 |" in block  # the one-home table: no two-home run
     two = block[block.index("## Two homes"):block.index("## Baselines at their published")]

@@ -1,0 +1,106 @@
+"""Whether a run may be ranked: only the default run of its (predictor, dataset) is.
+
+A run that changes the rules (raised reading caps, another split, home or home points,
+non-default predictor parameters), that ran without the seal's walls, or that scored rows other
+than the store's own is still written, and the report lists it apart. Each reason starts with
+the part of the run it names (``reading:``, ``home:``...), so that a protocol table (two homes,
+leave one GPU out, held-out shapes) can take the runs that differ from the default only by
+their protocol (``PROTOCOL_PARTS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import polars as pl
+
+from leaderboard import readings
+from leaderboard.run_inputs import RunInputs, RunSpec, load_inputs
+from leaderboard.split import default_split
+
+# What a protocol run may change and still be scored in its protocol's table
+PROTOCOL_PARTS = ("home", "home_points", "split")
+
+
+def rows_digest(frame: pl.DataFrame) -> str:
+    """A digest of a frame's rows whatever their order and the order of its columns: what a
+    run scored, recorded so that two runs (or a run and the store) can be told apart."""
+    if frame.is_empty():
+        return hashlib.sha256(",".join(sorted(frame.columns)).encode()).hexdigest()[:16]
+    canonical = frame.select(sorted(frame.columns))
+    hashed = np.sort(canonical.hash_rows(seed=0).to_numpy())
+    header = ",".join(f"{c}:{t}" for c, t in canonical.schema.items()).encode()
+    return hashlib.sha256(header + hashed.tobytes()).hexdigest()[:16]
+
+
+def inputs_digest(inputs: RunInputs) -> str:
+    """The digest of everything a run read: its target (ground truth included), the home's
+    training cells and op points."""
+    parts = [rows_digest(inputs.target), rows_digest(inputs.home.cells),
+             *(f"{op}={rows_digest(frame)}" for op, frame in sorted(inputs.home.ops.items()))]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _as_store(frame: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame | None:
+    """``frame`` cast to ``like``'s schema, or None where their columns differ."""
+    if set(frame.columns) != set(like.columns):
+        return None
+    try:
+        return frame.select([pl.col(c).cast(t) for c, t in like.schema.items()])
+    except Exception:  # noqa: BLE001 - a column that does not cast is not the store's
+        return None
+
+
+def hub_matches_store(spec: RunSpec, inputs: RunInputs) -> str | None:
+    """Why the hub rows a run read are not the store's own (None when every frame is): an
+    export anyone can edit is ranked only when it holds exactly what the pinned build holds."""
+    try:
+        local = load_inputs(dataclasses.replace(spec, hub_repo=None, hub_revision=None))
+    except Exception as exc:  # noqa: BLE001 - no store here, or it lacks the dataset
+        return f"no local store to check the hub rows against ({type(exc).__name__}: {exc})"
+    pairs = [("target", inputs.target, local.target), ("home cells", inputs.home.cells,
+                                                       local.home.cells)]
+    pairs += [(f"home {op} points", frame, local.home.ops.get(op, pl.DataFrame()))
+              for op, frame in inputs.home.ops.items()]
+    for what, hub, store in pairs:
+        cast = _as_store(hub, store)
+        if cast is None or rows_digest(cast) != rows_digest(store):
+            return f"the hub's {what} rows differ from the store's"
+    return None
+
+
+def reasons(spec: RunSpec, inputs: RunInputs, params: dict, defaults: dict,
+            sealed: bool, sandbox: str) -> list[str]:
+    """Why the run is not the default run of its (predictor, dataset), on the store's data and
+    sealed; empty when it is rankable."""
+    found = []
+    if not sealed:
+        found.append(f"unsealed: sandbox {sandbox}, not namespaces and Landlock")
+    caps = (spec.reading_max_points, spec.reading_max_fraction)
+    if caps != (readings.MAX_POINTS, readings.MAX_FRACTION):
+        found.append(f"reading: caps max_points={caps[0]}, max_fraction={caps[1]} (default "
+                     f"{readings.MAX_POINTS}, {readings.MAX_FRACTION})")
+    split = default_split()
+    if (spec.seed, spec.test_fraction) != (split["seed"], split["test_fraction"]):
+        found.append(f"split: seed {spec.seed}, test fraction {spec.test_fraction} (default "
+                     f"{split['seed']}, {split['test_fraction']})")
+    if spec.home_points != split["home_points"]:
+        found.append(f"home_points: {spec.home_points} (default {split['home_points']})")
+    used = [r["name"] for r in inputs.home_rows]
+    if used != inputs.default_homes:
+        found.append(f"home: {'+'.join(used)} (default {'+'.join(inputs.default_homes)})")
+    changed = {k: v for k, v in params.items() if defaults.get(k) != v}
+    if changed:
+        found.append(f"params: {', '.join(f'{k}={v!r}' for k, v in sorted(changed.items()))} "
+                     "(not the predictor's defaults; a variant is registered under its own name)")
+    if spec.hub_repo and (why := hub_matches_store(spec, inputs)):
+        found.append(f"data: {spec.hub_repo}: {why}")
+    return found
+
+
+def protocol_only(because: list[str] | None) -> bool:
+    """Whether a run differs from the default only by its protocol (home, home points, split):
+    sealed, on the store's data, at default caps and parameters."""
+    return all(reason.partition(":")[0] in PROTOCOL_PARTS for reason in because or [])
