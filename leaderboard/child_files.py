@@ -46,10 +46,14 @@ def read_file(path: Path, limit: int = MAX_OUTPUT_FILE) -> bytes | None:
         os.close(fd)
 
 
-def load_array(path: Path) -> np.ndarray:
+NPY_HEADER = 4096  # bytes: a .npy header with room to spare
+
+
+def load_array(path: Path, values: int | None = None) -> np.ndarray:
     """A ``.npy`` the child wrote; raises (any error) where it is missing, not a regular file,
-    too big, malformed, or claims a shape it does not hold."""
-    data = read_file(path)
+    too big (more than ``values`` float64 and a header, where given: what the run needs),
+    malformed, or claims a shape it does not hold."""
+    data = read_file(path, MAX_OUTPUT_FILE if values is None else values * 8 + NPY_HEADER)
     if data is None:
         raise FileNotFoundError(f"{path.name} is missing, not a regular file or too big")
     return np.load(io.BytesIO(data), allow_pickle=False)

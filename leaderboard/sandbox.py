@@ -47,6 +47,7 @@ FACT_TYPES = {"fit_seconds": (int, float, type(None)), "predict_seconds": (int, 
               "invalid_reasons": list, "home_profiled_rows": int, "not_supported": str,
               "by_op_names": list, "by_op_error": str, "sandbox": str, "explained": dict}
 MAX_FACTS = 16 << 20
+MAX_OP_PARTS = 64  # a step's per-op split: its op kinds, many times over
 PSEUDO_FS = ("/proc", "/sys", "/dev")  # kernel files: no one can put a measurement there
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
                "/sys/devices/system/cpu", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cgroup")
@@ -116,19 +117,26 @@ def readable_code(predictor_dirs) -> list[str]:
     install = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
     roots = {*map(str, install), *(p for p in sys.path if p and any(
         Path(p).resolve().is_relative_to(root) for root in install))}
-    code = [*(paths.REPO_ROOT / package for package in paths.CODE_PACKAGES), paths.CONF_DIR,
-            *predictor_dirs]
-    return sorted({str(Path(p).resolve()) for p in [*roots, *code]}) + list(SYSTEM_READ)
+    return sorted({str(Path(p).resolve()) for p in [*roots, *submitted_code(predictor_dirs)]}
+                  ) + list(SYSTEM_READ)
+
+
+def submitted_code(predictor_dirs) -> list[str]:
+    """The readable folders whose files a submission may change: the suite's code and conf and
+    the predictor folders (every file there is opened to tell a table derived from the store)."""
+    return [str(Path(p).resolve()) for p in (
+        *(paths.REPO_ROOT / package for package in paths.CODE_PACKAGES), paths.CONF_DIR,
+        *predictor_dirs)]
 
 
 def checked_code(predictor_dirs, data_roots=()) -> list[str]:
     """``readable_code``, refused (``seal_walls.check_readable``) if a folder where measurements
-    lie is inside it or a pinned measurement is in it. The job's own folder is not scanned: it
+    lie is inside it or a copy of measurements is in it. The job's own folder is not scanned: it
     changes every run (which would defeat the scan's cache) and holds only what the parent
     wrote."""
     read = readable_code(predictor_dirs)
     seal_walls.check_readable([r for r in read if not r.startswith(PSEUDO_FS)],
-                              watched(data_roots))
+                              watched(data_roots), submitted_code(predictor_dirs))
     return read
 
 
@@ -215,7 +223,7 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
                                                 "replay the serving loads")
             return facts.pop("pred", None), unscored, facts
         try:
-            pred = child_files.load_array(folder / "out" / "pred.npy")
+            pred = child_files.load_array(folder / "out" / "pred.npy", len(blind))
         except Exception:  # noqa: BLE001 - missing or malformed: the run has no predictions
             pred = None
         if pred is not None and "by_op_names" in facts:
@@ -251,7 +259,9 @@ def _load_by_op(path: Path, rows: int, facts: dict) -> None:
     malformed one is noted as ``by_op_error`` and dropped, never raised in the harness."""
     try:
         names = [str(n) for n in facts.pop("by_op_names")]
-        stacked = child_files.load_array(path)
+        if len(names) > MAX_OP_PARTS:
+            raise ValueError(f"{len(names)} parts, more than {MAX_OP_PARTS}")
+        stacked = child_files.load_array(path, len(names) * rows)
         if stacked.shape != (len(names), rows) or stacked.dtype != np.float64:
             raise ValueError(f"not one float per cell ({rows}) for each of {len(names)} parts")
         facts["by_op"] = dict(zip(names, stacked, strict=True))

@@ -48,14 +48,19 @@ def describe(request: dict, answer_fd: int) -> None:
     from predictors import registry  # noqa: PLC0415 - only once confined
 
     try:
+        registry.discover()  # the suite's names first: a folder's module cannot take one
         for folder in request["folders"]:
             registry.include(folder)
         answer = {"predictors": {name: registry.describe(name, registry.get(name))
                                  for name in registry.names()}}
-        if "sections_of" in request:
-            answer["sections"] = _sections(registry, request["sections_of"])
     except Exception as exc:  # noqa: BLE001 - a broken predictor module, told to the parent
         answer = {"error": f"registering the predictors failed: {type(exc).__name__}: {exc}"}
+    if "sections_of" in request and "error" not in answer:
+        try:
+            answer["sections"] = _sections(registry, request["sections_of"])
+        except Exception as exc:  # noqa: BLE001 - a predictor's hook, told to the parent
+            answer = {"error": f"a predictor's report_sections failed: {type(exc).__name__}: "
+                               f"{exc}"}
     if tried := guard.attempts():
         answer = {"error": f"a predictor module reached for sealed data when imported (first: "
                            f"{tried[0]}); no predictor runs until that code is removed"}

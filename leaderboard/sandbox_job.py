@@ -21,18 +21,23 @@ from leaderboard_core.contract import NotSupported
 def _resolve(job: dict) -> type:
     """The class registered under the name the run asked for, with the module and class the
     harness was told of: the ``predictors_path`` folders of the job registered first (none for a
-    predictor of the suite's own, so no folder's code runs beside it), a module the harness
-    imported itself (the tests' probes) imported by name. A folder's module could re-point the
-    registry; a class other than the described one makes the run INVALID."""
+    predictor of the suite's own, so no folder's code runs beside it). A folder's module could
+    re-point the registry; a class other than the described one makes the run INVALID. A class
+    the harness registered in its own process (the tests' probes, which no command line
+    reaches) is found by module and name."""
     import importlib
 
     from predictors import registry
 
     ref = job["predictor"]
+    registry.discover()  # the suite's names first: a folder's module cannot take one
     for folder in job["include"]:
         registry.include(folder)
-    if not ref["module"].startswith("predictors."):
-        importlib.import_module(ref["module"])
+    if not job["include"] and not ref["module"].startswith("predictors."):
+        found = importlib.import_module(ref["module"])
+        for part in ref["qualname"].split("."):
+            found = getattr(found, part)
+        return found
     found = registry.get(ref["name"])
     if (found.__module__, found.__qualname__) != (ref["module"], ref["qualname"]):
         raise RuntimeError(f"the predictor registered as '{ref['name']}' is "
@@ -56,6 +61,22 @@ def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts
             facts["by_op_names"] = [str(k) for k in parts]
     except Exception as exc:  # noqa: BLE001 - reported, never fatal to the run
         facts["by_op_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _explain(estimator, blind: pl.DataFrame, gpu, cell_ids: list[str]) -> dict:
+    """Per cell asked for (and still scored): the predictor's ``explain`` tables, its per-op
+    split and its prediction, as plain JSON for the harness to set beside the measurements."""
+    explained = {}
+    for cell_id in cell_ids:
+        cell = blind.filter(pl.col("cell_id") == cell_id)
+        if cell.is_empty():
+            continue
+        split = estimator.predict_by_op(cell, gpu) or {}
+        explained[cell_id] = json.loads(json.dumps({
+            "tables": list(estimator.explain(cell, gpu) or []),
+            "by_op": {str(op): float(np.asarray(ms)[0]) for op, ms in split.items()},
+            "pred": float(np.asarray(estimator.predict(cell, gpu))[0])}, default=str))
+    return explained
 
 
 def _explain(estimator, blind: pl.DataFrame, gpu, cell_ids: list[str]) -> dict:

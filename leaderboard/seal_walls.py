@@ -7,10 +7,11 @@
   network at all (a loopback of its own), no SysV IPC or abstract unix socket shared with
   anything outside, a session of its own, and it is PID 1 of its namespace, so every process it
   starts dies with it; it dies with the harness.
-- **No measurement in the readable roots** (``check_readable``): no file the child may read has
-  the sha256 of a pinned upstream file, no installed distribution is one known to bundle
-  measurements, and no folder where measurements lie (the suite's home, a sources root, a runs
-  folder, a cache) sits inside a readable root.
+- **No measurement in the readable roots** (``check_readable``): no file the child may read is
+  a copy of a pinned upstream file or of the suite's store, or a table derived from it
+  (``leaderboard.seal_scan``), no installed distribution is one known to bundle measurements,
+  and no folder where measurements lie (the suite's home, a sources root, a runs folder, a
+  cache) sits inside a readable root.
 
 Landlock (``leaderboard.landlock``), applied by the child itself, is the wall inside these.
 """
@@ -18,7 +19,6 @@ Landlock (``leaderboard.landlock``), applied by the child itself, is the wall in
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import shutil
 import subprocess
@@ -26,8 +26,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from leaderboard import sources
-from leaderboard_core import paths
+from leaderboard import seal_scan
 
 SEALED = "namespaces+landlock"  # the only sandbox a ranked run may have
 NAMESPACE_FLAGS = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
@@ -38,9 +37,6 @@ INSTALL_HINT = ("install bubblewrap (apt-get install bubblewrap; `make` does it 
 # Distributions that ship measured kernel tables (the aiconfigurator wheels carry the pinned
 # parquet files byte for byte); a predictor's dependencies may carry no GPU's measurements.
 BUNDLING_DISTRIBUTIONS = frozenset({"aiconfigurator", "aiconfigurator-core", "aiconfigurator_core"})
-# The pinned files that hold measurements (licences, metadata yaml and figures are texts anyone
-# may ship; a LICENSE file matches half of site-packages)
-MEASUREMENT_SUFFIXES = (".parquet", ".csv", ".json", ".jsonl", ".log", ".txt")
 
 
 class SealRefused(ValueError):
@@ -83,8 +79,9 @@ def leftover_processes() -> list[int]:
 # ------------------------------------------------------------------- nothing readable measures
 
 
-def check_readable(read_roots: list[str], data_roots: list[str]) -> None:
-    """Refuse, before the child starts, a readable root that holds measurements."""
+def check_readable(read_roots: list[str], data_roots: list[str], inspect=()) -> None:
+    """Refuse, before the child starts, a readable root that holds measurements (``inspect``:
+    the roots whose every file is opened to tell a derived table, ``seal_scan``)."""
     for data in map(Path, data_roots):
         for root in map(Path, read_roots):
             if data.is_relative_to(root):
@@ -100,60 +97,10 @@ def check_readable(read_roots: list[str], data_roots: list[str]) -> None:
                           f"a predictor's child could read; uninstall them (pip uninstall "
                           f"{' '.join(bundling)}): a predictor's dependencies may carry no GPU's "
                           f"measurements")
-    found = pinned_copies(tuple(sorted(read_roots)))
+    found = seal_scan.measurement_copies(tuple(sorted(read_roots)), seal_scan.store_identity(),
+                                         tuple(sorted(inspect)))
     if found:
-        raise SealRefused(f"{len(found)} file(s) a predictor's child may read are byte-identical "
-                          f"to pinned upstream measurements (first: {found[0]}); remove them or "
-                          f"the package that installed them")
-
-
-@lru_cache(maxsize=4)
-def pinned_copies(read_roots: tuple[str, ...]) -> list[str]:
-    """Files under ``read_roots`` whose sha256 is a pinned file's. Only files of a pinned size
-    are hashed. The answer is kept in the suite's home with the mtime of every folder walked:
-    while none changed, no entry was added, renamed or removed anywhere below (how pip and apt
-    install), so the next run skips the walk."""
-    cache_file = paths.home() / "seal-scan.json"
-    key = list(read_roots)
-    try:
-        cached = json.loads(cache_file.read_text())
-        if cached["roots"] == key and all(
-                os.stat(d).st_mtime_ns == m for d, m in cached["folders"].items()):
-            return cached["found"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    pins = sources.load_pins()
-    by_size: dict[int, set[str]] = {}
-    for pin in pins:
-        if not pin.path.endswith(MEASUREMENT_SUFFIXES):
-            continue
-        by_size.setdefault(pin.bytes, set()).add(pin.sha256)
-    folders, found = {}, []
-    stack = sorted({os.path.realpath(r) for r in read_roots if os.path.isdir(r)})
-    while stack:
-        folder = stack.pop()
-        if folder in folders:
-            continue
-        try:
-            folders[folder] = os.stat(folder).st_mtime_ns
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    shas = by_size.get(entry.stat(follow_symlinks=False).st_size)
-                    if shas and sources.sha256_of(Path(entry.path)) in shas:
-                        found.append(entry.path)
-            except OSError:
-                continue
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"roots": key, "folders": folders, "found": found}))
-        partial.replace(cache_file)
-    except OSError:
-        pass  # no cache: the next run walks again
-    return found
+        path, why = found[0]
+        raise SealRefused(f"{len(found)} file(s) a predictor's child may read hold measurements "
+                          f"(first: {path}, {why}); remove them or the package that installed "
+                          "them")

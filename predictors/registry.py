@@ -29,7 +29,8 @@ def register(name: str):
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"predictor name '{name}' is already registered by "
                              f"{_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}; "
-                             "pick another name")
+                             f"{cls.__module__}.{cls.__qualname__} cannot take it: pick another "
+                             "name")
         if not issubclass(cls, Predictor):
             raise TypeError(f"{cls.__qualname__} must subclass predictors.base.Predictor")
         if not hasattr(cls, "card"):

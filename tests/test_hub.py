@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import yaml
 
@@ -106,7 +108,8 @@ def test_a_run_scores_the_same_from_the_export(exported, store_home, tmp_path, m
     from_hub, hub_home = evaluate.run(spec), run_inputs.load_inputs(spec).home
     assert list(hub_home.ops) == list(local_home.ops) and len(hub_home.ops) > 3
     assert all(hub_home.ops[op].equals(local_home.ops[op]) for op in local_home.ops)
-    assert from_hub.metrics["valid"] and from_hub.metrics["phases"] == local.metrics["phases"]
+    assert from_hub.metrics["valid"], from_hub.metrics["invalid_reasons"]
+    assert from_hub.metrics["phases"] == local.metrics["phases"]
     assert from_hub.metrics["dataset_version"] == local.metrics["dataset_version"]
     assert from_hub.predictions.equals(local.predictions)
 
@@ -248,3 +251,22 @@ def test_a_serving_card_ends_with_its_oracle_or_says_how_to_make_one(exported):
     assert "No current oracle run of gb200_silicon" in card and "split.home_points=every_shape" in card
     homes = list(exported.glob("*_vidur*/card.md"))  # step sets carry no oracle section
     assert homes and all("The replay's own error" not in p.read_text() for p in homes)
+
+
+@pytest.mark.slow
+def test_an_edited_export_is_not_rankable(exported, store_home, tmp_path):
+    """Seal v3, route 4: an export anyone can edit is ranked only when it holds the store's own
+    rows. The unedited export is rankable (where the seal holds); with one ``gt_ms`` rewritten
+    the run says why it is not, although the catalog still claims the store's version."""
+    spec = lambda repo: evaluate.RunSpec("ours", "h200_vidur", {}, runs_dir=tmp_path / "runs",  # noqa: E731
+                                         hub_repo=str(repo))
+    honest = evaluate.run(spec(exported)).metrics
+    assert not any(r.startswith("data:") for r in honest["unrankable_because"])
+    edited = tmp_path / "edited"
+    shutil.copytree(exported, edited)
+    cells = pl.read_parquet(edited / "h200_vidur" / "cells.parquet")
+    cells.with_columns(pl.col("gt_ms") * 1.01).write_parquet(edited / "h200_vidur" / "cells.parquet")
+    cheat = evaluate.run(spec(edited)).metrics
+    assert cheat["rankable"] is False and cheat["dataset_version"] == honest["dataset_version"]
+    assert cheat["unrankable_because"][-1].endswith("the hub's target rows differ from the store's")
+    assert cheat["inputs_digest"] != honest["inputs_digest"]

@@ -20,7 +20,7 @@ import pytest
 import seal_probes
 from conftest import SHARED, requires_shared
 
-from leaderboard import predictor_index, sandbox, seal_walls
+from leaderboard import predictor_index, sandbox, seal_scan, seal_walls
 from leaderboard.evaluate import RunSpec, run
 from leaderboard_core import paths
 from predictors import registry
@@ -83,7 +83,7 @@ def test_a_copy_of_a_pinned_measurement_in_a_read_root_is_refused(tmp_path, monk
     seal_walls.check_readable([str(other)], [])
     (other / "copy.csv").write_bytes((SHARED / pin.rel).read_bytes())  # added later: seen
     with pytest.raises(seal_walls.SealRefused, match="copy.csv"):
-        seal_walls.pinned_copies.cache_clear()
+        seal_scan.measurement_copies.cache_clear()
         seal_walls.check_readable([str(other)], [])
 
 
@@ -201,7 +201,6 @@ class Reader(Predictor):
     finally:
         predictor_index._FOLDERS.remove(str(folder))
         predictor_index._described.cache_clear()
-        sys.path.remove(str(folder))
     _not_a_cheat(result)
     assert not result.metrics["valid"]
 
