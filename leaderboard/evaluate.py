@@ -32,7 +32,7 @@ from leaderboard.run_inputs import RunInputs, RunSpec, load_inputs, require_card
 from leaderboard.serving import scoring as serving_api
 from leaderboard_core.contract import BY_OP_PREFIX, GROUND_TRUTH_COLUMNS, NotSupported
 from leaderboard_core.specs import spec_hash
-from leaderboard_core.versioning import code_hash, code_version
+from leaderboard_core.versioning import code_version, harness_hash
 
 PREDICTION_COLUMNS = ("cell_id", "workload_id", "model", "tp", "phase", "num_requests",
                       "num_decode", "total_tokens", "decode_ctx_sum", "gt_kind", "gt_ms",
@@ -96,6 +96,12 @@ def _simulate(described: dict, params: dict, inputs: RunInputs, spec: RunSpec) -
     return serving_api.prediction_rows(inputs.target, predicted), facts
 
 
+def _folder_name(described: dict) -> str | None:
+    """The name of the ``predictors_path`` folder the predictor comes from (None: the suite's)."""
+    folder = predictor_index.folder_of(described["module"])
+    return Path(folder).name if folder else None
+
+
 def split_of(dataset: str, sku: str, home_rows: list[dict]) -> str:
     """``home_heldout`` for a home dataset (scored on its held-out cells); ``home_gpu`` for
     another dataset of a home GPU, which is not a GPU the predictor never saw; else ``unseen``."""
@@ -150,7 +156,9 @@ def run(spec: RunSpec) -> RunResult:
         "home_points_used": inputs.home_points,
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
-        "code_version": code_version(), "code_hash": code_hash(), "valid": not facts["invalid_reasons"],
+        "code_version": code_version(), "code_hash": predictor_index.code_hash_of(spec.predictor),
+        "harness_hash": harness_hash(), "predictor_folder": _folder_name(described),
+        "valid": not facts["invalid_reasons"],
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
         "by_op_error": facts.get("by_op_error"),
         "sandbox": facts.get("sandbox", "process"),

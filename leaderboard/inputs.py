@@ -65,6 +65,8 @@ ROOT: dict[str, Callable[[object], str | None]] = {
     "split.test_fraction": _number(float, 0, 1, low_open=True),
     "split.home_points": _one_of(*HOME_POINTS),
     "report.rerun": _flag,
+    "rerun.all": _flag,
+    "rerun.dry_run": _flag,
     "report.jobs": _number(int, 1),
     "report.partial": _one_of("keep", "replace"),
     "hub.overwrite": _flag,

@@ -24,6 +24,7 @@ import polars as pl
 
 from leaderboard import sandbox, sandbox_talk, seal_walls
 from leaderboard_core.naming import suggestion
+from leaderboard_core.versioning import code_hash, predictor_code_hash
 from predictors import registry
 from predictors.registry import UnknownPredictor, check_fields, describe
 
@@ -98,7 +99,7 @@ def _own_names(built_in: dict[str, dict], found: dict[str, dict]) -> dict[str, d
                     f"({own['module']}.{own['qualname']}) and again by "
                     f"{entry['module']}.{entry['qualname']} from predictors_path "
                     f"{', '.join(_FOLDERS)}; a folder cannot take a built-in name: pick another")
-        elif not _folder_of(entry["module"]):
+        elif not folder_of(entry["module"]):
             raise ValueError(f"predictor '{name}' is described as {entry['module']}."
                              f"{entry['qualname']}, which is not a module of predictors_path "
                              f"{', '.join(_FOLDERS) or '(none given)'}; a predictor module "
@@ -106,7 +107,7 @@ def _own_names(built_in: dict[str, dict], found: dict[str, dict]) -> dict[str, d
     return {**found, **{name: entry for name, entry in built_in.items()}}
 
 
-def _folder_of(module: str) -> str | None:
+def folder_of(module: str) -> str | None:
     """The ``predictors_path`` folder that holds ``module`` as a file or package, or None."""
     top = module.partition(".")[0]
     for folder in _FOLDERS:
@@ -115,11 +116,20 @@ def _folder_of(module: str) -> str | None:
     return None
 
 
+def code_hash_of(name: str) -> str:
+    """The code hash a current run of predictor ``name`` carries
+    (``versioning.predictor_code_hash``); ``versioning.code_hash`` for a name not registered."""
+    described = index().get(name)
+    if described is None:
+        return code_hash()
+    return predictor_code_hash(described["module"], folder_of(described["module"]))
+
+
 def child_folders(described: dict[str, Any]) -> tuple[str, ...]:
     """The ``predictors_path`` folders a run's child registers and may read: all of them for a
     predictor of a folder (its module may import its siblings), none for the suite's own, whose
     child then never runs a folder's code."""
-    return tuple(_FOLDERS) if _folder_of(described["module"]) else ()
+    return tuple(_FOLDERS) if folder_of(described["module"]) else ()
 
 
 def names() -> list[str]:

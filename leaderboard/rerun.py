@@ -15,7 +15,9 @@ dataset's configured home), run in a pool of worker processes (Polars on one thr
 replaced after ``RUNS_PER_WORKER`` runs: see there why) because a run is single-threaded,
 Python-bound work. ``python -m leaderboard.rerun [report.jobs=N runs_dir=DIR]`` reruns into
 ``runs_dir`` and prints each outcome; ``python -m leaderboard.report report.rerun=true`` does the
-same, then writes RESULTS.md.
+same, then writes RESULTS.md. Only runs that are stale (their predictor's or the harness's code
+changed, or a dataset version) or missing are redone (``rerun.all=true``: every run);
+``rerun.dry_run=true`` lists them; ``predictor=a,b`` reruns those predictors only.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.home_grid import HELD_OUT_SHAPES
 from leaderboard.homes import home_of, leave_one_gpu_out
+from leaderboard.inputs import InputError
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
-from leaderboard_core.versioning import code_hash
+from leaderboard_core.naming import suggestion
 
 # Written beside the runs (hidden, so the results loader never takes it for a run).
 TIMING_FILE = ".rerun.json"
@@ -145,12 +148,47 @@ def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
             os.environ[POLARS_THREADS] = previous
 
 
-def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
-    """Run everything, ``jobs`` processes at a time; records the wall time in ``TIMING_FILE``."""
+def _key(predictor: str, dataset: str, homes, home_points: str) -> tuple:
+    return predictor, dataset, tuple(sorted(homes)) if homes else "default", home_points
+
+
+def pending(specs: list[RunSpec], runs_dir: Path, versions: dict[str, str] | None = None
+            ) -> list[RunSpec]:
+    """The specs with no current run in ``runs_dir``: none made by today's code for their
+    predictor (``results.current``) at the spec's homes and home points, default parameters,
+    split and caps. A run that differs from the default only by its homes, home points or its
+    sandbox (unsealed where the machine cannot seal) stands for its spec. ``versions``: the
+    dataset versions runs are current at (the store's, unless given)."""
+    from leaderboard import results  # presentation-side reads, only when a rerun starts
+
+    runs = results.current(results.load_runs(runs_dir), versions).pl()
+    done = set()
+    for name, dataset, homes, points, because in runs.select(
+            "predictor", "dataset", "home_datasets", "home_points",
+            "unrankable_because").iter_rows():
+        parts = {r.partition(":")[0] for r in because or []}
+        if because is not None and parts <= {"home", "home_points", "unsealed"}:
+            done.add(_key(name, dataset, homes if "home" in parts else None, points))
+    return [s for s in specs if _key(s.predictor, s.dataset, [s.home] if isinstance(
+        s.home, str) else s.home, s.home_points) not in done]
+
+
+def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: bool = False,
+              predictors: list[str] | None = None) -> list[Outcome]:
+    """Run every leaderboard run (of ``predictors`` only, where given) that is stale or missing
+    (``everything``: all of them), ``jobs`` processes at a time; ``dry_run`` lists them and
+    runs none. Records the wall time and each outcome in ``TIMING_FILE``, an earlier rerun's
+    outcomes kept for the runs not redone."""
     Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
     store.ensure()  # build once here rather than racing for the build lock in every worker
     started = time.perf_counter()
-    specs = run_specs(runs_dir)
+    every = [s for s in run_specs(runs_dir) if predictors is None or s.predictor in predictors]
+    specs = every if everything else pending(every, runs_dir)
+    Console(stderr=True).print(f"rerun: {len(specs)} of {len(every)} runs are stale or missing"
+                               f"{' (rerun.all=true: running all)' if everything else ''}",
+                               highlight=False)
+    if dry_run:
+        return [Outcome(s.predictor, s.dataset, "would run", 0.0) for s in specs]
     outcomes = []
     with progress.track(f"rerun: {len(specs)} runs, {jobs} processes", total=len(specs)) as bar:
         bar.note(f"starting {jobs} worker processes")
@@ -162,31 +200,56 @@ def rerun_all(runs_dir: Path, jobs: int = 2) -> list[Outcome]:
             bar.advance()
     order = {(s.predictor, s.dataset): i for i, s in enumerate(specs)}
     outcomes.sort(key=lambda o: order[(o.predictor, o.dataset)])
-    seconds = time.perf_counter() - started
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    (runs_dir / TIMING_FILE).write_text(json.dumps({
-        "seconds": seconds, "jobs": jobs, "code_hash": code_hash(),
-        "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
+    _record(runs_dir, outcomes, time.perf_counter() - started, jobs, len(specs) == len(every)
+            and predictors is None)
     return outcomes
 
 
+def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,
+            full: bool) -> None:
+    """``TIMING_FILE``: this rerun's time, and every outcome, an earlier one's kept for the
+    (predictor, dataset) pairs not rerun; ``full_rerun`` only for a rerun of every run."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / TIMING_FILE
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    redone = {(o.predictor, o.dataset) for o in outcomes}
+    kept = [o for o in earlier.get("outcomes", []) if (o["predictor"], o["dataset"]) not in redone]
+    timing = {"seconds": seconds, "jobs": jobs, "runs": len(outcomes), "cores": os.cpu_count(),
+              "full_rerun": earlier.get("full_rerun"), "outcomes": kept + [asdict(o)
+                                                                          for o in outcomes]}
+    if full:
+        timing["full_rerun"] = {"runs": len(outcomes), "seconds": round(seconds),
+                                "jobs": jobs, "cores": os.cpu_count()}
+    path.write_text(json.dumps(timing, indent=1) + "\n")
+
+
 def last_rerun(runs_dir: Path) -> dict | None:
-    """The timing of the last full rerun into ``runs_dir``, if it ran on today's code."""
+    """The record of the last rerun into ``runs_dir`` (``TIMING_FILE``), if there is one."""
     path = Path(runs_dir) / TIMING_FILE
-    if not path.is_file():
-        return None
-    timing = json.loads(path.read_text())
-    return timing if timing.get("code_hash") == code_hash() else None
+    return json.loads(path.read_text()) if path.is_file() else None
+
 
 def main(argv: list[str]) -> int:
     from leaderboard.config import command_config
 
-    cfg = command_config(argv, "python -m leaderboard.rerun", __doc__, "report", {})
-    outcomes = rerun_all(paths.REPO_ROOT / cfg.runs_dir, cfg.report.jobs)
+    chosen = [a.partition("=")[2] for a in argv if a.startswith("predictor=")]
+    argv = [a for a in argv if not a.startswith("predictor=")]
+    cfg = command_config(argv, "python -m leaderboard.rerun", __doc__, "rerun", {})
+    predictors = chosen[-1].split(",") if chosen else None
+    for name in predictors or []:
+        if name not in predictor_index.names():
+            hint = "" if cfg.predictors_path else " (a predictor of your own: pass predictors_path=DIR)"
+            raise InputError(f"unknown predictor '{name}'; "
+                             f"{suggestion(name, predictor_index.names())}{hint}")
+    runs_dir = paths.REPO_ROOT / cfg.runs_dir
+    outcomes = rerun_all(runs_dir, cfg.report.jobs, cfg.rerun.all, cfg.rerun.dry_run, predictors)
     for o in outcomes:
         print(f"{o.predictor} on {o.dataset}: {o.status} ({o.seconds:.1f} s)")
-    bad = [o for o in outcomes if o.status != "valid" and not o.status.startswith("not supported")]
-    print(f"{len(outcomes)} runs, {len(bad)} invalid or failed", file=sys.stderr)
+    bad = [o for o in outcomes if o.status not in ("valid", "would run")
+           and not o.status.startswith("not supported")]
+    unsupported = sum(o.status.startswith("not supported") for o in outcomes)
+    print(f"{len(outcomes)} runs: {len(bad)} invalid or failed, {unsupported} not supported",
+          file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -23,7 +23,6 @@ import polars as pl
 
 from leaderboard import store
 from leaderboard_core.specs import load_gpu_specs, load_models, spec_hash
-from leaderboard_core.versioning import code_hash
 
 # The metrics.json fields the store exposes, with their DuckDB types. Nested fields stay JSON so
 # predictors with different parameters share one schema.
@@ -37,7 +36,8 @@ RUN_COLUMNS = {
     "predict_cells_per_s": "DOUBLE", "phases": "JSON", "created_at": "VARCHAR",
     "home_datasets": "VARCHAR[]", "home_points": "VARCHAR", "home_points_used": "VARCHAR",
     "sandbox": "VARCHAR", "sealed": "BOOLEAN", "spec_hash": "VARCHAR", "home_profiled_rows": "BIGINT",
-    "rankable": "BOOLEAN", "unrankable_because": "VARCHAR[]",
+    "rankable": "BOOLEAN", "unrankable_because": "VARCHAR[]", "harness_hash": "VARCHAR",
+    "predictor_folder": "VARCHAR",
 }
 RUN_FILES = ("metrics.json", "predictions.parquet")
 
@@ -112,30 +112,43 @@ def spec_hashes() -> dict[str, str]:
     return {sku: spec_hash(gpu, models) for sku, gpu in load_gpu_specs().items()}
 
 
+def code_hashes(predictors) -> dict[str, str]:
+    """Today's code hash of each predictor's runs (``predictor_index.code_hash_of``): the
+    harness and the predictor's own files, so editing one predictor stales only its runs."""
+    from leaderboard import predictor_index  # the describing child: only when a report asks
+
+    return {name: predictor_index.code_hash_of(name) for name in predictors}
+
+
 def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-               code: str | None = None, specs: Mapping[str, str] | None = None
+               code: Mapping[str, str] | None = None, specs: Mapping[str, str] | None = None
                ) -> duckdb.DuckDBPyRelation:
-    """The runs made by today's code (``code_hash``) with today's GPU spec and model shapes
-    (``spec_hash``, unless ``specs`` maps skus to hashes) on today's target and home dataset
-    versions (the store's, unless ``versions`` maps dataset names to versions)."""
+    """The runs made by today's code (their predictor's code hash: ``code`` maps predictor names
+    to hashes, else ``code_hashes``) with today's GPU spec and model shapes (``spec_hash``,
+    unless ``specs`` maps skus to hashes) on today's target and home dataset versions (the
+    store's, unless ``versions`` maps dataset names to versions)."""
     versions = store_versions() if versions is None else versions
     specs = spec_hashes() if specs is None else specs
-    if not versions or not specs:
+    names = [r[0] for r in runs.query("runs", "SELECT DISTINCT predictor FROM runs").fetchall()]
+    code = code_hashes(names) if code is None else code
+    if not versions or not specs or not code:
         return runs.filter("false")
     table = ", ".join(f"({_quote(name)}, {_quote(version)})" for name, version in versions.items())
     hashes = ", ".join(f"({_quote(sku)}, {_quote(h)})" for sku, h in specs.items())
+    codes = ", ".join(f"({_quote(name)}, {_quote(h)})" for name, h in code.items())
     return runs.query("runs", f"""
-        WITH versions(name, version) AS (VALUES {table}), specs(sku, hash) AS (VALUES {hashes})
+        WITH versions(name, version) AS (VALUES {table}), specs(sku, hash) AS (VALUES {hashes}),
+             codes(predictor, hash) AS (VALUES {codes})
         SELECT runs.* FROM runs
         JOIN specs ON specs.sku = runs.sku AND specs.hash = runs.spec_hash
+        JOIN codes ON codes.predictor = runs.predictor AND codes.hash = runs.code_hash
         JOIN versions target ON target.name = runs.dataset AND target.version = runs.dataset_version
         JOIN versions home ON home.name = runs.home_dataset
-                           AND home.version = runs.home_dataset_version
-        WHERE runs.code_hash = {_quote(code or code_hash())}""")
+                           AND home.version = runs.home_dataset_version""")
 
 
 def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-            code: str | None = None, specs: Mapping[str, str] | None = None
+            code: Mapping[str, str] | None = None, specs: Mapping[str, str] | None = None
             ) -> duckdb.DuckDBPyRelation:
     """The runs that still count: up to date, and of those the latest per (predictor, dataset,
     params, split, homes, home points, and why it is not rankable): a later run that changed

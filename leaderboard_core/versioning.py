@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
 import subprocess
 from functools import cache
+from pathlib import Path
 
 from leaderboard_core import paths
 
@@ -48,13 +50,104 @@ def is_presentation(text: str) -> bool:
     return any(line.rstrip() == PRESENTATION_MARKER for line in text.splitlines())
 
 
-@cache
-def code_hash() -> str:
-    """A hash of the code and configs that decide a run's numbers (Python and YAML under
-    the code packages and conf/, less the modules marked ``PRESENTATION = True``). Runs
-    with another hash are stale, as in asv; edits to docs, tests or the report leave it unchanged."""
-    files = sorted(p for d in (*paths.CODE_PACKAGES, "conf") for p in (paths.REPO_ROOT / d)
-                   .rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)
-    texts = [(str(p.relative_to(paths.REPO_ROOT)), p.read_text()) for p in files]
+def _hashed(files, root: Path) -> str:
+    """The hash of ``files`` (relative names and texts), less the modules marked
+    ``PRESENTATION = True``."""
+    texts = [(p.relative_to(root).as_posix(), p.read_text()) for p in sorted(set(files))]
     return content_hash([(rel, text) for rel, text in texts
                          if not (rel.endswith(".py") and is_presentation(text))])
+
+
+def _sources(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.suffix in (".py", ".yaml")
+            and "__pycache__" not in p.parts]
+
+
+@cache
+def code_hash() -> str:
+    """A hash of all the code and configs (Python and YAML under the code packages and conf/,
+    less the modules marked ``PRESENTATION = True``): what a benchmark ran at, and a run's
+    code hash where its predictor's own files cannot be told (a class the harness registered
+    in its own process)."""
+    return _hashed([p for d in (*paths.CODE_PACKAGES, "conf") for p in _sources(
+        paths.REPO_ROOT / d)], paths.REPO_ROOT)
+
+
+def _owned_conf() -> set[Path]:
+    """``conf/<name>/`` of each predictor package ``predictors/<name>/``: its frozen constants,
+    read by that predictor only."""
+    predictors = paths.REPO_ROOT / "predictors"
+    return {folder for folder in (paths.REPO_ROOT / "conf").iterdir()
+            if (predictors / folder.name / "__init__.py").is_file()}
+
+
+@cache
+def harness_hash() -> str:
+    """A hash of the harness code and configs that decide every run's numbers: ``leaderboard/``,
+    ``leaderboard_core/`` and ``conf/`` less the folders a predictor package owns."""
+    owned = _owned_conf()
+    files = [*_sources(paths.REPO_ROOT / "leaderboard"), *_sources(paths.REPO_ROOT /
+                                                                    "leaderboard_core"),
+             *(p for p in _sources(paths.CONF_DIR) if not any(p.is_relative_to(o) for o in owned))]
+    return _hashed(files, paths.REPO_ROOT)
+
+
+def _module_file(name: str, root: Path) -> Path | None:
+    """The file of module ``name`` under ``root`` (a module or a package), or None."""
+    base = root.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported(path: Path, name: str) -> set[str]:
+    """Every module ``path`` (module ``name``) imports, anywhere in it (inside functions too),
+    relative imports made absolute; ``from a import b`` names both ``a`` and ``a.b``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found |= {module, *(f"{module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def module_files(module: str, roots: list[Path]) -> list[Path]:
+    """The files of ``module`` and of every module it imports, transitively, that lie under one
+    of ``roots`` (each a folder on the import path), with their packages' ``__init__.py``."""
+    seen: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for prefix in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+            if prefix in seen:
+                continue
+            path = next((f for r in roots if (f := _module_file(prefix, r))), None)
+            if path is not None:
+                seen[prefix] = path
+                todo += sorted(_imported(path, prefix))
+    return sorted(seen.values())
+
+
+def predictor_code_hash(module: str, folder: str | None = None) -> str:
+    """A run's code hash: the harness (``harness_hash``), the files the predictor's module
+    imports from ``predictors/`` (and from its ``predictors_path`` ``folder``), and the conf
+    folders its packages own. Editing one predictor makes only its runs stale; editing the
+    harness, every run. A module outside both (the tests' probes) gets ``code_hash``."""
+    if not module.startswith("predictors.") and folder is None:
+        return code_hash()
+    roots = [paths.REPO_ROOT, *([Path(folder)] if folder else [])]
+    files = module_files(module, roots)
+    owned = [c for c in _owned_conf() if any(
+        f.is_relative_to(paths.REPO_ROOT / "predictors" / c.name) for f in files)]
+    repo = [f for f in files if f.is_relative_to(paths.REPO_ROOT)] + [
+        p for c in owned for p in _sources(c)]
+    outside = [f for f in files if not f.is_relative_to(paths.REPO_ROOT)]
+    return content_hash(harness_hash(), _hashed(repo, paths.REPO_ROOT),
+                        _hashed(outside, Path(folder)) if folder else "")

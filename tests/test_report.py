@@ -9,11 +9,18 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import atlas, ranking, report, report_headline, report_leaderboard, results
+from leaderboard import (
+    atlas,
+    predictor_index,
+    ranking,
+    report,
+    report_headline,
+    report_leaderboard,
+    results,
+)
 from leaderboard_core import paths
 from leaderboard_core.contract import PredictorCard
 from leaderboard_core.report_tables import PhaseMapes
-from leaderboard_core.versioning import code_hash
 from predictors import registry
 from predictors.base import Predictor
 from predictors.rf import VidurRandomForest
@@ -56,7 +63,8 @@ def write_run(runs_dir, run_id: str, dataset: str = "h100_vidur", predictor: str
         "dataset": dataset, "sku": SKUS[dataset], "home_dataset": home, "home_sku": "a100_sxm",
         "split": "home_heldout" if dataset == home else "unseen", "split_seed": 0,
         "test_fraction": 0.3, "dataset_version": VERSIONS[dataset],
-        "home_dataset_version": VERSIONS[home], "code_version": "abc", "code_hash": code_hash(),
+        "home_dataset_version": VERSIONS[home], "code_version": "abc",
+        "code_hash": predictor_index.code_hash_of(predictor),
         "valid": True, "invalid_reasons": [], "fit_seconds": 0.01, "profiled_rows": 0,
         "deploy_rows": 0, "predict_cells_per_s": 1e5, "sandbox": "namespaces+landlock",
         "sealed": True,
@@ -388,7 +396,9 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
     write_run(tmp_path, "oracle", dataset="h100_silicon", predictions=serving,
               predictor="table_scaled", params={"lm_head": True}, home_points="every_shape",
               home_dataset="h100_vidur", home_sku="h100_sxm",
-              home_dataset_version="vh100", home_datasets=["h100_vidur"], split="home_gpu")
+              home_dataset_version="vh100", home_datasets=["h100_vidur"], split="home_gpu",
+              unrankable_because=["home: h100_vidur (default a100_vidur)",
+                                  "home_points: every_shape (default full_grid)"])
     current = results.current(results.load_runs(tmp_path), versions).pl()
     assert set(current["run_id"]) == {"ranked", "oracle"}
     from leaderboard import report_leaderboard as board
@@ -536,3 +546,24 @@ def test_the_rerun_replaces_a_worker_after_its_runs(tmp_path):
                                             "PYTHONPATH": str(paths.REPO_ROOT)})
     # six workers, each with one thread; this process's own environment left as it was
     assert done.stdout.split() == ["12", "6", "{1}", "None"], done.stderr
+
+
+def test_a_rerun_redoes_only_stale_or_missing_runs_and_lists_them_dry(two_specs, monkeypatch,
+                                                                        capsys):
+    """tiny on h100 has a current run, tiny on h200 none: a dry run lists the h200 run only;
+    ``rerun.all=true`` lists both; ``predictor=`` filters, an unknown one names the fix."""
+    from leaderboard import rerun, store
+    from leaderboard.inputs import InputError
+
+    monkeypatch.setattr(store, "ensure", lambda: None)
+    monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
+    assert rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == ["tiny on h200_vidur: would run (0.0 s)"]
+    assert "1 of 2 runs are stale or missing" in out.err
+    rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true", "rerun.all=true"])
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true", "predictor=ours"])
+    assert capsys.readouterr().out == ""
+    with pytest.raises(InputError, match="unknown predictor 'tinyy'.*pass predictors_path=DIR"):
+        rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true", "predictor=tinyy"])
