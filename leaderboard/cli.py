@@ -69,9 +69,16 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+NOT_SUPPORTED = "NOT SUPPORTED"
+
+
 def verdict(metrics: dict) -> str:
-    """INVALID, UNSEALED (every cell predicted, but not behind namespaces and Landlock, so never
-    ranked) or VALID."""
+    """NOT SUPPORTED (the predictor stated a limit, every reason its ``NotSupported``), INVALID,
+    UNSEALED (every cell predicted, but not behind namespaces and Landlock, so never ranked) or
+    VALID."""
+    reasons = metrics["invalid_reasons"]
+    if reasons and all(r.startswith("NotSupported:") for r in reasons):
+        return NOT_SUPPORTED
     if not metrics["valid"]:
         return "INVALID"
     return "VALID" if metrics.get("sealed") else "UNSEALED"
@@ -86,7 +93,8 @@ def print_metrics(metrics: dict, folder) -> None:
     for col in ("phase", "n", *(m.label for m in columns)):
         table.add_column(col, justify="left" if col == "phase" else "right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    for phase, m in metrics["phases"].items():
+    # an INVALID run's errors are no score: its table says so rather than show them
+    for phase, m in metrics["phases"].items() if metrics["valid"] else ():
         table.add_row(phase, str(m["n"]), *(fmt(m.get(c.name)) for c in columns))
     Console().print(table)
     for reason in metrics["invalid_reasons"]:
@@ -96,7 +104,7 @@ def print_metrics(metrics: dict, folder) -> None:
                      "Landlock: the report lists this run apart and never ranks it",
                      highlight=False)
     if metrics["valid"] and not metrics.get("rankable"):
-        stderr.print(f"[yellow]not rankable:[/] {'; '.join(metrics['unrankable_because'])}",
+        stderr.print(f"[yellow]not rankable:[/] {'; '.join(metrics.get('unrankable_because', []))}",
                      highlight=False)
     Console().print(f"fit {metrics['fit_seconds'] or 0:.2f} s, predict "
                     f"{metrics['predict_cells_per_s'] or 0:,.0f} cells/s; sandbox "
@@ -120,7 +128,7 @@ def run_task(cfg: DictConfig) -> None:
         result = run(spec)
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:
         if _in_multirun():  # the sweep goes on; its closing table names the reason
-            log_sweep_run(cfg, "NOT SUPPORTED" if isinstance(exc, NotSupported) else "ERROR",
+            log_sweep_run(cfg, NOT_SUPPORTED if isinstance(exc, NotSupported) else "ERROR",
                           None, str(exc))
             return
         _fail(str(exc))
@@ -128,7 +136,8 @@ def run_task(cfg: DictConfig) -> None:
     if _in_multirun():
         first = next(iter(result.metrics["phases"].items()), (None, {}))
         why = "; ".join(result.metrics["invalid_reasons"])
-        log_sweep_run(cfg, verdict(result.metrics), first[1].get("mape"),
+        log_sweep_run(cfg, verdict(result.metrics),
+                      first[1].get("mape") if result.metrics["valid"] else None,
                       f"{result.folder}: {why}" if why else f"{result.folder} (MAPE of {first[0]})")
     elif not result.metrics["valid"]:
         sys.exit(1)  # the run folder is written; scripts can still tell an INVALID run
@@ -150,7 +159,8 @@ def log_sweep_run(cfg: DictConfig, status: str, mape: float | None, where: str) 
 
 
 def print_sweep(path: str) -> int:
-    """The closing table of a sweep; 1 when a run is not VALID (or none ran), else 0."""
+    """The closing table of a sweep; 1 when a run is neither VALID nor NOT SUPPORTED (a limit
+    the predictor states, with its reason), or none ran; else 0."""
     runs = [json.loads(line) for line in open(path) if line.strip()]
     table = Table(title=f"sweep: {len(runs)} runs")
     for col in ("predictor", "dataset", "verdict", "MAPE %", "folder or reason"):
@@ -159,9 +169,10 @@ def print_sweep(path: str) -> int:
         table.add_row(r["predictor"], r["dataset"], r["status"],
                       "-" if r["mape"] is None else f"{r['mape']:.2f}", r["where"])
     Console(width=max(Console().width, 200)).print(table)
-    bad = [r for r in runs if r["status"] != "VALID"]
-    if bad:
-        stderr.print(f"[red]{len(bad)} of {len(runs)} runs not VALID[/]", highlight=False)
+    bad = [r for r in runs if r["status"] not in ("VALID", NOT_SUPPORTED)]
+    unsupported = sum(r["status"] == NOT_SUPPORTED for r in runs)
+    stderr.print(f"{len(runs) - len(bad) - unsupported} VALID, {unsupported} not supported, "
+                 f"{len(bad)} INVALID or failed", highlight=False)
     return 1 if bad or not runs else 0
 
 

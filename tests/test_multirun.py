@@ -49,3 +49,21 @@ def test_joblib_multirun_runs_in_parallel_and_loses_nothing(tmp_path):
 def test_submitit_launcher_runs_the_sweep(tmp_path):
     _check(_sweep(tmp_path, "hydra/launcher=submitit_local_test")[0])
     assert list((tmp_path / "sweep" / ".submitit").iterdir()), "submitit wrote no job folders"
+
+
+def test_a_sweep_counts_not_supported_answers_and_fails_only_on_invalid_ones(tmp_path, capsys):
+    from leaderboard import cli
+
+    log = tmp_path / "sweep.jsonl"
+    rows = [("a", "VALID", 5.0), ("b", "NOT SUPPORTED", None)]
+    log.write_text("".join(json.dumps({"predictor": p, "dataset": "d", "status": s, "mape": m,
+                                       "where": "x"}) + "\n" for p, s, m in rows))
+    assert cli.print_sweep(str(log)) == 0
+    assert "1 VALID, 1 not supported, 0 INVALID or failed" in capsys.readouterr().err
+    with open(log, "a") as more:
+        more.write(json.dumps({"predictor": "c", "dataset": "d", "status": "INVALID",
+                               "mape": None, "where": "y"}) + "\n")
+    assert cli.print_sweep(str(log)) == 1
+    stated = {"valid": False, "invalid_reasons": ["NotSupported: prices bf16 GEMMs only"]}
+    assert cli.verdict(stated) == "NOT SUPPORTED"
+    assert cli.verdict({**stated, "invalid_reasons": ["NotSupported: x", "boom"]}) == "INVALID"
