@@ -169,6 +169,10 @@ def command_config(argv: list[str], prog: str, doc: str, section: str,
               file=sys.stderr)
         overrides.append(override)
     refuse_config_doors(overrides)
+    try:  # before the names are checked: a predictor of the folder is one of them
+        include_predictors(overrides)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     flags = [a for a in overrides if a.startswith("-")]
     if flags:
         raise InputError(f"unknown flag {flags[0]}: {prog} takes key=value overrides only "

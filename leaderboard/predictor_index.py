@@ -170,6 +170,17 @@ def report_sections(runs: pl.DataFrame) -> list[str]:
     return lines
 
 
+def check(name: str) -> dict:
+    """``predictors.checks.check_predictor`` of ``name``, run in a sealed child: ``passed`` (the
+    checks) or ``failed`` (the rule broken). A predictor that reaches for sealed data while it is
+    checked raises ``ValueError`` naming the first attempt, as it stops a run."""
+    get(name)  # an unknown name: the valid ones and the closest
+    answer = _ask(tuple(_FOLDERS), {"check": name}).get("check")
+    if not isinstance(answer, dict) or not ({"passed", "failed"} & set(answer)):
+        raise ValueError("the checking child answered no result; a predictor module rewrote it")
+    return answer
+
+
 def _ask(folders: tuple[str, ...], extra: dict, readable=()) -> dict:
     """One sealed child's answer (``sandbox_child --describe``): it registers every predictor
     (those of ``folders`` too) confined and watched as a run's child is, then answers as one

@@ -55,6 +55,8 @@ def describe(request: dict, answer_fd: int) -> None:
                                  for name in registry.names()}}
     except Exception as exc:  # noqa: BLE001 - a broken predictor module, told to the parent
         answer = {"error": f"registering the predictors failed: {type(exc).__name__}: {exc}"}
+    if "check" in request and "error" not in answer:
+        answer["check"] = _check(registry, request["check"])
     if "sections_of" in request and "error" not in answer:
         try:
             answer["sections"] = _sections(registry, request["sections_of"])
@@ -62,10 +64,22 @@ def describe(request: dict, answer_fd: int) -> None:
             answer = {"error": f"a predictor's report_sections failed: {type(exc).__name__}: "
                                f"{exc}"}
     if tried := guard.attempts():
-        answer = {"error": f"a predictor module reached for sealed data when imported (first: "
-                           f"{tried[0]}); no predictor runs until that code is removed"}
+        answer = {"error": f"a predictor module reached for sealed data when imported, checked "
+                           f"or asked for its report sections (first: {tried[0]}); no predictor "
+                           "runs until that code is removed"}
     with open(answer_fd, "w") as out:
         out.write(json.dumps(answer, default=str))
+
+
+def _check(registry, name: str) -> dict:
+    """``predictors.checks.check_predictor`` of the predictor ``name``: the checks passed, or
+    the rule it broke (any exception of its code too)."""
+    from predictors.checks import check_predictor  # noqa: PLC0415 - only once confined
+
+    try:
+        return {"passed": check_predictor(registry.get(name))}
+    except Exception as exc:  # noqa: BLE001 - the broken rule, told to the parent
+        return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
 def _sections(registry, runs_file: str) -> list[str]:

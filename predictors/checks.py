@@ -8,7 +8,10 @@ datasheets of ``conf/gpu``. Checked: every hyper-parameter has a default and is 
 they were; ``predict`` returns one finite positive float per cell, leaves its input unchanged,
 gives the same answer twice and for any subset the same as the subset of the whole. A predictor
 that cannot work from what the synthetic home holds (measured op points, published fits) must
-say so with ``NotSupported``; any other exception fails the check.
+say so with ``NotSupported``; any other exception fails the check. Every broken rule raises
+``ContractError`` (an ``AssertionError``, raised explicitly: ``python -O`` checks the same).
+``python -m leaderboard.check predictor=NAME`` runs it sealed, as a run's child runs, so that a
+predictor that reaches for the measurements fails too.
 """
 
 from __future__ import annotations
@@ -54,48 +57,86 @@ def synthetic_home() -> tuple[Home, pl.DataFrame, object]:
     return home, blind, gpus["h100_sxm"]
 
 
+class ContractError(AssertionError):
+    """A broken rule of the predictor contract, raised explicitly (so ``python -O``, which drops
+    ``assert`` statements, checks just the same); the message names the rule, the expected
+    shape and the offending cells."""
+
+
+def _require(ok, message: str) -> None:
+    if not ok:
+        raise ContractError(message)
+
+
 def check_predictor(cls: type) -> list[str]:
-    """Raise ``AssertionError`` naming the broken rule, or return the checks that passed (the
+    """Raise ``ContractError`` naming the broken rule, or return the checks that passed (the
     last says if the predictor stated a ``NotSupported`` for the synthetic data)."""
     done = []
     defaults = cls.default_params()
     missing = sorted(set(cls.param_names()) - set(defaults))
-    assert not missing, f"{cls.__name__}: every hyper-parameter needs a default: {missing}"
+    _require(not missing, f"{cls.__name__}: every hyper-parameter needs a default: {missing}")
     estimator = cls()
-    assert estimator.get_params() == defaults, f"{cls.__name__} must store its parameters as given"
-    assert cls(**estimator.get_params()).get_params() == defaults, "a clone must equal the original"
+    _require(estimator.get_params() == defaults,
+             f"{cls.__name__} must store its parameters as given: {estimator.get_params()} after "
+             f"construction, {defaults} declared")
+    _require(cls(**estimator.get_params()).get_params() == defaults,
+             f"{cls.__name__}: a clone must equal the original")
     done.append("parameters")
     home, blind, gpu = synthetic_home()
     before = set(vars(estimator))
     try:
         fitted = estimator.fit(home)
-        assert fitted is estimator, f"{cls.__name__}.fit must return self"
-        learned = set(vars(estimator)) - before
-        assert all(a.endswith("_") for a in learned), f"learned state must end in _: {learned}"
-        assert estimator.get_params() == defaults, "fit must not change hyper-parameters"
+        _require(fitted is estimator, f"{cls.__name__}.fit must return self, returned "
+                                      f"{type(fitted).__name__}")
+        learned = sorted(set(vars(estimator)) - before)
+        _require(all(a.endswith("_") for a in learned),
+                 f"{cls.__name__}: learned state must end in _: {learned}")
+        _require(estimator.get_params() == defaults,
+                 f"{cls.__name__}.fit must not change hyper-parameters")
         done.append("fit")
         _check_predict(estimator, blind, gpu)
     except NotSupported as exc:
-        assert str(exc), "NotSupported must say what is not supported"
+        _require(str(exc), f"{cls.__name__}: NotSupported must say what is not supported")
         return [*done, f"NotSupported: {exc}"]
     return [*done, "predict"]
 
 
+def _cells(blind: pl.DataFrame, bad: np.ndarray, values: np.ndarray) -> str:
+    """The first offending cells, by id, with their value and what they are."""
+    rows = blind.with_columns(value=pl.Series(values)).filter(pl.Series(bad))
+    shown = [f"{r['cell_id']} ({r['phase']}, {r['num_requests']} requests, "
+             f"{r['total_tokens']} tokens): {r['value']}" for r in rows.head(3).iter_rows(named=True)]
+    return f"{int(bad.sum())} of {len(blind)} cells, first {'; '.join(shown)}"
+
+
 def _check_predict(estimator, blind: pl.DataFrame, gpu) -> None:
+    name = type(estimator).__name__
     kept = blind.clone()
     pred = estimator.predict(blind, gpu)
-    assert isinstance(pred, np.ndarray) and pred.shape == (len(blind),), \
-        f"predict must return one value per cell, got {getattr(pred, 'shape', type(pred))}"
-    assert np.issubdtype(pred.dtype, np.floating), f"predict must return floats, got {pred.dtype}"
-    assert np.isfinite(pred).all() and (pred > 0).all(), "predictions must be finite and positive"
-    assert blind.equals(kept), "predict must not modify its input"
-    np.testing.assert_array_equal(estimator.predict(blind, gpu), pred, "predict must repeat")
+    _require(isinstance(pred, np.ndarray) and pred.shape == (len(blind),),
+             f"{name}.predict must return a numpy array of one value per cell, shape "
+             f"({len(blind)},); got {getattr(pred, 'shape', type(pred).__name__)}")
+    _require(np.issubdtype(pred.dtype, np.floating),
+             f"{name}.predict must return floats (ms), got {pred.dtype}")
+    bad = ~(np.isfinite(pred) & (pred > 0))
+    _require(not bad.any(), f"{name}: predictions must be finite and positive (ms): "
+                            f"{_cells(blind, bad, pred) if bad.any() else ''}")
+    _require(blind.equals(kept), f"{name}.predict must not modify its input")
+    again = estimator.predict(blind, gpu)
+    differs = again != pred
+    _require(not differs.any(), f"{name}.predict must repeat: "
+                                f"{_cells(blind, differs, again) if differs.any() else ''}")
     subset = np.arange(len(blind))[::3]
-    np.testing.assert_allclose(estimator.predict(blind[subset], gpu), pred[subset], rtol=1e-9,
-                               err_msg="a subset's predictions must equal the subset of all")
+    part = estimator.predict(blind[subset], gpu)
+    off = ~np.isclose(part, pred[subset], rtol=1e-9)
+    _require(not off.any(), f"{name}: a subset's predictions must equal the subset of all: "
+                            f"{_cells(blind[subset], off, part) if off.any() else ''}")
     parts = estimator.predict_by_op(blind, gpu)
     if parts:  # None or empty: the prediction is not split
-        assert all(np.shape(v) == (len(blind),) for v in parts.values()), \
-            "predict_by_op must give one value per cell for every part"
-        np.testing.assert_allclose(sum(parts.values()), pred, rtol=1e-9,
-                                   err_msg="predict_by_op's parts must sum to predict")
+        shapes = {k: np.shape(v) for k, v in parts.items() if np.shape(v) != (len(blind),)}
+        _require(not shapes, f"{name}.predict_by_op must give one value per cell "
+                             f"({len(blind)},) for every part; got {shapes}")
+        total = sum(np.asarray(v, dtype=float) for v in parts.values())
+        off = ~np.isclose(total, pred, rtol=1e-9)
+        _require(not off.any(), f"{name}.predict_by_op's parts must sum to predict: "
+                                f"{_cells(blind, off, total) if off.any() else ''}")
