@@ -73,3 +73,20 @@ def test_the_sealed_check_passes_a_sound_predictor(tmp_path):
                          env={**os.environ, "LEADERBOARD_HOME": str(tmp_path / "home")})
     assert out.returncode == 0, out.stderr
     assert "llm_viewer passes the check (parameters, fit, predict), sealed" in out.stderr
+
+
+def test_the_example_of_docs_predictors_passes_the_sealed_check(tmp_path):
+    """The copy-paste example of docs/predictors.md, as a user would save it, outside the repo."""
+    import re
+
+    text = (paths.REPO_ROOT / "docs" / "predictors.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "@register(" in b]
+    folder = tmp_path / "my_predictors"
+    folder.mkdir()
+    (folder / "token_line.py").write_text(code)
+    out = subprocess.run([sys.executable, "-m", "leaderboard.check", "predictor=token_line",
+                          f"predictors_path={folder}"], capture_output=True, text=True,
+                         cwd=paths.REPO_ROOT, timeout=120,
+                         env={**os.environ, "LEADERBOARD_HOME": str(tmp_path / "home")})
+    assert out.returncode == 0, out.stderr
+    assert "token_line passes the check (parameters, fit, predict)" in out.stderr
