@@ -29,9 +29,11 @@ import polars as pl
 
 from leaderboard import (
     atlas,
+    bundles,
     families,
     metrics,
     op_atlas,
+    predictor_index,
     rankable,
     ranking,
     report_headline,
@@ -194,15 +196,18 @@ def _relative(path: Path, out: Path) -> str:
 
 
 def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
-           versions: dict[str, str] | None = None, datasets: list[str] | None = None) -> str:
-    """The report block for the runs in ``runs_dir`` (dataset versions and leaderboard datasets:
-    the store's, unless given); writes the atlas images and tables into ``atlas_dir``."""
+           versions: dict[str, str] | None = None, datasets: list[str] | None = None,
+           merged: bundles.Merged | None = None) -> str:
+    """The report block for the runs in ``runs_dir`` and those ``merged`` from results bundles
+    (dataset versions and leaderboard datasets: the store's, unless given); writes the atlas
+    images and tables into ``atlas_dir``."""
     from_store = versions is None  # given versions (the tests') mean no store to read
     versions = results.store_versions() if from_store else versions
-    every = results.load_runs(runs_dir)
-    fresh = results.up_to_date(every, versions)
+    every = results.load_runs([runs_dir, *([merged.folder] if merged else [])])
+    bundled = merged.code if merged else None
+    fresh = results.up_to_date(every, versions, bundled=bundled)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
-    everything = results.current(fresh, versions).pl()
+    everything = results.current(fresh, versions, bundled=bundled).pl()
     # The leaderboards rank default runs only; a protocol's table takes the runs that differ
     # from the default by its protocol alone; every other run is listed apart
     protocol = pl.Series([rankable.protocol_only(why) if ok is not None else False
@@ -260,6 +265,21 @@ OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "re
              "--rerun": "report.rerun=true", "--jobs": "report.jobs"}
 
 
+def merge_bundles(opts, runs_dir: Path) -> bundles.Merged | None:
+    """The runs of the results bundles the report reads (``report.bundles``, and the published
+    runs where they are in the clone), each merged or refused with its reason, said on stderr."""
+    found = [paths.REPO_ROOT / p for p in opts.bundles or []]
+    published = paths.REPO_ROOT / opts.published
+    found += [published] if published.is_file() and published not in found else []
+    if not found:
+        return None
+    own = {name: predictor_index.code_hash_of(name) for name in predictor_index.names()}
+    merged = bundles.merge(found, bundles.scratch(Path(runs_dir)), results.store_versions(), own)
+    for note in merged.notes:
+        print(f"report: {note}", file=sys.stderr)
+    return merged
+
+
 def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list[str]:
     """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir``
     (``rerun.pending``), less those the last rerun found the predictor cannot score."""
@@ -293,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
             out, atlas_dir = runs_dir / "partial-report.md", runs_dir / "partial-atlas"
             print(f"kept {opts.out} and {opts.atlas_dir}; the partial report goes to {out} "
                   "(report.partial=replace overwrites them)", file=sys.stderr)
-    block = render(runs_dir, out, atlas_dir)
+    merged = merge_bundles(opts, runs_dir)
+    block = render(runs_dir, out, atlas_dir, merged=merged)
     existing = out.read_text() if out.exists() else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(splice(existing, block))

@@ -83,12 +83,14 @@ def metrics_problem(path: Path) -> str | None:
     return None
 
 
-def load_runs(runs_dir: str | Path, con: duckdb.DuckDBPyConnection | None = None
+def load_runs(runs_dir: str | Path | list, con: duckdb.DuckDBPyConnection | None = None
               ) -> duckdb.DuckDBPyRelation:
-    """Every complete run as one row (``RUN_COLUMNS`` plus ``folder``); ``params`` is minified
-    JSON, so equal parameters compare equal as text."""
+    """Every complete run (of one runs folder, or of a list of them) as one row
+    (``RUN_COLUMNS`` plus ``folder``); ``params`` is minified JSON, so equal parameters compare
+    equal as text."""
     con = con or duckdb.connect()
-    files = [str(p / "metrics.json") for p in complete_run_folders(runs_dir)]
+    folders = runs_dir if isinstance(runs_dir, list) else [runs_dir]
+    files = [str(p / "metrics.json") for f in folders for p in complete_run_folders(f)]
     if not files:
         typed = ", ".join(f'NULL::{t} AS "{c}"' for c, t in RUN_COLUMNS.items())
         return con.sql(f"SELECT {typed}, NULL::VARCHAR AS folder WHERE false")
@@ -121,16 +123,17 @@ def code_hashes(predictors) -> dict[str, str]:
 
 
 def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-               code: Mapping[str, str] | None = None, specs: Mapping[str, str] | None = None
-               ) -> duckdb.DuckDBPyRelation:
+               code: Mapping[str, str] | None = None, specs: Mapping[str, str] | None = None,
+               bundled: Mapping[str, str] | None = None) -> duckdb.DuckDBPyRelation:
     """The runs made by today's code (their predictor's code hash: ``code`` maps predictor names
     to hashes, else ``code_hashes``) with today's GPU spec and model shapes (``spec_hash``,
     unless ``specs`` maps skus to hashes) on today's target and home dataset versions (the
-    store's, unless ``versions`` maps dataset names to versions)."""
+    store's, unless ``versions`` maps dataset names to versions). ``bundled``: the code hash of
+    each predictor that reached the report in a results bundle (``leaderboard.bundles``)."""
     versions = store_versions() if versions is None else versions
     specs = spec_hashes() if specs is None else specs
     names = [r[0] for r in runs.query("runs", "SELECT DISTINCT predictor FROM runs").fetchall()]
-    code = code_hashes(names) if code is None else code
+    code = {**(code_hashes(names) if code is None else code), **(bundled or {})}
     if not versions or not specs or not code:
         return runs.filter("false")
     table = ", ".join(f"({_quote(name)}, {_quote(version)})" for name, version in versions.items())
@@ -148,12 +151,12 @@ def up_to_date(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None
 
 
 def current(runs: duckdb.DuckDBPyRelation, versions: Mapping[str, str] | None = None,
-            code: Mapping[str, str] | None = None, specs: Mapping[str, str] | None = None
-            ) -> duckdb.DuckDBPyRelation:
+            code: Mapping[str, str] | None = None, specs: Mapping[str, str] | None = None,
+            bundled: Mapping[str, str] | None = None) -> duckdb.DuckDBPyRelation:
     """The runs that still count: up to date, and of those the latest per (predictor, dataset,
     params, split, homes, home points, and why it is not rankable): a later run that changed
     the rules never hides the default one."""
-    return up_to_date(runs, versions, code, specs).query("fresh", """
+    return up_to_date(runs, versions, code, specs, bundled).query("fresh", """
         SELECT * FROM fresh
         QUALIFY row_number() OVER (PARTITION BY predictor, dataset, params, split_seed, test_fraction,
                                                 home_datasets, home_points, rankable,

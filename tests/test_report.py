@@ -567,3 +567,38 @@ def test_a_rerun_redoes_only_stale_or_missing_runs_and_lists_them_dry(two_specs,
     assert capsys.readouterr().out == ""
     with pytest.raises(InputError, match="unknown predictor 'tinyy'.*pass predictors_path=DIR"):
         rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true", "predictor=tinyy"])
+
+
+def test_a_bundle_merges_only_current_rankable_runs_of_its_own_predictors(tmp_path, monkeypatch):
+    """Issue 62's journey: an outside predictor's bundle joins the report's tables; a run at
+    another dataset version, an unrankable run, a built-in name at other code and a bundle of
+    another harness are refused, each with its reason."""
+    from leaderboard import bundles
+    from leaderboard_core.versioning import harness_hash
+
+    sent = tmp_path / "sent"
+    fine = write_run(sent, "fine", dataset="h200_vidur", predictor="outsider",
+                     code_hash="c0ffee", harness_hash=harness_hash())
+    stale = write_run(sent, "stale", dataset="h100_vidur", predictor="outsider",
+                      code_hash="c0ffee", harness_hash=harness_hash(), dataset_version="old")
+    raised = write_run(sent, "raised", dataset="b200_vidur" if "b200_vidur" in VERSIONS
+                       else "a100_vidur", predictor="outsider", code_hash="c0ffee",
+                       harness_hash=harness_hash(), rankable=False,
+                       unrankable_because=["reading: caps max_points=99"])
+    fake_ours = write_run(sent, "fake", dataset="h200_vidur", predictor="ours",
+                          code_hash="bad", harness_hash=harness_hash())
+    claimed = {"outsider": {"card": {}, "code_hash": "c0ffee", "folder": "mine"},
+               "ours": {"card": {}, "code_hash": "bad", "folder": "mine"}}
+    bundle = bundles.write([fine, stale, raised, fake_ours], tmp_path / "b.tar.gz", claimed)
+    merged = bundles.merge([bundle], tmp_path / "merged", VERSIONS, {"ours": "real"})
+    assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["fine"]
+    note = merged.notes[0]
+    assert note.startswith("merged 1 run(s) of ours, outsider") and "refused 3" in note
+    assert "at another dataset version" in note and "not rankable (reading" in note
+    assert merged.code == {"outsider": "c0ffee"}
+    current = results.current(results.load_runs([tmp_path / "none", merged.folder]), VERSIONS,
+                              bundled=merged.code).pl()
+    assert current["run_id"].to_list() == ["fine"]
+    monkeypatch.setattr(bundles, "harness_hash", lambda: "another")
+    refused = bundles.merge([bundle], tmp_path / "merged2", VERSIONS, {})
+    assert refused.notes[0].startswith(f"refused {bundle}: made by harness")
