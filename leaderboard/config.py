@@ -25,23 +25,33 @@ OmegaConf.register_new_resolver(
 GROUPS = ("predictor", "dataset", "split")
 
 
-# Ways to hand Hydra configs or code of one's own: a run's config is the suite's, and a
-# predictor's code reaches only sealed children (``predictors_path``)
-CONFIG_DOORS = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
-DOOR_KEYS = ("hydra.searchpath", "hydra.callbacks", "hydra.sweeper", "hydra.launcher._target_")
+# What a command line may hand Hydra: these flags and, of Hydra's own keys, these. Everything
+# else is refused by name, not by a list of doors: Hydra's flags take abbreviations
+# (``--config-d``) and include ways to load code (``--experimental-rerun`` unpickles a file in
+# the process that holds the ground truth), and its keys can set the environment
+# (``hydra.job.env_set``), add config folders, callbacks or a ``_target_``.
+FLAGS = ("-m", "--multirun", "-h", "--help", "--hydra-help")
+HYDRA_KEYS = ("hydra/launcher", "hydra.launcher.", "hydra.sweep.dir", "hydra.run.dir")
 
 
 def refuse_config_doors(argv) -> None:
-    """Raise ``InputError`` for a flag or override that adds config folders, callbacks or a
-    ``_target_`` of one's own to the harness (each would run code or configs in the process
-    that holds the ground truth)."""
+    """Raise ``InputError`` for a flag or a Hydra key outside ``FLAGS`` and ``HYDRA_KEYS``,
+    and for any ``_target_`` override: the harness composes only the suite's own configs and
+    runs no code it was handed."""
     for arg in argv:
-        flag, key = arg.partition("=")[0], arg.partition("=")[0].lstrip("+~")
-        if flag in CONFIG_DOORS or key.startswith(DOOR_KEYS) or key.endswith("_target_"):
-            raise InputError(f"{flag} is not taken: the harness composes only the suite's own "
-                             "configs (conf/) and runs no code it was handed; put a predictor in "
-                             "a folder and pass predictors_path=DIR, and choose a launcher with "
-                             "hydra/launcher=local|slurm")
+        key = arg.partition("=")[0]
+        bare = key.lstrip("+~")
+        if arg.startswith("-") and arg not in FLAGS:
+            door = arg
+        elif bare.startswith("hydra") and not bare.startswith(HYDRA_KEYS) or "_target_" in bare:
+            door = key
+        else:
+            continue
+        raise InputError(f"{door} is not taken: the harness composes only the suite's own configs "
+                         f"(conf/) and runs no code it was handed (flags: {', '.join(FLAGS)}; "
+                         "Hydra keys: hydra/launcher=local|slurm, hydra.launcher.<field>, "
+                         "hydra.sweep.dir, hydra.run.dir); put a predictor in a folder and pass "
+                         "predictors_path=DIR")
 
 
 def include_predictors(overrides) -> None:

@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import homes, store
+from leaderboard import homes, sandbox, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.traces import base_trace
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
@@ -169,6 +169,7 @@ def export(path: str | Path, only: list[str] | None = None, overwrite: bool = Fa
     """Write the folder; returns the rows of each config written. A serving set's card ends with
     its oracle's error from the runs in ``runs_dir`` (or says there is no oracle run there)."""
     target = Path(path).expanduser().absolute()
+    sandbox.refuse_inside_read_roots(target, "hub.export")
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass hub.overwrite=true to replace it")
     if target.exists() and not replaceable(target):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -19,6 +20,7 @@ import polars as pl
 from leaderboard import readings
 from leaderboard.run_inputs import RunInputs, RunSpec, load_inputs
 from leaderboard.split import default_split
+from leaderboard_core import paths
 
 # What a protocol run may change and still be scored in its protocol's table
 PROTOCOL_PARTS = ("home", "home_points", "split")
@@ -95,6 +97,11 @@ def reasons(spec: RunSpec, inputs: RunInputs, params: dict, defaults: dict,
     if changed:
         found.append(f"params: {', '.join(f'{k}={v!r}' for k, v in sorted(changed.items()))} "
                      "(not the predictor's defaults; a variant is registered under its own name)")
+    own_specs = (paths.CONF_DIR / "gpu").resolve()
+    for gpu in (inputs.gpu, *inputs.home.gpus.values()):
+        if not Path(gpu.path).resolve().is_relative_to(own_specs):
+            found.append(f"gpu_specs: {gpu.sku}'s datasheet is {gpu.path}, not conf/gpu's")
+            break
     if spec.hub_repo and (why := hub_matches_store(spec, inputs)):
         found.append(f"data: {spec.hub_repo}: {why}")
     return found

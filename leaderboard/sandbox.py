@@ -140,6 +140,17 @@ def checked_code(predictor_dirs, data_roots=()) -> list[str]:
     return read
 
 
+def refuse_inside_read_roots(target: Path, key: str) -> None:
+    """Raise ``ValueError`` where ``target``, a folder the suite is about to write measurements
+    to, lies inside a folder a predictor's child may read (``readable_code``)."""
+    target = Path(target).expanduser().resolve()
+    for root in readable_code([]):
+        if not root.startswith(PSEUDO_FS) and target.is_relative_to(root):
+            raise ValueError(f"{key}={target} is inside {root}, which a predictor's child may "
+                             "read; write measurements outside the Python installation, the "
+                             "suite's code and conf, and the system folders")
+
+
 def listable() -> list[str]:
     """The repository root, as a listing only (it also holds results/ and datasets/)."""
     return [str(paths.REPO_ROOT)]

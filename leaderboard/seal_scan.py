@@ -34,7 +34,9 @@ MEASUREMENT_SUFFIXES = (".parquet", ".csv", ".json", ".jsonl", ".log", ".txt")
 TRUTH_COLUMNS = frozenset({*GROUND_TRUTH_COLUMNS, "latency_ms", "ttft_ms", "tpot_ms"})
 DUCKDB_MAGIC = (8, b"DUCK")  # offset and bytes of a DuckDB database's header
 PARQUET_MAGIC, ARROW_MAGIC = b"PAR1", b"ARROW1"
-SCAN_VERSION = 2  # a cached answer of another version of these rules is walked again
+# Elsewhere than the ``inspect`` roots, the files whose first bytes are read: tables by name
+TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".duckdb", ".db")
+SCAN_VERSION = 3  # a cached answer of another version of these rules is walked again
 
 
 def store_identity() -> tuple:
@@ -54,9 +56,10 @@ def measurement_copies(read_roots: tuple[str, ...], store: tuple = (), inspect: 
                        ) -> list[tuple[str, str]]:
     """(path, why) of every file under ``read_roots`` that holds measurements (see the module
     docstring); ``store`` is ``store_identity()``. Files are told by their first bytes under the
-    ``inspect`` roots only (the suite's code and the predictor folders, what a submitter
-    controls): the system folders and the Python installation are checked by inode, size and
-    sha256, which reading every file's head there would make a walk of half a minute."""
+    ``inspect`` roots (the suite's code and the predictor folders, what a submitter controls);
+    in the system folders and the Python installation only files named as tables are (reading
+    every file's head there makes a walk of half a minute); every file is checked by inode,
+    size and sha256."""
     store = [list(s) for s in store]
     cache_file = paths.home() / "seal-scan.json"
     key = {"roots": list(read_roots), "inspect": list(inspect), "store": store,
@@ -102,7 +105,9 @@ class _Targets:
         if info.st_size in self.store_sizes and sources.sha256_of(Path(path)) == self._store_sha(
                 info.st_size):
             return f"a copy of {self.store_sizes[info.st_size]}"
-        return _derived(path) if inspect and info.st_size >= 12 else None
+        if info.st_size < 12 or not (inspect or path.endswith(TABLE_SUFFIXES)):
+            return None
+        return _derived(path)
 
     def _store_sha(self, size: int) -> str:
         if size not in self._store_shas:

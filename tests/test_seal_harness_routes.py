@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -94,11 +95,36 @@ def test_the_working_folder_as_predictors_path_is_refused(folder, monkeypatch):
 
 @pytest.mark.parametrize("arg", ["--config-dir=/tmp/x", "-cd", "hydra.searchpath=[file:///x]",
                                  "+hydra.callbacks.x._target_=os.getcwd",
-                                 "hydra.launcher._target_=os.getcwd"])
+                                 "hydra.launcher._target_=os.getcwd",
+                                 # the hostile review's: an abbreviated flag, Hydra's unpickling
+                                 # rerun, and an environment switched after the checks
+                                 "--config-d", "--experimental-rerun", "--cfg",
+                                 "hydra.job.env_set.LEADERBOARD_HOME=/x", "+x._target_=eval"])
 def test_config_folders_and_targets_of_ones_own_are_refused(arg):
     with pytest.raises(InputError, match="runs no code it was handed"):
         config.refuse_config_doors([arg])
-    config.refuse_config_doors(["hydra/launcher=local", "hydra.launcher.n_jobs=4"])
+    config.refuse_config_doors(["hydra/launcher=local", "hydra.launcher.n_jobs=4", "-m",
+                                "hydra.sweep.dir=/tmp/s", "dataset=h200_vidur"])
+
+
+@pytest.mark.slow
+def test_hydras_unpickling_rerun_never_runs(tmp_path):
+    """``--experimental-rerun FILE`` would ``pickle.load`` FILE in the harness; a pickle whose
+    load leaves a note shows it never does."""
+    import pickle
+
+    marker = tmp_path / "unpickled"
+
+    class Note:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "config.pickle").write_bytes(pickle.dumps(Note()))
+    out = subprocess.run([sys.executable, "-m", "leaderboard", "--experimental-rerun",
+                          str(tmp_path / "config.pickle")], capture_output=True, text=True,
+                         cwd=paths.REPO_ROOT, timeout=120)
+    assert out.returncode == 2 and "--experimental-rerun is not taken" in out.stderr
+    assert not marker.exists()
 
 
 # ---------------------------------------------- 2. a run's predictor is the registered class
@@ -250,6 +276,37 @@ def test_a_copy_of_the_store_or_a_table_of_it_is_refused(fake_store, folder, how
     assert str(target) in message
     assert {"hard link": "a hard link of", "copy": "a copy of", "duckdb": "a DuckDB database",
             "parquet": "measured times (gt_ms)", "arrow": "measured times (gt_ms)"}[how] in message
+
+
+def test_a_table_named_as_one_is_found_in_the_installation_too(fake_store, tmp_path):
+    """Outside the submitted code (the Python installation, the system folders) files are told
+    by their first bytes only when named as tables: a hub export written there is found."""
+    site = tmp_path / "site-packages" / "share"
+    site.mkdir(parents=True)
+    pl.DataFrame({"cell_id": ["c"], "gt_ms": [1.5]}).write_parquet(site / "cells.parquet")
+    found = seal_scan.measurement_copies((str(tmp_path / "site-packages"),), (), ())
+    assert found == [(str(site / "cells.parquet"), "a table with measured times (gt_ms)")]
+
+
+def test_a_hub_export_into_a_folder_a_child_reads_is_refused(store_home):
+    from leaderboard import hub_export
+
+    inside = Path(sys.prefix) / "share" / "lb-export"
+    with pytest.raises(ValueError, match="which a predictor's child may read"):
+        hub_export.export(inside, only=["h200_vidur"], quiet=True)
+    assert not inside.exists()
+
+
+def test_a_datasheet_from_elsewhere_is_not_rankable(store_home, tmp_path):
+    from leaderboard.run_inputs import load_inputs
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "h200_sxm.yaml").write_text((paths.CONF_DIR / "gpu" / "h200_sxm.yaml").read_text())
+    spec = RunSpec("ours", "h200_vidur", {}, gpu_specs=str(specs))
+    inputs = load_inputs(spec)
+    found = rankable.reasons(spec, inputs, {}, {}, True, "x")
+    assert found and found[0].startswith("gpu_specs: h200_sxm's datasheet is")
 
 
 def test_a_table_without_measured_times_is_readable(fake_store, folder):
