@@ -59,6 +59,7 @@ def list_datasets(include_all: bool = False, **where) -> list[dict]:
     named = {r["name"]: r for r in rows if runnable(r)}
     for row in rows:
         row["arch"] = gpus[row["sku"]]["arch"] if row["sku"] in gpus else None
+        row["leaderboard"] = row["name"] in named and families.on_leaderboard(row["name"])
         if row["name"] in named:
             try:
                 row["home"] = homes.home_of(row["name"], None, named)
@@ -85,12 +86,15 @@ def card(name: str, runs_dir: str | None = None, **where) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    table = Table(title=f"leaderboard store: {len(rows)} datasets")
+    ranked = sum(bool(r.get("leaderboard")) for r in rows)
+    table = Table(title=f"leaderboard store: {len(rows)} datasets, {ranked} on the leaderboard "
+                        "(marked *: what rerun, submit and the report score)")
     for col in ("name", "kind", "GPU", "arch", "home", "rows", "phases", "version"):
         table.add_column(col, justify="right" if col == "rows" else "left")
     for r in rows:
         phases = ", ".join(f"{k} {v:,}" for k, v in (r.get("phases") or {}).items())
-        table.add_row(r["name"], r["kind"], r["sku"] or "-", r.get("arch") or "-",
+        table.add_row(f"{r['name']}{' *' if r.get('leaderboard') else ''}", r["kind"],
+                      r["sku"] or "-", r.get("arch") or "-",
                       r.get("home") or "-", f"{r['rows']:,}", phases or "-", r["version"])
     Console(width=max(Console().width, 160)).print(table)
 

@@ -169,3 +169,11 @@ for _fam in (
                   phases=("ttft", "tpot", "service"), home="a100_vidur"),
 ):
     register_family(_fam)
+
+
+def on_leaderboard(name: str) -> bool:
+    """The one definition of a leaderboard dataset: a dataset of a family registered with
+    ``leaderboard=True``. ``rerun``, ``report``, ``submit`` and ``data list`` all ask here."""
+    fam = of(name)
+    return fam is not None and fam.leaderboard
+

@@ -43,15 +43,15 @@ def include(folder: str | Path) -> None:
     a folder where measurements lie is refused, and so is one this process already imports from
     (the working folder of ``python -m``): run from another folder."""
     resolved = Path(folder).expanduser().resolve()
-    if not resolved.is_dir():
-        raise ValueError(f"predictors_path={resolved} is not a directory; pass a folder of "
-                         "predictor modules (*.py files that @register a Predictor)")
     for data in map(Path, sandbox.watched()):
         if resolved.is_relative_to(data) or data.is_relative_to(resolved):
             where = "is inside" if resolved.is_relative_to(data) else "holds"
             raise ValueError(f"predictors_path={resolved} {where} {data}, where measurements "
                              "lie; a run's child may read its predictor folder, so put the "
                              "predictor modules in a folder of their own")
+    if not resolved.is_dir():
+        raise ValueError(f"predictors_path={resolved} is not a directory; pass a folder of "
+                         "predictor modules (*.py files that @register a Predictor)")
     on_path = [p for p in sys.path if Path(p or ".").resolve() == resolved]
     if on_path:
         raise ValueError(f"predictors_path={resolved} is on the harness's own import path (it is "
@@ -61,6 +61,11 @@ def include(folder: str | Path) -> None:
         print(f"predictors_path: {resolved}", file=sys.stderr)
         _FOLDERS.append(str(resolved))
         _described.cache_clear()
+
+
+def included() -> list[str]:
+    """The ``predictors_path`` folders this process was given, in order."""
+    return list(_FOLDERS)
 
 
 def folders(described: dict[str, Any]) -> tuple[str, ...]:

@@ -71,8 +71,7 @@ def leaderboard_datasets() -> list[str]:
     """The store's datasets of the leaderboard families, including any GPU added through a
     sources directory (which has no ``conf/dataset`` file)."""
     with StoreCatalog() as catalog:
-        return sorted(n for n in catalog.datasets()
-                      if (fam := families.of(n)) is not None and fam.leaderboard)
+        return sorted(n for n in catalog.datasets() if families.on_leaderboard(n))
 
 
 def run_specs(runs_dir: Path) -> list[RunSpec]:
@@ -115,8 +114,11 @@ def _run_one(spec: RunSpec) -> Outcome:
     return Outcome(spec.predictor, spec.dataset, status, time.perf_counter() - started)
 
 
-def _worker_setup() -> None:
-    """A worker draws no bar of its own and never builds the store (built once above)."""
+def _worker_setup(folders: tuple[str, ...] = ()) -> None:
+    """A worker draws no bar of its own, never builds the store (built once above) and knows
+    the ``predictors_path`` folders this process was given (a spawned worker starts afresh)."""
+    for folder in folders:
+        predictor_index.include(folder)
     progress.show(False)
     os.environ[store.STALE_ENV] = "refuse"
 
@@ -134,6 +136,7 @@ def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
                                  initializer=_worker_setup,
+                                 initargs=(tuple(predictor_index.included()),),
                                  max_tasks_per_child=RUNS_PER_WORKER) as pool:
             todo, running = list(reversed(items)), set()
             while todo or running:

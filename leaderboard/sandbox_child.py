@@ -64,9 +64,9 @@ def describe(request: dict, answer_fd: int) -> None:
             answer = {"error": f"a predictor's report_sections failed: {type(exc).__name__}: "
                                f"{exc}"}
     if tried := guard.attempts():
-        answer = {"error": f"a predictor module reached for sealed data when imported, checked "
-                           f"or asked for its report sections (first: {tried[0]}); no predictor "
-                           "runs until that code is removed"}
+        answer = {"error": f"a predictor module reached for sealed data when imported (or "
+                           f"checked, or asked for its report sections; first: {tried[0]}); no "
+                           "predictor runs until that code is removed"}
     with open(answer_fd, "w") as out:
         out.write(json.dumps(answer, default=str))
 

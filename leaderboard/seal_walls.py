@@ -102,5 +102,5 @@ def check_readable(read_roots: list[str], data_roots: list[str], inspect=()) -> 
     if found:
         path, why = found[0]
         raise SealRefused(f"{len(found)} file(s) a predictor's child may read hold measurements "
-                          f"(first: {path}, {why}); remove them or the package that installed "
+                          f"(first: {why}: {path}); remove them or the package that installed "
                           "them")
