@@ -42,7 +42,7 @@ def check_choices(argv: list[str]) -> None:
         check_names(argv)
         for value in (a.partition("=")[2] for a in argv if a.startswith("runs_dir=")):
             for folder in value.split(","):  # before Hydra makes its log folder there
-                inputs.check_writable_folder(paths.REPO_ROOT / folder, "runs_dir")
+                inputs.check_writable_folder(paths.from_user(folder), "runs_dir")
     except InputError as exc:
         _fail(str(exc))
     check_parameters(argv)

@@ -17,6 +17,9 @@ from leaderboard_core.naming import suggestion
 # is), so relative places are the same from any folder.
 OmegaConf.register_new_resolver("in_repo", lambda path: str(paths.REPO_ROOT / str(path)),
                                 replace=True)
+# ``${from_user:PATH}``: PATH taken from the working folder, as every path a user types is.
+OmegaConf.register_new_resolver("from_user", lambda path: str(paths.from_user(str(path))),
+                                replace=True)
 # ``${predictor_names:}`` in the --help template: the registered names, folded.
 OmegaConf.register_new_resolver(
     "predictor_names", lambda: ", ".join(predictor_index.names()), replace=True)
@@ -30,7 +33,8 @@ GROUPS = ("predictor", "dataset", "split")
 # (``--config-d``) and include ways to load code (``--experimental-rerun`` unpickles a file in
 # the process that holds the ground truth), and its keys can set the environment
 # (``hydra.job.env_set``), add config folders, callbacks or a ``_target_``.
-FLAGS = ("-m", "--multirun", "-h", "--help", "--hydra-help")
+FLAGS = ("-m", "--multirun", "-h", "--help", "--hydra-help", "--cfg=job", "--cfg=hydra",
+         "--cfg=all", "--resolve")
 HYDRA_KEYS = ("hydra/launcher", "hydra.launcher.", "hydra.sweep.dir", "hydra.run.dir")
 
 
@@ -178,15 +182,15 @@ def command_config(argv: list[str], prog: str, doc: str, section: str,
         print(f"{prog}: {flag} is deprecated and goes in the next release; use {override}",
               file=sys.stderr)
         overrides.append(override)
+    flags = [a for a in overrides if a.startswith("-")]
+    if flags:
+        raise InputError(f"unknown flag {flags[0]}: {prog} takes key=value overrides only "
+                         f"(--help lists them)")
     refuse_config_doors(overrides)
     try:  # before the names are checked: a predictor of the folder is one of them
         include_predictors(overrides)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    flags = [a for a in overrides if a.startswith("-")]
-    if flags:
-        raise InputError(f"unknown flag {flags[0]}: {prog} takes key=value overrides only "
-                         f"(--help lists them)")
     check_names(overrides)
     if message := unknown_key(overrides):
         raise InputError(message)

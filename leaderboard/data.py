@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             store.build(**where, only=only)
             return 0
         if args.command == "card":
-            print(card(name, paths.REPO_ROOT / cfg.runs_dir, **where))
+            print(card(name, paths.from_user(cfg.runs_dir), **where))
             return 0
         rows = list_datasets(args.all, **where)
         skipped = skipped_files(**where)

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = export(path, only=list(cfg.hub.only) if cfg.hub.only else None,
                       overwrite=cfg.hub.overwrite, sources_root=cfg.sources.root,
-                      gpu_specs=cfg.gpu_specs, runs_dir=paths.REPO_ROOT / cfg.runs_dir)
+                      gpu_specs=cfg.gpu_specs, runs_dir=paths.from_user(cfg.runs_dir))
     except (SourceError, SpecError, BuildError, ValueError, FileExistsError) as exc:
         stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2

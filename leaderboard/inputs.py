@@ -87,7 +87,7 @@ def check_run_inputs(cfg: DictConfig) -> None:
     fields and a ``runs_dir`` that can hold run folders."""
     check_config(cfg)
     check_predictor(cfg)
-    check_writable_folder(paths.REPO_ROOT / cfg.runs_dir, "runs_dir")
+    check_writable_folder(paths.from_user(cfg.runs_dir), "runs_dir")
 
 
 def check_writable_folder(folder: Path, key: str) -> None:

@@ -268,8 +268,8 @@ OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "re
 def merge_bundles(opts, runs_dir: Path) -> bundles.Merged | None:
     """The runs of the results bundles the report reads (``report.bundles``, and the published
     runs where they are in the clone), each merged or refused with its reason, said on stderr."""
-    found = [paths.REPO_ROOT / p for p in opts.bundles or []]
-    published = paths.REPO_ROOT / opts.published
+    found = [paths.from_user(p) for p in opts.bundles or []]
+    published = paths.from_user(opts.published)
     found += [published] if published.is_file() and published not in found else []
     if not found:
         return None
@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = command_config(sys.argv[1:] if argv is None else argv, "python -m leaderboard.report",
                          __doc__, "report", OLD_FLAGS)
     opts = cfg.report
-    runs_dir, out = paths.REPO_ROOT / cfg.runs_dir, paths.REPO_ROOT / opts.out
-    atlas_dir = paths.REPO_ROOT / opts.atlas_dir
+    runs_dir, out = paths.from_user(cfg.runs_dir), paths.from_user(opts.out)
+    atlas_dir = paths.from_user(opts.atlas_dir)
     if opts.rerun:
         for outcome in rerun.rerun_all(runs_dir, opts.jobs):
             print(f"{outcome.predictor} on {outcome.dataset}: {outcome.status} "

@@ -244,7 +244,7 @@ def main(argv: list[str]) -> int:
             hint = "" if cfg.predictors_path else " (a predictor of your own: pass predictors_path=DIR)"
             raise InputError(f"unknown predictor '{name}'; "
                              f"{suggestion(name, predictor_index.names())}{hint}")
-    runs_dir = paths.REPO_ROOT / cfg.runs_dir
+    runs_dir = paths.from_user(cfg.runs_dir)
     outcomes = rerun_all(runs_dir, cfg.report.jobs, cfg.rerun.all, cfg.rerun.dry_run, predictors)
     for o in outcomes:
         print(f"{o.predictor} on {o.dataset}: {o.status} ({o.seconds:.1f} s)")

@@ -31,7 +31,7 @@ class RunSpec:
     test_fraction: float = field(default_factory=lambda: default_split()["test_fraction"])
     # What op points fit sees: the home GPU's whole measured grid, or those behind its cells.
     home_points: str = field(default_factory=lambda: default_split()["home_points"])
-    runs_dir: Path = Path("results/runs")
+    runs_dir: Path = paths.REPO_ROOT / "results" / "runs"
     output_json: str | None = None
     sources_root: str | None = None
     gpu_specs: str | None = None
@@ -42,9 +42,8 @@ class RunSpec:
     stage_seconds: float = 7200.0  # conf/config.yaml's seal.stage_seconds
 
     def __post_init__(self):
-        # relative to the repository root, as report.out is: one folder whatever the working
-        # folder, so the report finds every run
-        self.runs_dir = paths.REPO_ROOT / self.runs_dir
+        # a relative folder is taken from the working folder, as a command line takes it
+        self.runs_dir = paths.from_user(self.runs_dir)
 
     @classmethod
     def from_config(cls, cfg) -> RunSpec:

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
                       "for a predictor of your own)", highlight=False)
         return 2
     cfg = command_config(argv, "python -m leaderboard.submit", __doc__, "submit", {})
-    name, runs_dir = cfg.predictor.name, paths.REPO_ROOT / cfg.runs_dir
+    name, runs_dir = cfg.predictor.name, paths.from_user(cfg.runs_dir)
     names = variants(name)
     started = time.perf_counter()
     outcomes = rerun.rerun_all(runs_dir, cfg.report.jobs, predictors=names)

@@ -21,6 +21,12 @@ SHARED_UPSTREAM = REPO_ROOT.parent / "shared" / "data" / "upstream"
 CODE_PACKAGES = ("leaderboard", "leaderboard_core", "predictors")
 
 
+def from_user(value: str | os.PathLike) -> Path:
+    """A path a user typed, taken from the working folder as every command line takes it (an
+    absolute path stays as it is; a default of the suite's conf is absolute already)."""
+    return Path(value).expanduser().resolve()
+
+
 def home() -> Path:
     """The suite's home: ``$LEADERBOARD_HOME`` or the user cache directory."""
     env = os.environ.get("LEADERBOARD_HOME")

@@ -29,6 +29,17 @@ def test_defaults_compose():
     assert all(elsewhere.hydra[k].dir.startswith("/srv/runs/.hydra/") for k in ("run", "sweep"))
 
 
+def test_a_path_you_type_is_taken_from_the_working_folder(tmp_path, monkeypatch):
+    from leaderboard.run_inputs import RunSpec
+
+    monkeypatch.chdir(tmp_path)
+    assert RunSpec("ours", "h200_vidur", {}, runs_dir="mine").runs_dir == tmp_path / "mine"
+    assert RunSpec("ours", "h200_vidur", {}).runs_dir == paths.REPO_ROOT / "results" / "runs"
+    cfg = load_config(["runs_dir=mine"], with_hydra=True)
+    assert cfg.hydra.run.dir.startswith(f"{tmp_path / 'mine'}/.hydra/")
+    assert load_config().report.out == str(paths.REPO_ROOT / "RESULTS.md")
+
+
 @pytest.mark.parametrize("name", registry.names())
 def test_every_predictor_node_composes_with_its_defaults(name):
     cfg = load_config([f"predictor={name}"])

@@ -98,7 +98,7 @@ def test_the_working_folder_as_predictors_path_is_refused(folder, monkeypatch):
                                  "hydra.launcher._target_=os.getcwd",
                                  # the hostile review's: an abbreviated flag, Hydra's unpickling
                                  # rerun, and an environment switched after the checks
-                                 "--config-d", "--experimental-rerun", "--cfg",
+                                 "--config-d", "--experimental-rerun", "--cfg", "--info",
                                  "hydra.job.env_set.LEADERBOARD_HOME=/x", "+x._target_=eval"])
 def test_config_folders_and_targets_of_ones_own_are_refused(arg):
     with pytest.raises(InputError, match="runs no code it was handed"):
