@@ -31,7 +31,7 @@ def bare():
     """The parent's walls down: a plain ``python -S`` child and no readable-root scan."""
     saved = seal_walls.child_command, seal_walls.check_readable, seal_walls.namespaces_available
     seal_walls.child_command = lambda args, writable: [sys.executable, "-S", *args]
-    seal_walls.check_readable = lambda read, data: None
+    seal_walls.check_readable = lambda read, data, inspect=(): None
     seal_walls.namespaces_available = lambda: False
     try:
         yield

@@ -87,7 +87,10 @@ def render_readme(configs: list[dict], meta: dict[str, str]) -> str:
              "pretty_name": TITLE, "tags": TAGS,
              "configs": [{"config_name": c["config"],
                           "data_files": [{"split": c["split"], "path": c["path"]}]}
-                         for c in configs]}
+                         for c in configs],
+             "dataset_info": [{"config_name": c["config"], "features": [
+                 {"name": name, **hf_type(dtype)} for name, dtype in c["columns"].items()]}
+                 for c in configs]}
     config_rows = "\n".join(
         f"| `{c['config']}` | {c['kind']} | {c['sku'] or '-'} | {c['rows']:,} | `{c['version']}` | "
         f"{_repos(c['sources']) or '-'} | {_licenses(c['sources']) or '-'} |" for c in configs)
@@ -98,8 +101,49 @@ def render_readme(configs: list[dict], meta: dict[str, str]) -> str:
                           f"{len(rels)} |" for (repo, commit, lic), rels in sorted(by_repo.items()))
     return (paths.DATASETS_DIR / "cards" / "hf_readme.md").read_text().format(
         front_matter=yaml.safe_dump(front, sort_keys=False), config_rows=config_rows,
+        columns="\n".join(column_dictionary(configs)), citation=citation(),
         source_rows=repo_rows, store_version=meta["store_version"],
         builder_version=meta["builder_version"], code_version=meta["code_version"])
+
+
+def hf_type(dtype: pl.DataType) -> dict:
+    """A column's type as a Hugging Face ``features`` entry (``dtype``, or a ``sequence``)."""
+    if isinstance(dtype, pl.List):
+        return {"sequence": hf_type(dtype.inner)["dtype"]}
+    names = {pl.String: "string", pl.Int64: "int64", pl.Int32: "int32", pl.Float64: "float64",
+             pl.Float32: "float32", pl.Boolean: "bool", pl.Categorical: "string"}
+    return {"dtype": next((v for k, v in names.items() if dtype == k), str(dtype).lower())}
+
+
+def column_dictionary(configs: list[dict]) -> list[str]:
+    """One table per kind of config: every column with its type, unit and meaning
+    (``datasets/cards/columns.yaml``)."""
+    meanings = yaml.safe_load((paths.DATASETS_DIR / "cards" / "columns.yaml").read_text())
+    lines, seen = [], set()
+    for c in configs:
+        kind = (c["kind"], c["split"])
+        if kind in seen:
+            continue
+        seen.add(kind)
+        lines += [f"**{c['split']}** ({c['kind']} configs, e.g. `{c['config']}`)", "",
+                  "| column | type | unit | meaning |", "|---|---|---|---|"]
+        for name, dtype in c["columns"].items():
+            entry = meanings.get(name, {"unit": "?", "meaning": "?"})
+            typed = hf_type(dtype)
+            shown = typed.get("dtype") or f"list of {typed['sequence']}"
+            lines.append(f"| `{name}` | {shown} | {entry['unit']} | {entry['meaning']} |")
+        lines.append("")
+    return lines
+
+
+def citation() -> str:
+    """The suite's citation (CITATION.cff) as BibTeX."""
+    cff = yaml.safe_load((paths.REPO_ROOT / "CITATION.cff").read_text())
+    authors = " and ".join(a.get("name") or f"{a.get('family-names')}, {a.get('given-names')}"
+                           for a in cff["authors"])
+    return (f"@software{{llm_step_leaderboard,\n  title = {{{cff['title']}}},\n"
+            f"  author = {{{authors}}},\n  version = {{{cff['version']}}},\n"
+            f"  year = {{{str(cff['date-released'])[:4]}}},\n  license = {{{cff['license']}}}\n}}")
 
 
 def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection,
@@ -129,6 +173,7 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
                           catalog.collective_points(row["sku"], row["backend_versions"][0]))]
             for config, split, frame in parts:
                 configs.append({"config": config, "split": split, "rows": len(frame),
+                                "columns": dict(frame.schema),
                                 "path": _write_split(root, name, split, frame),
                                 "kind": "lineage" if split == "lineage" else row["kind"],
                                 "sku": row["sku"], "version": row["version"], "sources": sources})
@@ -138,7 +183,8 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
         version = con.execute("SELECT version FROM table_versions "
                               "WHERE table_name = 'coefficients'").fetchall()[0][0]
         configs.append({"config": "coefficients", "split": "coefficients", "kind": "coefficients",
-                        "rows": len(coefficients), "sku": None, "version": version,
+                        "rows": len(coefficients), "columns": dict(coefficients.schema),
+                        "sku": None, "version": version,
                         "sources": _coefficient_sources(con),
                         "path": _write_split(root, "coefficients", "coefficients", coefficients)})
         listed = pl.DataFrame([{**{k: rows[n][k] for k in CATALOG_SCHEMA if k != "rows"},
@@ -146,7 +192,8 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
                                for n in names], schema=CATALOG_SCHEMA)
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         configs.append({"config": "catalog", "split": "catalog", "kind": "catalog",
-                        "rows": len(listed), "sku": None, "version": meta["store_version"],
+                        "rows": len(listed), "columns": dict(listed.schema),
+                        "sku": None, "version": meta["store_version"],
                         "sources": [], "path": _write_split(root, "catalog", "catalog", listed)})
         (root / "README.md").write_text(render_readme(configs, meta))
         (root / EXPORT_MARKER).write_text("written by python -m leaderboard.hub\n")

@@ -84,6 +84,27 @@ def test_card_lists_every_config_with_version_and_license(exported, real_store):
     assert (exported / "h200_vidur" / "card.md").read_text().startswith("# h200_vidur")
 
 
+def test_card_has_a_column_dictionary_features_and_a_citation(exported):
+    """Every column of every exported config is in the card's dictionary with its type and a
+    unit and meaning (none left as ?), and in the header's features with the same type."""
+    import pyarrow.parquet as pq
+
+    meta = front_matter(exported / "README.md")
+    body = (exported / "README.md").read_text()
+    features = {c["config_name"]: {f["name"]: f for f in c["features"]}
+                for c in meta["dataset_info"]}
+    for config in meta["configs"]:
+        schema = pq.read_schema(exported / config["data_files"][0]["path"])
+        assert set(features[config["config_name"]]) == set(schema.names), config["config_name"]
+        for name in schema.names:
+            assert f"| `{name}` |" in body, name
+    assert "| ? |" not in body
+    assert features["h200_vidur"]["q_lens"] == {"name": "q_lens", "sequence": "int64"}
+    assert features["h200_vidur"]["gt_ms"]["dtype"] == "float64"
+    assert "| `gt_ms` | float64 | ms |" in body
+    assert "@software{llm_step_leaderboard," in body and "license = {MIT}" in body
+
+
 class Probe(Predictor):
     """Predicts from everything fit received, so any difference in what a catalog gives shows."""
 
