@@ -36,6 +36,7 @@ from leaderboard import (
     predictor_index,
     rankable,
     ranking,
+    report_decisions,
     report_headline,
     report_leaderboard,
     report_moe,
@@ -239,7 +240,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(predictions["dataset"]))), atlas_dir)
-        body += rankings(predictions, runs) + atlases(images, out, atlas_dir)
+        body += rankings(predictions, runs) + report_decisions.section(predictions, runs)
+        body += atlases(images, out, atlas_dir)
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += report_sections.explain_examples(runs)
     oracle = report_leaderboard.oracle_runs(current, datasets)

@@ -1,0 +1,74 @@
+"""Decisions scored from measured outcomes, worked by hand on small synthetic sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard import decisions
+
+BATCHES = [1, 2, 4, 8]
+MEASURED = [1.0, 1.5, 2.5, 5.0]  # ms: throughputs 1, 1.33, 1.6, 1.6 requests per ms
+
+
+def _cells(predictor: str, predicted: list[float]) -> pl.DataFrame:
+    return pl.DataFrame({"predictor": predictor, "dataset": "x_vidur", "model": "m", "tp": 1,
+                         "phase": "decode", "num_requests": BATCHES, "num_decode": BATCHES,
+                         "decode_ctx_sum": [512 * b for b in BATCHES], "gt_ms": MEASURED,
+                         "pred_ms": predicted})
+
+
+def _choices(predicted: list[float]) -> pl.DataFrame:
+    return decisions.capacity_choices(_cells("p", predicted)).sort("slo_ms")
+
+
+def test_a_perfect_predictor_picks_the_largest_batch_that_fits_and_regrets_nothing():
+    choices = _choices(MEASURED)
+    assert choices["slo_ms"].to_list() == MEASURED  # one SLO per measured step
+    assert choices["pick"].to_list() == [1, 2, 4, 8]
+    assert not choices["violation"].any() and choices["regret"].max() == pytest.approx(0)
+
+
+def test_a_predictor_20_percent_slow_picks_smaller_batches_and_says_no_once():
+    choices = _choices([1.2 * t for t in MEASURED])
+    # SLO 1 ms: 1.2 ms predicted for batch 1, nothing fits: no pick, regret 1, counted
+    assert choices["pick"].to_list() == [None, 1, 2, 4]
+    expected = [1.0, 1 - 1 / (2 / 1.5), 1 - (2 / 1.5) / 1.6, 0.0]
+    assert choices["regret"].to_list() == pytest.approx(expected)
+    scores = decisions.capacity_scores(choices).row(0, named=True)
+    assert scores["no_pick"] == 1 and scores["violation_pct"] == 0
+    assert scores["regret_pct"] == pytest.approx(np.mean(expected) * 100)
+
+
+def test_a_wrong_slope_violates_where_it_promises_the_big_batch():
+    # under 20 % off on three batches, but batch 8 predicted at 2.4 ms (measured 5)
+    choices = _choices([1.1, 1.6, 2.0, 2.4])
+    at = {r["slo_ms"]: r for r in choices.iter_rows(named=True)}
+    assert at[2.5]["pick"] == 8 and at[2.5]["violation"] and at[2.5]["best"] == 4
+    assert at[1.0]["pick"] is None and at[1.5]["pick"] == 1  # 1.1 > 1.0; 1.1 <= 1.5 < 1.6
+    assert decisions.capacity_scores(choices)["violation_pct"][0] == pytest.approx(25.0)
+
+
+def test_groups_with_too_few_batches_are_left_out():
+    two = _cells("p", MEASURED).head(2)
+    assert decisions.capacity_choices(two).is_empty()
+
+
+def test_gpu_choice_a_biased_order_keeping_predictor_picks_perfectly():
+    measured = {("w1", "a"): 1.0, ("w1", "b"): 2.0, ("w2", "a"): 3.0, ("w2", "b"): 2.0}
+    rows = [{"predictor": p, "workload_id": w, "sku": s, "gt_ms": t,
+             "pred_ms": t * 1.2 if p == "biased" else (5.0 if s == "a" else 1.0)}
+            for p in ("biased", "wrong") for (w, s), t in measured.items()]
+    choices = decisions.gpu_choices(pl.DataFrame(rows))
+    scores = {r["predictor"]: r for r in decisions.gpu_scores(choices).iter_rows(named=True)}
+    assert scores["biased"]["regret_pct"] == 0 and scores["biased"]["right_pct"] == 100
+    # "wrong" always picks b: w1 at 2 ms against 1 (regret 1), w2 right
+    assert scores["wrong"]["regret_pct"] == pytest.approx(50.0)
+    assert scores["wrong"]["right_pct"] == pytest.approx(50.0)
+
+
+def test_kendall_tau():
+    assert decisions.kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
+    assert decisions.kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
+    assert decisions.kendall_tau(["a"], ["a"]) is None
