@@ -40,6 +40,7 @@ from leaderboard import (
     report_headline,
     report_leaderboard,
     report_moe,
+    report_pages,
     report_protocols,
     report_sections,
     rerun,
@@ -225,7 +226,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     timing = rerun.last_rerun(runs_dir)
     outcomes = {(o["predictor"], o["dataset"]): o["status"]
                 for o in (timing or {}).get("outcomes", [])}
-    body = report_headline.headline(runs, predictions)
+    body = report_headline.headline(runs, predictions) + report_pages.matrix(runs)
     body += [f"Regenerate: `python -m leaderboard.report report.rerun=true` (reruns every "
              f"registered predictor on the {len(datasets)} leaderboard datasets, then writes "
              "this; `python -m leaderboard.data list` names them); without `report.rerun=true` "
@@ -263,6 +264,7 @@ def splice(existing: str, block: str) -> str:
     return f"{title}\n\n{block}\n\n{rest.lstrip()}" if existing else f"# Results\n\n{block}\n"
 
 
+PAGES_DIR = "results"  # the topic pages' folder, beside RESULTS.md
 OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "report.atlas_dir",
              "--rerun": "report.rerun=true", "--jobs": "report.jobs"}
 
@@ -317,10 +319,14 @@ def main(argv: list[str] | None = None) -> None:
                   "(report.partial=replace overwrites them)", file=sys.stderr)
     merged = merge_bundles(opts, runs_dir)
     block = render(runs_dir, out, atlas_dir, merged=merged)
+    kept, pages = report_pages.part(block.splitlines()[1:-1], PAGES_DIR)
+    written = report_pages.write(pages, out.parent / PAGES_DIR)
+    block = "\n".join([BEGIN, "", *kept, *report_pages.index(PAGES_DIR), END])
     existing = out.read_text() if out.exists() else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(splice(existing, block))
-    print(f"wrote {out}")
+    print(f"wrote {out} ({len(block.splitlines())} lines) and {len(written)} pages in "
+          f"{out.parent / PAGES_DIR}")
 
 
 if __name__ == "__main__":

@@ -268,7 +268,8 @@ def two_specs(tmp_path, monkeypatch):
     monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: [
         RunSpec(predictor="tiny", dataset=d, params={}, runs_dir=runs_dir)
         for d in ("h100_vidur", "h200_vidur")])
-    monkeypatch.setattr(report, "render", lambda runs_dir, out, atlas_dir: f"block {atlas_dir}")
+    monkeypatch.setattr(report, "render", lambda runs_dir, out, atlas_dir, merged=None: (
+        f"{report.BEGIN}\n## Headline\nblock {atlas_dir}\n{report.END}"))
     runs = tmp_path / "runs"
     write_run(runs, "h100")
     (tmp_path / "RESULTS.md").write_text("# Results\n\nthe full tables\n")
@@ -602,3 +603,23 @@ def test_a_bundle_merges_only_current_rankable_runs_of_its_own_predictors(tmp_pa
     monkeypatch.setattr(bundles, "harness_hash", lambda: "another")
     refused = bundles.merge([bundle], tmp_path / "merged2", VERSIONS, {})
     assert refused.notes[0].startswith(f"refused {bundle}: made by harness")
+
+
+def test_results_md_keeps_one_screen_and_moves_every_other_section_whole(tmp_path):
+    """The block parted: the headline and the matrix stay, every other section lands on its
+    topic page whole, with its links made relative to the page."""
+    from leaderboard import report_pages
+
+    block = ["## Headline", "", "best", "## Predictors × families", "", "m",
+             "Regenerate: this", "## Leaderboard: MAPE % per phase", "", "t",
+             "## Error atlases", "![a](results/atlas/a.png) ![b](elsewhere/b.png) [x](https://x)",
+             "## Something new", "kept somewhere"]
+    kept, pages = report_pages.part(block, "results")
+    assert kept == block[:7]
+    assert "## Leaderboard: MAPE % per phase\n\nt" in pages["leaderboard.md"]
+    assert "![a](atlas/a.png) ![b](../elsewhere/b.png) [x](https://x)" in pages["atlases.md"]
+    assert "## Something new\nkept somewhere" in pages["provenance.md"]  # never dropped
+    moved = [line for text in pages.values() for line in text.splitlines()]
+    assert all(line in moved for line in ("t", "kept somewhere"))
+    assert report_pages.index("results")[2] == (
+        "- [Leaderboard: MAPE per phase, family and GPU](results/leaderboard.md)")
