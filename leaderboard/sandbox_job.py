@@ -21,29 +21,32 @@ from leaderboard_core.contract import NotSupported
 def _resolve(job: dict) -> type:
     """The class registered under the name the run asked for, with the module and class the
     harness was told of: the ``predictors_path`` folders of the job registered first (none for a
-    predictor of the suite's own, so no folder's code runs beside it). A folder's module could
-    re-point the registry; a class other than the described one makes the run INVALID. A class
-    the harness registered in its own process (the tests' probes, which no command line
-    reaches) is found by module and name."""
+    predictor of the suite's own, so no folder's code runs beside it), then the described
+    module imported (that module alone: importing every predictor would cost each run the
+    imports of all their libraries). A folder's module could re-point the registry; a class
+    other than the described one makes the run INVALID. A class the harness registered in its
+    own process (the tests' probes, which no command line reaches) is found by module and name."""
     import importlib
 
     from predictors import registry
 
     ref = job["predictor"]
-    registry.discover()  # the suite's names first: a folder's module cannot take one
     for folder in job["include"]:
         registry.include(folder)
-    if not job["include"] and not ref["module"].startswith("predictors."):
-        found = importlib.import_module(ref["module"])
+    found = importlib.import_module(ref["module"])
+    registered = registry.imported().get(ref["name"])
+    if registered is None and not job["include"] and not ref["module"].startswith("predictors."):
         for part in ref["qualname"].split("."):
             found = getattr(found, part)
         return found
-    found = registry.get(ref["name"])
-    if (found.__module__, found.__qualname__) != (ref["module"], ref["qualname"]):
-        raise RuntimeError(f"the predictor registered as '{ref['name']}' is "
-                           f"{found.__module__}.{found.__qualname__}, not the described "
-                           f"{ref['module']}.{ref['qualname']}; a module re-pointed the name")
-    return found
+    if registered is None or (registered.__module__, registered.__qualname__) != (
+            ref["module"], ref["qualname"]):
+        where = "nothing" if registered is None else \
+            f"{registered.__module__}.{registered.__qualname__}"
+        raise RuntimeError(f"the predictor registered as '{ref['name']}' is {where}, not the "
+                           f"described {ref['module']}.{ref['qualname']}; a module re-pointed "
+                           "the name")
+    return registered
 
 
 def _save_by_op(estimator, blind: pl.DataFrame, gpu, rows: int, out: Path, facts: dict) -> None:
