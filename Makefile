@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-long install install-dev sandbox-check
+.PHONY: run test test-long install install-dev sandbox-check browser-check
 
 # A run's child runs under bubblewrap (bwrap) in namespaces of its own; without it runs go ahead
 # but are UNSEALED and never ranked. Installed here where apt can (as root), named otherwise.
@@ -24,7 +24,15 @@ $(BIN)/python:
 install: $(BIN)/python sandbox-check
 	$(BIN)/pip install -q -e .
 
-install-dev: $(BIN)/python sandbox-check
+# The site's browser tests drive headless Chromium (Debian's chromium and chromium-driver):
+# installed here where apt can (as root); the tests skip with the reason elsewhere.
+browser-check:
+	@command -v chromedriver >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1)); } || \
+	  echo "warning: no chromium-driver here; the site's browser tests will skip" >&2
+
+install-dev: $(BIN)/python sandbox-check browser-check
 	$(BIN)/pip install -q -e '.[dev]'
 
 run: install
