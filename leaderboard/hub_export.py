@@ -106,6 +106,15 @@ def render_readme(configs: list[dict], meta: dict[str, str]) -> str:
         builder_version=meta["builder_version"], code_version=meta["code_version"])
 
 
+def _results(runs_dir: Path) -> pl.DataFrame | None:
+    """The tidy results table of the current rankable runs in ``runs_dir`` (run x phase x
+    statistic, with the dataset version, code hash and predictor kind), or None without runs."""
+    from leaderboard import site  # the site's table: one definition of the results as data
+
+    runs = site.current_runs(runs_dir) if Path(runs_dir).is_dir() else None
+    return site.tidy(runs) if runs is not None and len(runs) else None
+
+
 def hf_type(dtype: pl.DataType) -> dict:
     """A column's type as a Hugging Face ``features`` entry (``dtype``, or a ``sequence``)."""
     if isinstance(dtype, pl.List):
@@ -191,6 +200,11 @@ def _write_all(root: Path, catalog: StoreCatalog, con: duckdb.DuckDBPyConnection
                                 "rows": next(c["rows"] for c in configs if c["config"] == n)}
                                for n in names], schema=CATALOG_SCHEMA)
         meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        if runs_dir is not None and (table := _results(runs_dir)) is not None:
+            configs.append({"config": "results", "split": "results", "kind": "results",
+                            "rows": len(table), "columns": dict(table.schema), "sku": None,
+                            "version": meta["store_version"], "sources": [],
+                            "path": _write_split(root, "results", "results", table)})
         configs.append({"config": "catalog", "split": "catalog", "kind": "catalog",
                         "rows": len(listed), "columns": dict(listed.schema),
                         "sku": None, "version": meta["store_version"],

@@ -103,3 +103,17 @@ def test_the_site_in_a_real_browser(built):
         assert ascending == sorted(ascending, key=str.lower) and first() == ascending[::-1]
     finally:
         driver.quit()
+
+
+@pytest.mark.slow
+def test_the_hub_export_carries_the_results_table_with_its_columns(built, store_home, tmp_path):
+    from leaderboard import hub_export
+
+    out, _, metrics = built
+    export = tmp_path / "export"
+    hub_export.export(export, only=["h200_vidur"], quiet=True, runs_dir=out.parent / "runs")
+    table = pl.read_parquet(export / "results" / "results.parquet")
+    assert table.equals(pl.read_parquet(out / "results.parquet"))
+    card = (export / "README.md").read_text()
+    assert "config_name: results" in card and "| ? |" not in card
+    assert "| `metric` | string | - |" in card
