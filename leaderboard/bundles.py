@@ -10,6 +10,12 @@ on the store's dataset versions, sealed and rankable, and does not claim a name 
 own predictors hold with other code. Anything else is refused, with the reason, and the rest of
 the bundle still merges. A bundle is a hostile file: members are read only as regular files
 under ``runs/``, never extracted by path.
+
+What a bundle says of itself (its hashes, ``rankable``, its errors) is a claim: nothing in a
+file proves which code made it. The bundle carries its predictor's source (``code/``) so that
+the maintainer who merges it can read it and rerun it (``python -m leaderboard.rerun
+predictor=NAME predictors_path=<the code>``) before publishing; the report's merge checks
+consistency, not authenticity.
 """
 
 from __future__ import annotations
@@ -40,9 +46,12 @@ class Merged:
     notes: list[str] = field(default_factory=list)
 
 
-def write(run_folders: list[Path], out: Path, predictors: dict[str, dict]) -> Path:
+def write(run_folders: list[Path], out: Path, predictors: dict[str, dict],
+          code: list[Path] = (), code_root: Path | None = None) -> Path:
     """A bundle of ``run_folders`` at ``out`` (written under a temporary name, then renamed);
-    ``predictors`` maps each name to its card, code hash and folder name."""
+    ``predictors`` maps each name to its card, code hash and folder name. ``code``: the files
+    the predictor's module imports from its folder (``code_root``), carried as ``code/<path>``
+    so that whoever merges the bundle can read the code and rerun it to check its numbers."""
     versions = {}
     for folder in run_folders:
         metrics = json.loads((folder / "metrics.json").read_text())
@@ -60,6 +69,8 @@ def write(run_folders: list[Path], out: Path, predictors: dict[str, dict]) -> Pa
         for folder in run_folders:
             for name in RUN_FILES:
                 tar.add(folder / name, arcname=f"runs/{folder.name}/{name}")
+        for path in code:
+            tar.add(path, arcname=f"code/{path.relative_to(code_root).as_posix()}")
     partial.replace(out)
     return out
 

@@ -27,6 +27,7 @@ from leaderboard.homes import with_family
 from leaderboard.inputs import guarded
 from leaderboard_core import paths
 from leaderboard_core.report_tables import phase_stat
+from leaderboard_core.versioning import module_files
 
 console = Console(stderr=True)
 
@@ -80,7 +81,9 @@ def main(argv: list[str]) -> int:
                    "folder": Path(folder).name if folder else None} for n in names}
     out = Path(cfg.submit.out).expanduser().resolve() if cfg.submit.out else runs_dir / (
         f"{name}-{claimed[name]['code_hash']}.tar.gz")
-    bundle = bundles.write([Path(f) for f in mine["folder"]], out, claimed)
+    code = [f for f in module_files(index[name]["module"], [Path(folder)])] if folder else []
+    bundle = bundles.write([Path(f) for f in mine["folder"]], out, claimed, code,
+                           Path(folder) if folder else None)
     table = Table(title=f"{name}: GPU-mean MAPE % on the unseen GPUs, and its place")
     for column in ("family", "predictor", "GPU-mean MAPE %", "place", "unseen GPUs"):
         table.add_column(column)

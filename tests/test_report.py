@@ -623,3 +623,21 @@ def test_results_md_keeps_one_screen_and_moves_every_other_section_whole(tmp_pat
     assert all(line in moved for line in ("t", "kept somewhere"))
     assert report_pages.index("results")[2] == (
         "- [Leaderboard: MAPE per phase, family and GPU](results/leaderboard.md)")
+
+
+def test_a_bundle_carries_its_predictors_code_for_the_maintainer_to_rerun(tmp_path):
+    import tarfile
+
+    from leaderboard import bundles
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "mine.py").write_text("import helper\n")
+    (folder / "helper.py").write_text("X = 1\n")
+    run = write_run(tmp_path / "runs", "r1", predictor="mine")
+    out = bundles.write([run], tmp_path / "b.tar.gz", {"mine": {"code_hash": "x"}},
+                        [folder / "mine.py", folder / "helper.py"], folder)
+    with tarfile.open(out) as tar:
+        names = sorted(tar.getnames())
+    assert names == ["bundle.json", "code/helper.py", "code/mine.py",
+                     "runs/r1/metrics.json", "runs/r1/predictions.parquet"]
