@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -265,6 +267,9 @@ def splice(existing: str, block: str) -> str:
 
 
 PAGES_DIR = "results"  # the topic pages' folder, beside RESULTS.md
+# The runs of each results bundle rerun from its own code before it merges: a bundle's numbers
+# are a claim, and two reproduced runs make a forged or edited bundle fail
+VERIFY_SAMPLE = 2
 OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "report.atlas_dir",
              "--rerun": "report.rerun=true", "--jobs": "report.jobs"}
 
@@ -277,8 +282,15 @@ def merge_bundles(opts, runs_dir: Path) -> bundles.Merged | None:
     found += [published] if published.is_file() and published not in found else []
     if not found:
         return None
-    own = {name: predictor_index.code_hash_of(name) for name in predictor_index.names()}
-    merged = bundles.merge(found, bundles.scratch(Path(runs_dir)), results.store_versions(), own)
+    own = {name: predictor_index.code_hash_of(name) for name in predictor_index.names()
+           if not predictor_index.folder_of(predictor_index.get(name)["module"])}
+    scratch = Path(tempfile.mkdtemp(prefix="leaderboard-verify-"))
+    try:
+        merged = bundles.merge(found, bundles.scratch(Path(runs_dir)), results.store_versions(),
+                               own, runs_dir, lambda files, runs: bundles.verify_by_rerun(
+                                   files, runs, scratch, VERIFY_SAMPLE))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     for note in merged.notes:
         print(f"report: {note}", file=sys.stderr)
     return merged

@@ -30,9 +30,20 @@ EXPLAIN_DATASET = "h200_vidur"
 
 
 def predictor_sections(runs: pl.DataFrame) -> list[str]:
-    """The sections each registered predictor offers of its own (``report_sections``), made in
-    a sealed child (``predictor_index.report_sections``)."""
-    return predictor_index.report_sections(runs)
+    """The sections the suite's own predictors offer (``report_sections``), made in a sealed
+    child (``predictor_index.report_sections``). Only sections headed with a built-in
+    predictor's name are kept, whole: a ``predictors_path`` module's hook could otherwise print
+    a table that reads as the leaderboard's (the second hostile review of seal v3 did)."""
+    own = [name for name, d in predictor_index.index().items()
+           if not predictor_index.folder_of(d["module"])]
+    kept, keeping = [], False
+    for line in predictor_index.report_sections(runs):
+        if line.startswith("## "):
+            keeping = any(line[3:] == name or line[3:].startswith((f"{name}:", f"{name} "))
+                          for name in own)
+        if keeping:
+            kept.append(line)
+    return kept
 
 
 def explain_examples(runs: pl.DataFrame) -> list[str]:
@@ -41,7 +52,8 @@ def explain_examples(runs: pl.DataFrame) -> list[str]:
     from leaderboard import explain  # reads the store and fits
 
     ran = set(runs.filter(pl.col("dataset") == EXPLAIN_DATASET)["predictor"])
-    owners = {name: d["explains"] for name, d in predictor_index.index().items()}
+    owners = {name: d["explains"] for name, d in predictor_index.index().items()
+              if not predictor_index.folder_of(d["module"])}  # the suite's own only
     # the ladder rungs of ``ours`` share its explain: the first name of each owner is shown
     chosen = {owners[name]: name for name in sorted(ran, reverse=True) if owners.get(name)}
     lines = []

@@ -22,15 +22,31 @@ from leaderboard_core.report_tables import GPU_MEAN, fmt, phase_stat
 
 NAV = [("index.html", "Leaderboard"), ("methodology.html", "Methodology"),
        ("results.csv", "Download CSV"), ("results.parquet", "Download parquet")]
-INLINE = [(re.compile(r"!\[([^\]]*)\]\(([^)]+)\)"), r'<img alt="\1" src="\2">'),
-          (re.compile(r"\[([^\]]+)\]\(([^)]+)\)"), r'<a href="\2">\1</a>'),
-          (re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
+# A link or image target the site writes as one: a relative path or an http(s) address. Any
+# other (a javascript: URL, a quote that would leave the attribute) stays text.
+SAFE_URL = re.compile(r"^(https?://[^\s\"'<>]+|[\w./#-]+)$")
+IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
+LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")
+INLINE = [(re.compile(r"`([^`]+)`"), r"<code>\1</code>"),
           (re.compile(r"\*\*([^*]+)\*\*"), r"<strong>\1</strong>")]
 NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+( ?%| –.*)?$|^—$")
 
 
+def _target(match: re.Match, image: bool) -> str:
+    label, url = match.group(1), html.unescape(match.group(2))
+    if not SAFE_URL.match(url):
+        return match.group(0)
+    url = html.escape(url, quote=True)
+    return f'<img alt="{label}" src="{url}">' if image else f'<a href="{url}">{label}</a>'
+
+
 def inline(text: str) -> str:
-    text = html.escape(text, quote=False)
+    """One line of the report's markdown as HTML: escaped first (quotes too), then its images,
+    links, code and bold; a link whose target is not a plain path or http(s) address stays
+    text."""
+    text = html.escape(text, quote=True)
+    text = IMAGE.sub(lambda m: _target(m, True), text)
+    text = LINK.sub(lambda m: _target(m, False), text)
     for pattern, replacement in INLINE:
         text = pattern.sub(replacement, text)
     text = re.sub(r'href="(?:\.\./)?results/', 'href="', text)

@@ -572,57 +572,42 @@ def test_a_rerun_redoes_only_stale_or_missing_runs_and_lists_them_dry(two_specs,
 
 def test_a_bundle_merges_only_current_rankable_runs_of_its_own_predictors(tmp_path, monkeypatch):
     """Issue 62's journey: an outside predictor's bundle joins the report's tables; a run at
-    another dataset version, an unrankable run, a built-in name at other code and a bundle of
-    another harness are refused, each with its reason."""
+    another dataset version, an unrankable run, a run whose id names another, and a bundle of
+    another harness or claiming a predictor of the suite's own are refused, with the reason
+    (the second hostile review forged such a bundle and hid an honest llm_viewer run)."""
     from leaderboard import bundles
     from leaderboard_core.versioning import harness_hash
 
     sent = tmp_path / "sent"
-    fine = write_run(sent, "fine", dataset="h200_vidur", predictor="outsider",
-                     code_hash="c0ffee", harness_hash=harness_hash())
-    stale = write_run(sent, "stale", dataset="h100_vidur", predictor="outsider",
-                      code_hash="c0ffee", harness_hash=harness_hash(), dataset_version="old")
-    raised = write_run(sent, "raised", dataset="b200_vidur" if "b200_vidur" in VERSIONS
-                       else "a100_vidur", predictor="outsider", code_hash="c0ffee",
-                       harness_hash=harness_hash(), rankable=False,
-                       unrankable_because=["reading: caps max_points=99"])
-    fake_ours = write_run(sent, "fake", dataset="h200_vidur", predictor="ours",
-                          code_hash="bad", harness_hash=harness_hash())
-    claimed = {"outsider": {"card": {}, "code_hash": "c0ffee", "folder": "mine"},
-               "ours": {"card": {}, "code_hash": "bad", "folder": "mine"}}
-    bundle = bundles.write([fine, stale, raised, fake_ours], tmp_path / "b.tar.gz", claimed)
+    common = {"predictor": "outsider", "code_hash": "c0ffee", "harness_hash": harness_hash()}
+    fine = write_run(sent, "fine", dataset="h200_vidur", **common)
+    stale = write_run(sent, "stale", dataset="h100_vidur", dataset_version="old", **common)
+    raised = write_run(sent, "raised", dataset="a100_vidur", rankable=False,
+                       unrankable_because=["reading: caps max_points=99"], **common)
+    renamed = write_run(sent, "fine", dataset="h200_vidur", folder_name="renamed", **common)
+    claimed = {"outsider": {"card": {}, "code_hash": "c0ffee", "folder": "mine"}}
+    bundle = bundles.write([fine, stale, raised, renamed], tmp_path / "b.tar.gz", claimed)
     merged = bundles.merge([bundle], tmp_path / "merged", VERSIONS, {"ours": "real"})
     assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["fine"]
     note = merged.notes[0]
-    assert note.startswith("merged 1 run(s) of ours, outsider") and "refused 3" in note
-    assert "at another dataset version" in note and "not rankable (reading" in note
+    assert note.startswith("merged 1 run(s) of outsider") and "refused 3" in note
+    assert "at another dataset version" in note and "not a rankable VALID run (reading" in note
+    assert "its metrics.json names run 'fine'" in note
     assert merged.code == {"outsider": "c0ffee"}
     current = results.current(results.load_runs([tmp_path / "none", merged.folder]), VERSIONS,
                               bundled=merged.code).pl()
     assert current["run_id"].to_list() == ["fine"]
+    ours = bundles.write([write_run(tmp_path / "o", "o1", dataset="h200_vidur", predictor="ours",
+                                    harness_hash=harness_hash())], tmp_path / "o.tar.gz",
+                         {"ours": {"code_hash": "x"}})
+    assert "claims the suite's own predictor(s) ['ours']" in bundles.merge(
+        [ours], tmp_path / "m3", VERSIONS, {"ours": "real"}).notes[0]
+    refused = bundles.merge([bundle], tmp_path / "merged2", VERSIONS, {},
+                            verify=lambda files, runs: "all-phase MAPE 57 on rerun, 0.5 here")
+    assert refused.notes[0].endswith("do not reproduce (all-phase MAPE 57 on rerun, 0.5 here)")
     monkeypatch.setattr(bundles, "harness_hash", lambda: "another")
-    refused = bundles.merge([bundle], tmp_path / "merged2", VERSIONS, {})
+    refused = bundles.merge([bundle], tmp_path / "merged4", VERSIONS, {})
     assert refused.notes[0].startswith(f"refused {bundle}: made by harness")
-
-
-def test_results_md_keeps_one_screen_and_moves_every_other_section_whole(tmp_path):
-    """The block parted: the headline and the matrix stay, every other section lands on its
-    topic page whole, with its links made relative to the page."""
-    from leaderboard import report_pages
-
-    block = ["## Headline", "", "best", "## Predictors × families", "", "m",
-             "Regenerate: this", "## Leaderboard: MAPE % per phase", "", "t",
-             "## Error atlases", "![a](results/atlas/a.png) ![b](elsewhere/b.png) [x](https://x)",
-             "## Something new", "kept somewhere"]
-    kept, pages = report_pages.part(block, "results")
-    assert kept == block[:7]
-    assert "## Leaderboard: MAPE % per phase\n\nt" in pages["leaderboard.md"]
-    assert "![a](atlas/a.png) ![b](../elsewhere/b.png) [x](https://x)" in pages["atlases.md"]
-    assert "## Something new\nkept somewhere" in pages["provenance.md"]  # never dropped
-    moved = [line for text in pages.values() for line in text.splitlines()]
-    assert all(line in moved for line in ("t", "kept somewhere"))
-    assert report_pages.index("results")[2] == (
-        "- [Leaderboard: MAPE per phase, family and GPU](results/leaderboard.md)")
 
 
 def test_a_bundle_carries_its_predictors_code_for_the_maintainer_to_rerun(tmp_path):
@@ -641,3 +626,19 @@ def test_a_bundle_carries_its_predictors_code_for_the_maintainer_to_rerun(tmp_pa
         names = sorted(tar.getnames())
     assert names == ["bundle.json", "code/helper.py", "code/mine.py",
                      "runs/r1/metrics.json", "runs/r1/predictions.parquet"]
+
+
+def test_only_the_suites_own_predictors_add_sections(monkeypatch):
+    """A predictors_path module's report_sections hook could print a table that reads as the
+    leaderboard's: only sections headed with a built-in predictor's name are kept."""
+    from leaderboard import predictor_index, report_sections
+
+    monkeypatch.setattr(predictor_index, "report_sections", lambda runs: [
+        "## ours: the ladder", "| ours | 1 |", "## Leaderboard: MAPE % per phase (vidur)",
+        "| hooky | 0.4 |", "## hooky: mine", "x", "## ours", "y"])
+    monkeypatch.setattr(predictor_index, "index", lambda: {
+        "ours": {"module": "predictors.ours"}, "hooky": {"module": "hooky"}})
+    monkeypatch.setattr(predictor_index, "folder_of", lambda module: "/x" if module == "hooky"
+                        else None)
+    assert report_sections.predictor_sections(pl.DataFrame()) == [
+        "## ours: the ladder", "| ours | 1 |", "## ours", "y"]

@@ -117,3 +117,15 @@ def test_the_hub_export_carries_the_results_table_with_its_columns(built, store_
     card = (export / "README.md").read_text()
     assert "config_name: results" in card and "| ? |" not in card
     assert "| `metric` | string | - |" in card
+
+
+def test_markdown_from_runs_cannot_inject_script():
+    """The second hostile review's payload (an INVALID reason carrying an image whose URL
+    closes the attribute) and a javascript: link stay text."""
+    from leaderboard.site_pages import inline, markdown
+
+    forged = inline('see ![x](nope.png" onerror="throw onerror=alert,document.domain)')
+    assert "<img" not in forged and "onerror=&quot;" in forged
+    assert "<a " not in inline("[a](javascript:alert(1))")
+    assert inline("<script>x</script>") == "&lt;script&gt;x&lt;/script&gt;"
+    assert '<img alt="c" src="atlas/a.png">' in markdown("![c](atlas/a.png)")

@@ -1,0 +1,80 @@
+"""A results bundle is verified by rerunning it from its own code: an honest bundle merges, one
+whose numbers were edited after the run is refused whole (the second hostile review of seal v3
+forged such a bundle and had it ranked)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from leaderboard import bundles, predictor_index, results
+from leaderboard.evaluate import RunSpec, run
+from leaderboard_core.versioning import module_files
+
+TOY = '''
+from leaderboard_core.contract import PredictorCard
+from predictors.base import Predictor
+from predictors.registry import register
+
+
+@register("toy_bundled")
+class Toy(Predictor):
+    card = PredictorCard(kind="analytical", reference="a test", description="a per-token line",
+                         needs_profiled_rows=False)
+
+    def __init__(self, us_per_token: float = 1.0):
+        self.us_per_token = us_per_token
+
+    def predict(self, cells, gpu):
+        return 1.0 + cells["total_tokens"].to_numpy() * self.us_per_token * 1e-3
+'''
+
+
+@pytest.fixture
+def honest(store_home, tmp_path):
+    """A bundle of one real, sealed run of a predictor from a folder outside the repository."""
+    folder = Path(tempfile.mkdtemp(prefix="mine-"))
+    (folder / "toy_bundled.py").write_text(TOY)
+    predictor_index.include(folder)
+    try:
+        metrics = run(RunSpec("toy_bundled", "h200_vidur", {}, runs_dir=tmp_path / "runs")).metrics
+        described = predictor_index.get("toy_bundled")
+        claimed = {"toy_bundled": {"card": described["card"], "code_hash": metrics["code_hash"],
+                                   "folder": folder.name}}
+        code = module_files(described["module"], [folder])
+        yield tmp_path / "runs" / metrics["run_id"], claimed, code, folder
+    finally:
+        for included in [f for f in predictor_index.included() if f.startswith(tempfile.gettempdir())]:
+            predictor_index._FOLDERS.remove(included)
+        predictor_index._described.cache_clear()
+
+
+def _merge(bundle: Path, into: Path, scratch: Path) -> bundles.Merged:
+    predictor_index._FOLDERS.clear()  # the receiving side knows only the bundle's code
+    predictor_index._described.cache_clear()
+    return bundles.merge([bundle], into, results.store_versions(), {}, None,
+                         lambda files, runs: bundles.verify_by_rerun(files, runs, scratch, 1))
+
+
+@pytest.mark.slow
+def test_an_honest_bundle_reproduces_and_an_edited_one_is_refused(honest, tmp_path):
+    folder, claimed, code, root = honest
+    if not json.loads((folder / "metrics.json").read_text())["rankable"]:
+        pytest.skip("runs are not sealed here (no bubblewrap or Landlock): none is rankable")
+    good = bundles.write([folder], tmp_path / "good.tar.gz", claimed, code, root)
+    merged = _merge(good, tmp_path / "m1", tmp_path / "v1")
+    assert merged.notes[0].startswith("merged 1 run(s) of toy_bundled"), merged.notes
+    forged = tmp_path / "forged" / folder.name
+    forged.mkdir(parents=True)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    for stats in metrics["phases"].values():
+        stats["mape"] = 0.5
+    (forged / "metrics.json").write_text(json.dumps(metrics))
+    (forged / "predictions.parquet").write_bytes((folder / "predictions.parquet").read_bytes())
+    bad = bundles.write([forged], tmp_path / "bad.tar.gz", claimed, code, root)
+    refused = _merge(bad, tmp_path / "m2", tmp_path / "v2")
+    assert "do not reproduce" in refused.notes[0] and "0.5 in the bundle" in refused.notes[0]
+    assert not any((tmp_path / "m2").iterdir())
