@@ -9,35 +9,18 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from outside_source import toy
 
 from leaderboard import bundles, predictor_index, results
 from leaderboard.evaluate import RunSpec, run
 from leaderboard_core.versioning import module_files
-
-TOY = '''
-from leaderboard_core.contract import PredictorCard
-from predictors.base import Predictor
-from predictors.registry import register
-
-
-@register("toy_bundled")
-class Toy(Predictor):
-    card = PredictorCard(kind="analytical", reference="a test", description="a per-token line",
-                         needs_profiled_rows=False)
-
-    def __init__(self, us_per_token: float = 1.0):
-        self.us_per_token = us_per_token
-
-    def predict(self, cells, gpu):
-        return 1.0 + cells["total_tokens"].to_numpy() * self.us_per_token * 1e-3
-'''
 
 
 @pytest.fixture
 def honest(store_home, tmp_path):
     """A bundle of one real, sealed run of a predictor from a folder outside the repository."""
     folder = Path(tempfile.mkdtemp(prefix="mine-"))
-    (folder / "toy_bundled.py").write_text(TOY)
+    (folder / "toy_bundled.py").write_text(toy("toy_bundled"))
     predictor_index.include(folder)
     try:
         metrics = run(RunSpec("toy_bundled", "h200_vidur", {}, runs_dir=tmp_path / "runs")).metrics

@@ -8,38 +8,20 @@ import subprocess
 import sys
 
 import pytest
+from outside_source import toy
 
 from leaderboard_core import paths
 
+# Importing this module runs it: it notes every process that could write outside its sandbox.
 OUTSIDE = '''
 import os
 
-import numpy as np
-
-from leaderboard_core.contract import PredictorCard
-from predictors.base import Predictor
-from predictors.registry import register
-
-
-# Importing this module runs it: it notes every process that could write outside its sandbox.
 try:
     with open("MARKER_PATH", "a") as marker:
         marker.write(f"{os.getpid()}\\n")
 except OSError:
     pass
-
-
-@register("toy_outside")
-class ToyOutside(Predictor):
-    card = PredictorCard(kind="analytical", reference="a test", description="a per-token line",
-                         needs_profiled_rows=False)
-
-    def __init__(self, us_per_token: float = 1.0):
-        self.us_per_token = us_per_token
-
-    def predict(self, cells, gpu):
-        return 1.0 + cells["total_tokens"].to_numpy() * self.us_per_token * 1e-3
-'''
+''' + toy("toy_outside")
 
 
 @pytest.mark.slow

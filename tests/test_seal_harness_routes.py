@@ -16,30 +16,13 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from outside_source import toy
 
 from leaderboard import config, predictor_index, rankable, sandbox, sandbox_job, seal_scan
 from leaderboard.evaluate import RunSpec, run
 from leaderboard.inputs import InputError
 from leaderboard.seal_walls import SealRefused
 from leaderboard_core import paths
-
-TOY = '''
-from leaderboard_core.contract import PredictorCard
-from predictors.base import Predictor
-from predictors.registry import register
-
-
-@register("NAME")
-class Toy(Predictor):
-    card = PredictorCard(kind="analytical", reference="a test", description="a per-token line",
-                         needs_profiled_rows=False)
-
-    def __init__(self, us_per_token: float = 1.0):
-        self.us_per_token = us_per_token
-
-    def predict(self, cells, gpu):
-        return 1.0 + cells["total_tokens"].to_numpy() * self.us_per_token * 1e-3
-'''
 
 
 @pytest.fixture
@@ -61,7 +44,7 @@ def _env(home) -> dict:
 
 
 def test_a_predictors_path_never_enters_the_harness_import_path(folder):
-    (folder / "toy.py").write_text(TOY.replace("NAME", "toy_path"))
+    (folder / "toy.py").write_text(toy("toy_path"))
     before = list(sys.path)
     predictor_index.include(folder)
     assert sys.path == before
@@ -78,7 +61,7 @@ def test_a_hydra_plugin_in_the_folder_never_runs_in_the_harness(store_home, fold
     plugin.mkdir(parents=True)
     (plugin / "__init__.py").write_text(
         f"import os\nopen({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')\n")
-    (folder / "toy.py").write_text(TOY.replace("NAME", "toy_plugin"))
+    (folder / "toy.py").write_text(toy("toy_plugin"))
     out = subprocess.run([sys.executable, "-m", "leaderboard", "predictor=toy_plugin",
                           f"predictors_path={folder}", "dataset=h200_vidur",
                           f"runs_dir={tmp_path / 'runs'}"], capture_output=True, text=True,
@@ -131,7 +114,7 @@ def test_hydras_unpickling_rerun_never_runs(tmp_path):
 
 
 def test_a_folder_cannot_take_a_built_in_name(store_home, folder):
-    (folder / "mine.py").write_text(TOY.replace("NAME", "ours"))
+    (folder / "mine.py").write_text(toy("ours"))
     predictor_index.include(folder)
     with pytest.raises(ValueError, match="'ours' is already registered by predictors.ours.Ours; "
                                          "mine.Toy cannot take it"):
@@ -139,7 +122,7 @@ def test_a_folder_cannot_take_a_built_in_name(store_home, folder):
 
 
 def test_a_folder_cannot_repoint_a_built_in_name_behind_the_registry(store_home, folder):
-    (folder / "mine.py").write_text(TOY.replace("NAME", "toy_repoint") + textwrap.dedent('''
+    (folder / "mine.py").write_text(toy("toy_repoint") + textwrap.dedent('''
         from predictors import registry
         registry.discover()
         registry._REGISTRY["llm_viewer"] = Toy
@@ -157,7 +140,7 @@ def test_the_child_refuses_a_class_other_than_the_described_one():
 
 
 def test_a_built_in_run_registers_no_folder(folder):
-    (folder / "toy.py").write_text(TOY.replace("NAME", "toy_child"))
+    (folder / "toy.py").write_text(toy("toy_child"))
     predictor_index.include(folder)
     index = predictor_index.index()
     assert predictor_index.child_folders(index["ours"]) == ()
@@ -318,7 +301,7 @@ def test_a_table_without_measured_times_is_readable(fake_store, folder):
 # ---------------------------------------------- 7. bounded in time and size
 
 
-SLEEPER = TOY + '''
+SLEEPER = toy("NAME") + '''
 
     def fit(self, home):
         import time
