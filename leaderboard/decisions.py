@@ -8,7 +8,9 @@ unseen GPUs, every outcome a measured one:
   each SLO has a true answer), the predictor picks the largest batch whose predicted step fits.
   A *violation*: the pick's measured step exceeds the SLO. *Regret*: one minus the pick's
   measured decode throughput (batch / measured step) over the best measured batch that fits,
-  at least 0. A predictor that predicts no batch fits makes no pick: regret 1, counted.
+  at least 0; a pick that violates the SLO serves nothing within it (regret 1), and so does no
+  pick, when a predictor predicts no batch fits (counted). An optimistic predictor therefore
+  cannot buy a low regret with violations.
 - **GPU choice.** Per workload measured on every unseen GPU of a family, the predictor picks
   the GPU with the smallest predicted step. *Regret*: the pick's measured step over the fastest
   measured one, minus one. (A price per GPU-hour would weigh the same way; no sourced price
@@ -77,8 +79,10 @@ def _choose(key: tuple, batch: np.ndarray, measured: np.ndarray, predicted: np.n
     if not len(picked):
         return {**row, "pick": None, "violation": False, "regret": 1.0}
     pick = int(picked[np.argmax(batch[picked])])
-    return {**row, "pick": float(batch[pick]), "violation": bool(measured[pick] > slo),
-            "regret": max(0.0, 1.0 - throughput[pick] / throughput[best])}
+    violation = bool(measured[pick] > slo)
+    # a pick that breaks the SLO serves nothing within it: its throughput does not count
+    regret = 1.0 if violation else max(0.0, 1.0 - throughput[pick] / throughput[best])
+    return {**row, "pick": float(batch[pick]), "violation": violation, "regret": regret}
 
 
 def capacity_scores(choices: pl.DataFrame) -> pl.DataFrame:

@@ -45,7 +45,8 @@ def section(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
              f"least {decisions.MIN_BATCHES} measured decode batch sizes, at each measured step "
              "time as the SLO, the largest batch whose predicted step fits; *violation*: its "
              "measured step exceeds the SLO; *regret*: 1 − its measured throughput over the best "
-             "measured batch that fits (no batch predicted to fit: regret 1, counted). **GPU "
+             "measured batch that fits (a violating pick, or none when no batch is predicted to "
+             "fit: regret 1, counted). **GPU "
              "choice**: per workload measured on every unseen GPU, the GPU with the smallest "
              "predicted step; regret: its measured step over the fastest, − 1 (the price-free "
              "variant: no sourced price table yet).", ""]

@@ -47,7 +47,11 @@ def test_a_wrong_slope_violates_where_it_promises_the_big_batch():
     at = {r["slo_ms"]: r for r in choices.iter_rows(named=True)}
     assert at[2.5]["pick"] == 8 and at[2.5]["violation"] and at[2.5]["best"] == 4
     assert at[1.0]["pick"] is None and at[1.5]["pick"] == 1  # 1.1 > 1.0; 1.1 <= 1.5 < 1.6
-    assert decisions.capacity_scores(choices)["violation_pct"][0] == pytest.approx(25.0)
+    assert at[2.5]["regret"] == 1.0  # the violating pick serves nothing within the SLO
+    scores = decisions.capacity_scores(choices).row(0, named=True)
+    assert scores["violation_pct"] == pytest.approx(25.0)
+    # SLO 1: no pick (1); 1.5: batch 1 against 2 (0.25); 2.5: violation (1); 5: batch 8 (0)
+    assert scores["regret_pct"] == pytest.approx((1 + 0.25 + 1 + 0) / 4 * 100)
 
 
 def test_groups_with_too_few_batches_are_left_out():
