@@ -106,7 +106,11 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
 def _run_one(spec: RunSpec) -> Outcome:
     started = time.perf_counter()
     try:
-        status = "valid" if run(spec).metrics["valid"] else "invalid"
+        metrics = run(spec).metrics
+        reasons = metrics["invalid_reasons"]
+        status = "valid" if metrics["valid"] else (
+            f"not supported: {reasons[0].removeprefix('NotSupported: ')}"
+            if reasons and all(r.startswith("NotSupported:") for r in reasons) else "invalid")
     except NotSupported as exc:
         status = f"not supported: {exc}"
     except Exception as exc:  # noqa: BLE001 - one broken predictor must not stop the others
@@ -171,7 +175,10 @@ def pending(specs: list[RunSpec], runs_dir: Path, versions: dict[str, str] | Non
             "unrankable_because").iter_rows():
         parts = {r.partition(":")[0] for r in because or []}
         if because is not None and parts <= {"home", "home_points", "unsealed"}:
-            done.add(_key(name, dataset, homes if "home" in parts else None, points))
+            # a spec that names its homes matches them; one that names none, the default
+            done.add(_key(name, dataset, homes, points))
+            if "home" not in parts:
+                done.add(_key(name, dataset, None, points))
     return [s for s in specs if _key(s.predictor, s.dataset, [s.home] if isinstance(
         s.home, str) else s.home, s.home_points) not in done]
 

@@ -82,22 +82,6 @@ def _explain(estimator, blind: pl.DataFrame, gpu, cell_ids: list[str]) -> dict:
     return explained
 
 
-def _explain(estimator, blind: pl.DataFrame, gpu, cell_ids: list[str]) -> dict:
-    """Per cell asked for (and still scored): the predictor's ``explain`` tables, its per-op
-    split and its prediction, as plain JSON for the harness to set beside the measurements."""
-    explained = {}
-    for cell_id in cell_ids:
-        cell = blind.filter(pl.col("cell_id") == cell_id)
-        if cell.is_empty():
-            continue
-        split = estimator.predict_by_op(cell, gpu) or {}
-        explained[cell_id] = json.loads(json.dumps({
-            "tables": list(estimator.explain(cell, gpu) or []),
-            "by_op": {str(op): float(np.asarray(ms)[0]) for op, ms in split.items()},
-            "pred": float(np.asarray(estimator.predict(cell, gpu))[0])}, default=str))
-    return explained
-
-
 def _failure(exc: Exception) -> str:
     last = traceback.extract_tb(exc.__traceback__)[-1]
     return f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})"

@@ -101,7 +101,7 @@ def _module_file(name: str, root: Path) -> Path | None:
     return None
 
 
-def _imported(path: Path, name: str) -> set[str]:
+def imported_modules(path: Path, name: str) -> set[str]:
     """Every module ``path`` (module ``name``) imports, anywhere in it (inside functions too),
     relative imports made absolute; ``from a import b`` names both ``a`` and ``a.b``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -131,7 +131,7 @@ def module_files(module: str, roots: list[Path]) -> list[Path]:
             path = next((f for r in roots if (f := _module_file(prefix, r))), None)
             if path is not None:
                 seen[prefix] = path
-                todo += sorted(_imported(path, prefix))
+                todo += sorted(imported_modules(path, prefix))
     return sorted(seen.values())
 
 

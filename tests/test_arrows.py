@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from leaderboard_core import paths
+from leaderboard_core.versioning import imported_modules
 
 PACKAGES = paths.CODE_PACKAGES  # leaderboard, leaderboard_core, predictors
 # predictors.checks: the public contract check, imported only by the sealed checking child
@@ -110,19 +111,10 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
 def all_imports(path: Path, name: str) -> set[str]:
     """Every import of the suite's modules in ``path`` (module ``name``), those made inside
     functions included, ``from pkg import sub`` resolved to the submodule and relative imports
-    made absolute: the arrows a cycle can run through."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            parts = package.split(".")
-            base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
-            module = ".".join(p for p in (base, node.module or "") if p)
-            found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in modules() else module
-                      for a in node.names}
-    return {n for n in found if n in modules() and n != name}
+    made absolute (``versioning.imported_modules``): the arrows a cycle can run through."""
+    found = {n for n in imported_modules(path, name) if n in modules() and n != name}
+    # ``from pkg import sub`` names the package too; the arrow is to the submodule
+    return {n for n in found if not any(m.startswith(f"{n}.") for m in found)}
 
 
 def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
