@@ -125,7 +125,8 @@ def annotate(fig) -> None:
     """Each heatmap's notes, with as much of the text as fits a box once the figure is laid out
     (every line, the first only, or none: the colour still tells, and the atlas tables hold
     every number)."""
-    fig.canvas.draw()  # runs the layout, so each axes has its final size
+    fig.draw_without_rendering()  # runs the layout, so each axes has its final size
+    fig.set_layout_engine("none")  # and keeps it: the notes stay inside their boxes
     for ax in fig.axes:
         values, notes = getattr(ax, "atlas_notes", (None, {}))
         if not notes:
@@ -170,29 +171,37 @@ def _heatmap(ax, table: pl.DataFrame, row_key: str, col_key: str, rows: list, co
 def draw(title: str, cells: pl.DataFrame, families: pl.DataFrame, groups: list[str],
          family_groups: list[str], path: Path) -> Path:
     """A row of batch x context heatmaps (one per phase) for each of ``groups`` in ``cells``,
-    and below them the heatmap of ``family_groups`` x op family from ``families``."""
-    height_ratios = [3.0] * len(groups) + [0.4 * len(groups) + 1.6]
+    and below them the heatmap of ``family_groups`` x op family from ``families``. One group
+    (a run's GPU) gets its phases one under another, each the figure's width, so every box is
+    wide enough to carry its number."""
+    panels = ([(0, phase, row, slice(None)) for row, phase in enumerate(PHASE_PANELS)]
+              if len(groups) == 1 else
+              [(g, phase, g, col) for g in range(len(groups))
+               for col, phase in enumerate(PHASE_PANELS)])
+    rows = max(row for *_, row, _ in panels) + 1
+    height_ratios = [3.0] * rows + [0.4 * len(family_groups) + 1.6]
     fig = plt.figure(figsize=(15, sum(height_ratios) + 1.2), dpi=72, layout="constrained")
-    grid = fig.add_gridspec(len(groups) + 1, len(PHASE_PANELS), height_ratios=height_ratios)
-    for row, group in enumerate(groups):
-        for col, phase in enumerate(PHASE_PANELS):
-            ax = fig.add_subplot(grid[row, col])
-            panel = cells.filter((pl.col("group") == group) & (pl.col("phase") == phase))
-            if panel.is_empty():
-                ax.set_axis_off()
-                ax.text(0.5, 0.5, f"{group}\nno {phase} cells", ha="center", va="center",
-                        transform=ax.transAxes, fontsize=10, color="gray")
-                continue
-            # Batch grows upwards: the first row is drawn at the top, so list buckets descending.
-            batches = sorted(panel["batch_bucket"].unique(), reverse=True)
-            contexts = sorted(panel["context_bucket"].unique())
-            image = _heatmap(ax, panel, "batch_bucket", "context_bucket", batches, contexts,
-                             [bucket_label(k) for k in batches],
-                             [bucket_label(k) for k in contexts])
-            ax.set_title(f"{group}: {phase}", fontsize=10)
-            ax.set_ylabel("batch (requests)", fontsize=9)
-            ax.set_xlabel("mean context per request (tokens)", fontsize=9)
-    ax = fig.add_subplot(grid[len(groups), :])
+    grid = fig.add_gridspec(rows + 1, 1 if len(groups) == 1 else len(PHASE_PANELS),
+                            height_ratios=height_ratios)
+    for g, phase, row, col in panels:
+        group = groups[g]
+        ax = fig.add_subplot(grid[row, col])
+        panel = cells.filter((pl.col("group") == group) & (pl.col("phase") == phase))
+        if panel.is_empty():
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, f"{group}\nno {phase} cells", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=10, color="gray")
+            continue
+        # Batch grows upwards: the first row is drawn at the top, so list buckets descending.
+        batches = sorted(panel["batch_bucket"].unique(), reverse=True)
+        contexts = sorted(panel["context_bucket"].unique())
+        image = _heatmap(ax, panel, "batch_bucket", "context_bucket", batches, contexts,
+                         [bucket_label(k) for k in batches],
+                         [bucket_label(k) for k in contexts])
+        ax.set_title(f"{group}: {phase}", fontsize=10)
+        ax.set_ylabel("batch (requests)", fontsize=9)
+        ax.set_xlabel("mean context per request (tokens)", fontsize=9)
+    ax = fig.add_subplot(grid[rows, :])
     order = [f for f in FAMILY_ORDER if f in set(families["op_family"])]
     image = _heatmap(ax, families, "group", "op_family", family_groups, order, family_groups,
                      order)

@@ -60,7 +60,8 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     pred, unscored, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
         supplier, inputs.data_roots, predictor_index.folders(described),
-        predictor_index.child_folders(described), spec.stage_seconds)
+        predictor_index.child_folders(described), spec.stage_seconds,
+        code_hash=predictor_index.code_hash_of(spec.predictor))
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
     if pred is None:
@@ -85,7 +86,8 @@ def _simulate(described: dict, params: dict, inputs: RunInputs, spec: RunSpec) -
     pred, _, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
         "serving", 0, refuse_all, inputs.data_roots, predictor_index.folders(described),
-        predictor_index.child_folders(described), spec.stage_seconds)
+        predictor_index.child_folders(described), spec.stage_seconds,
+        code_hash=predictor_index.code_hash_of(spec.predictor))
     if facts.get("not_supported"):
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0
@@ -160,6 +162,7 @@ def run(spec: RunSpec) -> RunResult:
         "harness_hash": harness_hash(), "predictor_folder": _folder_name(described),
         "valid": not facts["invalid_reasons"],
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
+        "fit_reused": facts.get("fit_reused", False),
         "by_op_error": facts.get("by_op_error"),
         "sandbox": facts.get("sandbox", "process"),
         # ranked only when sealed: without namespaces and Landlock nothing but the predictor's

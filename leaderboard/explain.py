@@ -68,7 +68,8 @@ def sealed(described: dict, inputs: RunInputs, cell_ids=None) -> Explained:
         described, described["defaults"], inputs.home, inputs.target.drop(GROUND_TRUTH_COLUMNS),
         inputs.gpu, "step" if cell_ids is None else "explain", budget, supplier,
         inputs.data_roots, predictor_index.folders(described),
-        predictor_index.child_folders(described), explain=cell_ids or ())
+        predictor_index.child_folders(described), explain=cell_ids or (),
+        code_hash=predictor_index.code_hash_of(described["name"]))
     if facts["invalid_reasons"]:
         raise InputError(f"{described['name']} could not be explained: "
                          f"{'; '.join(facts['invalid_reasons'])}")

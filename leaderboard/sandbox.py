@@ -36,6 +36,7 @@ from leaderboard.sandbox_talk import serve, talk
 from leaderboard_core import guard, paths, progress
 from leaderboard_core.contract import Home, Reading, ReadingRequest
 from leaderboard_core.specs import GpuSpec
+from leaderboard_core.versioning import harness_hash
 
 # Passed through to the child: locale, terminal and thread-count settings, nothing that names a
 # path of the suite.
@@ -43,7 +44,8 @@ KEPT_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "COLUMNS", "LINES", "NO_COLOR", 
             "TZ", "OMP_NUM_THREADS", "POLARS_MAX_THREADS", "OPENBLAS_NUM_THREADS")
 PREDICTOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # What the harness takes from the child's facts.json, and of which type; the rest is dropped
-FACT_TYPES = {"fit_seconds": (int, float, type(None)), "predict_seconds": (int, float, type(None)),
+FACT_TYPES = {"fit_seconds": (int, float, type(None)), "fit_reused": bool,
+              "predict_seconds": (int, float, type(None)),
               "invalid_reasons": list, "home_profiled_rows": int, "not_supported": str,
               "by_op_names": list, "by_op_error": str, "sandbox": str, "explained": dict}
 MAX_FACTS = 16 << 20
@@ -181,8 +183,15 @@ def seal_request(read: list[str], write: list[str], data_roots=()) -> dict:
             "sys_path": [p for p in sys.path if p and not guard.recorded(p, roots)]}
 
 
+def fit_name(code_hash: str) -> str:
+    """The file a fit is kept in, in its predictor cache: one per predictor and harness code."""
+    digest = hashlib.sha256(f"{code_hash} {harness_hash()}".encode()).hexdigest()[:16]
+    return f"fitted-{digest}.pickle"
+
+
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,
-        cache: Path, predictor_dirs=(), data_roots=(), include=(), explain=()) -> dict:
+        cache: Path, predictor_dirs=(), data_roots=(), include=(), explain=(),
+        fitted: str | None = None) -> dict:
     """The child's instructions. What it may read is decided here, from what this process
     knows (the suite's code, the ``predictors_path`` folders it was given, the job folder),
     never from what a child reported (``checked_code``). ``include``: the ``predictors_path``
@@ -192,7 +201,7 @@ def job(described: dict, params: dict, level: str, budget: int, folder: Path,
     namespaced = ["/proc"] if seal_walls.namespaces_available() else []  # its own PIDs only
     return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
             "include": list(include), "explain": list(explain), "params": params,
-            "level": level, "budget": budget,
+            "level": level, "budget": budget, "fitted": fitted and str(cache / fitted),
             "progress": progress.shown(), "read": read, "list": [*listable(), *namespaced],
             "write": write, **seal_request(read, write, data_roots)}
 
@@ -200,11 +209,13 @@ def job(described: dict, params: dict, level: str, budget: int, folder: Path,
 def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFrame, gpu: GpuSpec,
                     level: str, budget: int, supply: Callable[[ReadingRequest], Reading],
                     data_roots=(), predictor_dirs=(), include=(), stage_seconds=None,
-                    explain=()) -> tuple[np.ndarray | None, list[str], dict]:
+                    explain=(), code_hash: str = "") -> tuple[np.ndarray | None, list[str], dict]:
     """The child's predictions (None if it failed; on serving, TTFT and TPOT stacked, from the
     replay run here), the cells its reading took out of the score, and the facts it measured
     (fit seconds, predict seconds, sandbox, INVALID reasons, and the per-op split ``by_op`` of
-    the predictions where the predictor offers one)."""
+    the predictions where the predictor offers one). ``code_hash``: the predictor's, which
+    with the harness's names the fit a later run may reuse (``sandbox_job._fitted``); none,
+    no fit is kept or reused."""
     with job_folder() as folder:
         write_home(home, folder / "in" / "home")
         write_frame(blind, folder / "in" / "blind.arrow")
@@ -212,7 +223,7 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
         cache = predictor_cache(described["name"], params, folder / "in" / "home")
         (folder / "in" / "job.json").write_text(json.dumps(
             job(described, params, level, budget, folder, cache, predictor_dirs, data_roots,
-                include, explain),
+                include, explain, fit_name(code_hash) if code_hash else None),
             default=str))
         served: dict = {}
         replay = (lambda channel: serve(channel, folder, blind, home, gpu, served)) if (

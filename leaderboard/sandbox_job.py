@@ -5,6 +5,7 @@ asks for. Everything the predictor does comes back as facts for the parent."""
 from __future__ import annotations
 
 import json
+import pickle
 import time
 import traceback
 from collections.abc import Callable
@@ -107,6 +108,70 @@ def answer_steps(estimator, gpu, inputs: Path, out: Path, ask: Callable[[dict], 
         request = ask({"seconds": time.perf_counter() - started})
 
 
+def _fitted(estimator, home, kept: Path | None, facts: dict):
+    """``estimator`` fitted on ``home``, or the fit an earlier run of the same predictor code,
+    parameters and harness kept at ``kept`` from the same home bundle (the folder is that fit
+    input's own, ``sandbox.predictor_cache``, so no other home's fit is ever read back). A
+    family's targets share their home, so its fit is paid once; readings come after and stay
+    per target. The fit is kept only when it pickles within ``MAX_KEPT_FIT`` (a predictor that
+    keeps its own, larger fits, as the forests do, is not copied), and a fit is written whole
+    or not at all. ``kept`` None: fitted here, and not kept."""
+    if kept is not None and kept.is_file():
+        try:
+            with kept.open("rb") as f:
+                stored = pickle.load(f)
+            facts["fit_seconds"], facts["fit_reused"] = stored["fit_seconds"], True
+            return stored["estimator"]
+        except Exception:  # noqa: BLE001 - an unreadable keep is fitted again
+            kept.unlink(missing_ok=True)
+    started = time.perf_counter()
+    fitted = estimator.fit(home)
+    facts["fit_seconds"] = time.perf_counter() - started
+    if fitted is not estimator:
+        facts["invalid_reasons"].append("fit did not return self")
+        return estimator
+    if kept is None:
+        return estimator
+    too_large = kept.with_suffix(".too-large")
+    if too_large.exists():
+        return estimator
+    for old in kept.parent.glob("fitted-*"):  # fits of other code are never read again
+        old.unlink(missing_ok=True)
+    partial = kept.with_name(f".{kept.name}.partial")
+    try:
+        with partial.open("wb") as f:
+            pickle.dump({"estimator": estimator, "fit_seconds": facts["fit_seconds"]},
+                        _Capped(f, MAX_KEPT_FIT), protocol=pickle.HIGHEST_PROTOCOL)
+        partial.replace(kept)
+    except _TooLarge:
+        too_large.touch()
+    except Exception:  # noqa: BLE001 - an estimator that does not pickle is fitted every run
+        pass
+    finally:
+        partial.unlink(missing_ok=True)
+    return estimator
+
+
+MAX_KEPT_FIT = 64 << 20
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Capped:
+    """A file that refuses to grow past ``limit`` bytes, so a huge fit stops pickling early."""
+
+    def __init__(self, file, limit: int):
+        self.file, self.left = file, limit
+
+    def write(self, data) -> int:
+        self.left -= len(data)
+        if self.left < 0:
+            raise _TooLarge
+        return self.file.write(data)
+
+
 def run(job: dict, folder: Path, ask: Callable[[dict], dict], tell: Callable[[dict], None]
         ) -> dict:
     """Construct, fit, read, predict: everything the predictor does, as facts for the parent,
@@ -121,11 +186,7 @@ def run(job: dict, folder: Path, ask: Callable[[dict], dict], tell: Callable[[di
         home, blind = read_home(inputs / "home"), read_frame(inputs / "blind.arrow")
         gpu = gpu_of(json.loads((inputs / "gpu.json").read_text()))
         tell({"stage": "fit"})
-        started = time.perf_counter()
-        fitted = estimator.fit(home)
-        facts["fit_seconds"] = time.perf_counter() - started
-        if fitted is not estimator:
-            facts["invalid_reasons"].append("fit did not return self")
+        estimator = _fitted(estimator, home, job["fitted"] and Path(job["fitted"]), facts)
         facts["home_profiled_rows"] = int(getattr(estimator, "profiled_rows_", 0))
         if job["level"] == "serving":
             answer_steps(estimator, gpu, inputs, out, ask)

@@ -45,6 +45,7 @@ class Spy(Predictor):
         return super().fit(home)
 
     def predict(self, cells, gpu):
+        spy_dir().mkdir(parents=True, exist_ok=True)  # a kept fit skips the fit's mkdir
         cells.write_ipc(spy_dir() / "cells.arrow")
         (spy_dir() / "gpu.json").write_text(json.dumps({"sku": gpu.sku}))
         return np.full(len(cells), 1.0)

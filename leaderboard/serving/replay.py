@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from leaderboard.cells.schema import typed_columns
+from leaderboard.serving import plan_store
 from leaderboard.serving.scheduler import Policy, StepLog, new_engine
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 
@@ -96,48 +97,86 @@ def step_times(log: dict[str, np.ndarray], model: str, tp: int, timer: StepTimer
     """Predicted ms per step of ``log``. Steps that schedule the same new and cached tokens,
     request by request in the same order, are one cell to the predictor and are priced once: a
     closed loop's later waves repeat the steps of the earlier ones."""
-    step, q, ctx = log["step"], log["q"], log["ctx"]
-    n = int(step.max()) + 1 if len(step) else 0
-    counts = np.bincount(step, minlength=n)
-    if (counts == 0).any():  # step_cells numbers cells by their entries' steps
-        raise ValueError(f"step {int(np.argmin(counts))} of the log schedules no request")
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    shape_of: dict[tuple[bytes, bytes], int] = {}
-    first_steps: list[int] = []  # the first step of each distinct shape, in step order
-    inverse = np.empty(n, np.int64)
-    for i in range(n):
-        a, b = offsets[i], offsets[i + 1]
-        key = (q[a:b].tobytes(), ctx[a:b].tobytes())
-        if key not in shape_of:
-            shape_of[key] = len(first_steps)
-            first_steps.append(i)
-        inverse[i] = shape_of[key]
-    is_first = np.zeros(n, bool)
-    is_first[first_steps] = True
-    keep = is_first[step]
-    shapes = {"step": inverse[step[keep]], "q": q[keep], "ctx": ctx[keep]}
-    return timer(step_cells(shapes, model, tp, gemm_dtype))[inverse]
+    return Plan.of(log, np.zeros(0, np.int64)).price(model, tp, timer, gemm_dtype)
 
 
-def _times(log: dict[str, np.ndarray], step_end: np.ndarray, prompt: np.ndarray,
-           n: int, step_start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """First-token time (end of the step finishing the prompt), last-token time and the start
-    of the first step that computes the request's prompt, per request (NaN where not in ``log``)."""
-    first, last, scheduled = np.full(n, np.inf), np.full(n, np.nan), np.full(n, np.inf)
-    # A preempted request is recomputed from scratch: its first token and first scheduling are
-    # the earliest of its passes.
-    opening = np.where(log["ctx"] == 0)[0]
-    np.minimum.at(scheduled, log["req"][opening], step_start[log["step"][opening]])
-    ends = step_end[log["step"]]
-    done_prompt = log["ctx"] + log["q"] >= prompt[log["req"]]
-    first_step = np.where(done_prompt & (log["ctx"] < prompt[log["req"]]))[0]
-    np.minimum.at(first, log["req"][first_step], ends[first_step])
-    first[np.isinf(first)], scheduled[np.isinf(scheduled)] = np.nan, np.nan
-    last_idx = np.full(n, -1)
-    np.maximum.at(last_idx, log["req"], np.arange(len(ends)))
-    seen = last_idx >= 0
-    last[seen] = ends[last_idx[seen]]
-    return first, last, scheduled
+@dataclass
+class Plan:
+    """A step log as pricing needs it: the entries of each distinct step shape (``shapes``,
+    whose ``step`` numbers the shapes), each step's shape (``inverse``), and per request the
+    entries that finish its prompt, those that open it (no cached tokens) and its last step
+    (-1: never scheduled). Compact where the log is not (a closed loop of 512 clients logs
+    millions of entries), so a closed loop's plan, which no predictor changes, is kept
+    (``leaderboard.serving.plan_store``)."""
+
+    shapes: dict[str, np.ndarray]
+    inverse: np.ndarray
+    prompt_req: np.ndarray
+    prompt_step: np.ndarray
+    open_req: np.ndarray
+    open_step: np.ndarray
+    last_step: np.ndarray
+
+    @classmethod
+    def of(cls, log: dict[str, np.ndarray], prompt: np.ndarray) -> Plan:
+        step, q, ctx, req = log["step"], log["q"], log["ctx"], log.get("req")
+        n = int(step.max()) + 1 if len(step) else 0
+        counts = np.bincount(step, minlength=n)
+        if (counts == 0).any():  # step_cells numbers cells by their entries' steps
+            raise ValueError(f"step {int(np.argmin(counts))} of the log schedules no request")
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        shape_of: dict[tuple[bytes, bytes], int] = {}
+        first_steps: list[int] = []  # the first step of each distinct shape, in step order
+        inverse = np.empty(n, np.int64)
+        for i in range(n):
+            a, b = offsets[i], offsets[i + 1]
+            key = (q[a:b].tobytes(), ctx[a:b].tobytes())
+            if key not in shape_of:
+                shape_of[key] = len(first_steps)
+                first_steps.append(i)
+            inverse[i] = shape_of[key]
+        is_first = np.zeros(n, bool)
+        is_first[first_steps] = True
+        keep = is_first[step]
+        shapes = {"step": inverse[step[keep]], "q": q[keep], "ctx": ctx[keep]}
+        if req is None or not len(prompt):  # pricing only
+            empty = np.zeros(0, np.int64)
+            return cls(shapes, inverse, empty, empty, empty, empty, empty)
+        done_prompt = (ctx + q >= prompt[req]) & (ctx < prompt[req])
+        opening = ctx == 0
+        last_step = np.full(len(prompt), -1, np.int64)
+        np.maximum.at(last_step, req, step)
+        return cls(shapes, inverse, req[done_prompt], step[done_prompt], req[opening],
+                   step[opening], last_step)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every field as a flat array, for ``plan_store``."""
+        return {**{f"shape_{k}": v for k, v in self.shapes.items()},
+                **{k: v for k, v in self.__dict__.items() if k != "shapes"}}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Plan:
+        shapes = {k.removeprefix("shape_"): v for k, v in arrays.items() if k.startswith("shape_")}
+        return cls(shapes, **{f.name: arrays[f.name] for f in fields(cls) if f.name != "shapes"})
+
+    def price(self, model: str, tp: int, timer: StepTimer, gemm_dtype: str) -> np.ndarray:
+        """Predicted ms per step."""
+        return timer(step_cells(self.shapes, model, tp, gemm_dtype))[self.inverse]
+
+    def times(self, step_end: np.ndarray, step_start: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """First-token time (end of the step finishing the prompt), last-token time and the
+        start of the first step that computes the request's prompt, per request (NaN where not
+        scheduled). A preempted request is recomputed from scratch: its first token and first
+        scheduling are the earliest of its passes."""
+        n = len(self.last_step)
+        first, last, scheduled = np.full(n, np.inf), np.full(n, np.nan), np.full(n, np.inf)
+        np.minimum.at(scheduled, self.open_req, step_start[self.open_step])
+        np.minimum.at(first, self.prompt_req, step_end[self.prompt_step])
+        first[np.isinf(first)], scheduled[np.isinf(scheduled)] = np.nan, np.nan
+        seen = self.last_step >= 0
+        last[seen] = step_end[self.last_step[seen]]
+        return first, last, scheduled
 
 
 def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
@@ -155,6 +194,20 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
         raise ValueError(f"closed-loop start '{start}' is not one of {CLOSED_LOOP_STARTS}")
     if idle_burst not in IDLE_BURSTS:
         raise ValueError(f"idle burst '{idle_burst}' is not one of {IDLE_BURSTS}")
+    key = [policy.__dict__, isl, osl, concurrency, requests, start, idle_burst]
+    kept = plan_store.kept(key, lambda: _closed_loop_plan(
+        policy, isl, osl, concurrency, requests, start, idle_burst))
+    plan, arrival_step = Plan.from_arrays(kept), kept["arrival_step"]
+    step_end = np.cumsum(plan.price(model, tp, timer, gemm_dtype))
+    start_ms = np.concatenate([[0.0], step_end])
+    first, last, scheduled = plan.times(step_end, start_ms[:-1])
+    return Timeline(start_ms[arrival_step], first, last, np.full(requests, osl), scheduled)
+
+
+def _closed_loop_plan(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
+                      start: str, idle_burst: str) -> dict[str, np.ndarray]:
+    """The closed loop's steps and each request's sending step: the same for every predictor,
+    since a client sends when a step ends, whatever the step's time."""
     prompt, output = np.full(requests, isl), np.full(requests, osl)
     engine, log = new_engine(policy, prompt, output), StepLog()
 
@@ -207,11 +260,7 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
         until = first_sends[pending] - log.steps if pending < issued else requests * (isl + osl)
         engine.step(log, int(until))
         send(resends())
-    arrays = log.arrays()
-    step_end = np.cumsum(step_times(arrays, model, tp, timer, gemm_dtype))
-    start_ms = np.concatenate([[0.0], step_end])
-    first, last, scheduled = _times(arrays, step_end, prompt, requests, start_ms[:-1])
-    return Timeline(start_ms[arrival_step], first, last, output, scheduled)
+    return {**Plan.of(log.arrays(), prompt).arrays(), "arrival_step": arrival_step}
 
 
 def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray,
@@ -233,8 +282,8 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
         ahead, log = copy.deepcopy(engine), StepLog()
         while ahead.busy and log.steps < LOOKAHEAD_STEPS:
             ahead.step(log, LOOKAHEAD_STEPS - log.steps)
-        arrays = log.arrays()
-        ends = now + np.cumsum(step_times(arrays, model, tp, timer, gemm_dtype))
+        plan = Plan.of(log.arrays(), prompt)
+        ends = now + np.cumsum(plan.price(model, tp, timer, gemm_dtype))
         starts = np.concatenate([[now], ends[:-1]])
         next_arrival = arrival_ms[order[nxt]] if nxt < n else np.inf
         keep = int((starts < next_arrival).sum())
@@ -242,10 +291,10 @@ def recorded_arrivals(policy: Policy, arrival_ms: np.ndarray, prompt: np.ndarray
             log = StepLog()
             while log.steps < keep:
                 engine.step(log, keep - log.steps)
-            arrays = log.arrays()
+            plan = Plan.of(log.arrays(), prompt)
         else:
             engine = ahead
-        f, la, sc = _times(arrays, ends[:keep], prompt, n, starts[:keep])
+        f, la, sc = plan.times(ends[:keep], starts[:keep])
         # fmin/fmax skip NaN: a request's earliest first token and scheduling (a preempted one
         # passes twice), its latest last token
         first, scheduled, last = np.fmin(first, f), np.fmin(scheduled, sc), np.fmax(last, la)

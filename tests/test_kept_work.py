@@ -1,0 +1,89 @@
+"""Work a rerun does once and reuses: a closed loop's plan (parent side) and a predictor's fit
+(inside its sealed child). Reuse must never change a number."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from leaderboard import sandbox_job
+from leaderboard.evaluate import RunSpec, run
+from leaderboard.serving.replay import closed_loop
+from leaderboard.serving.scheduler import Policy
+from leaderboard_core import paths
+from leaderboard_core.versioning import harness_hash
+
+
+def _steps(prefill_ms: float):
+    def timer(cells: pl.DataFrame) -> np.ndarray:
+        decode = (cells["num_decode"] == cells["num_requests"]).to_numpy()
+        return np.where(decode, 1.0, prefill_ms)
+    return timer
+
+
+def test_a_kept_closed_loop_plan_prices_each_predictor_as_a_fresh_schedule_would():
+    policy = Policy("chunked_mixed", token_budget=8, max_seqs=16, kv_tokens=1000)
+    loop = lambda timer: closed_loop(policy, 10, 3, 2, 6, "llama-3.1-8b", 1, timer,  # noqa: E731
+                                     idle_burst="first_alone")
+    first = loop(_steps(10.0))
+    kept = list((paths.home() / "replay-plans" / harness_hash()).glob("*.npz"))
+    assert len(kept) == 1
+    again, slower = loop(_steps(10.0)), loop(_steps(20.0))  # both read the kept plan
+    assert list((paths.home() / "replay-plans" / harness_hash()).glob("*.npz")) == kept
+    for a, b in ((first.ttft, again.ttft), (first.tpot, again.tpot),
+                 (first.arrival, again.arrival)):
+        np.testing.assert_array_equal(a, b)
+    # Two clients, 10-token prompts, budget 8: by hand, request 0 takes its first 8 prompt
+    # tokens alone (first_alone), then its last 2 with request 1's first 6 (first token at
+    # 20 ms), then request 1's last 4 with request 0's first decode (30 ms): TTFT 20 and 30.
+    np.testing.assert_allclose(first.ttft[:2], [20.0, 30.0])
+    # the plan holds steps, not times: a predictor twice as slow on prompts waits twice as long
+    np.testing.assert_allclose(slower.ttft[:2], [40.0, 60.0])
+
+
+class _Counted:
+    fits = 0
+
+    def __init__(self, payload: int = 8):
+        self.payload = payload
+
+    def fit(self, home):
+        type(self).fits += 1
+        self.weights_ = np.arange(self.payload, dtype=np.float64)
+        return self
+
+
+def test_a_fit_is_kept_once_and_read_back_and_a_large_one_is_not_kept(tmp_path, monkeypatch):
+    kept, facts = tmp_path / "fitted-abc.pickle", {"invalid_reasons": []}
+    first = sandbox_job._fitted(_Counted(), None, kept, facts)
+    assert _Counted.fits == 1 and kept.is_file() and "fit_reused" not in facts
+    again = sandbox_job._fitted(_Counted(), None, kept, facts := {"invalid_reasons": []})
+    assert _Counted.fits == 1 and facts["fit_reused"] is True
+    np.testing.assert_array_equal(first.weights_, again.weights_)
+    with kept.open("rb") as f:
+        assert pickle.load(f)["fit_seconds"] == facts["fit_seconds"]
+    monkeypatch.setattr(sandbox_job, "MAX_KEPT_FIT", 1 << 10)
+    big = tmp_path / "fitted-big.pickle"
+    sandbox_job._fitted(_Counted(payload=4096), None, big, {"invalid_reasons": []})
+    assert not big.exists() and big.with_suffix(".too-large").exists()
+    assert not list(tmp_path.glob(".*partial"))
+    assert not kept.exists()  # a new fit's keep replaces the older code's
+
+
+@pytest.mark.slow
+def test_a_fit_reused_on_another_target_of_the_home_scores_as_a_cold_fit(store_home, tmp_path):
+    def one(dataset: str) -> dict:
+        return run(RunSpec("genz_calibrated", dataset, {}, runs_dir=tmp_path / "runs")).metrics
+
+    assert one("l40s_vidur")["fit_reused"] is False
+    warm = one("h100_vidur")
+    assert warm["fit_reused"] is True
+    for cache in (Path(store_home.home) / "predictor-cache").glob("genz_calibrated-*"):
+        for kept in cache.glob("fitted-*"):
+            kept.unlink()
+    cold = one("h100_vidur")
+    assert cold["fit_reused"] is False and cold["phases"] == warm["phases"]
