@@ -199,7 +199,7 @@ def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame, lineage: pl.D
     try:
         (partial / "metrics.json").write_text(json.dumps(result, indent=1) + "\n")
         predictions.with_columns(run_id=pl.lit(run_id)).write_parquet(partial / "predictions.parquet")
-        if len(lineage) and result["phases"]:  # step-level runs with predictions get their atlas
+        if spec.atlas and len(lineage) and result["phases"]:  # step runs with predictions
             atlas.write_run(predictions, atlas.dominant_of(lineage), spec.dataset,
                             partial / "atlas.png")
         os.replace(partial, final)

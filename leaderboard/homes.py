@@ -17,11 +17,10 @@ Several homes make one ``Home``: cells and op points concatenated (each row keep
 from __future__ import annotations
 
 import polars as pl
-import yaml
 
 from leaderboard import families, home_grid
 from leaderboard.families import suffix_of as family
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.contract import Home
 from leaderboard_core.naming import suggestion
 from leaderboard_core.versioning import release
@@ -36,7 +35,7 @@ def with_family(runs: pl.DataFrame) -> pl.DataFrame:
 def conf_home(name: str) -> str | None:
     """The home ``conf/dataset/<name>.yaml`` names, overriding its family's, or None."""
     conf = paths.CONF_DIR / "dataset" / f"{name}.yaml"
-    return yaml.safe_load(conf.read_text()).get("home") if conf.is_file() else None
+    return yaml_io.safe_load(conf.read_text()).get("home") if conf.is_file() else None
 
 
 def require_dataset(rows: dict[str, dict], name: str) -> dict:

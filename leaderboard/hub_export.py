@@ -22,7 +22,7 @@ from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.traces import base_trace
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
 from leaderboard.serving import report_oracle
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 
 stderr = Console(stderr=True)
 
@@ -127,7 +127,7 @@ def hf_type(dtype: pl.DataType) -> dict:
 def column_dictionary(configs: list[dict]) -> list[str]:
     """One table per kind of config: every column with its type, unit and meaning
     (``datasets/cards/columns.yaml``)."""
-    meanings = yaml.safe_load((paths.DATASETS_DIR / "cards" / "columns.yaml").read_text())
+    meanings = yaml_io.safe_load((paths.DATASETS_DIR / "cards" / "columns.yaml").read_text())
     lines, seen = [], set()
     for c in configs:
         kind = (c["kind"], c["split"])
@@ -147,7 +147,7 @@ def column_dictionary(configs: list[dict]) -> list[str]:
 
 def citation() -> str:
     """The suite's citation (CITATION.cff) as BibTeX."""
-    cff = yaml.safe_load((paths.REPO_ROOT / "CITATION.cff").read_text())
+    cff = yaml_io.safe_load((paths.REPO_ROOT / "CITATION.cff").read_text())
     authors = " and ".join(a.get("name") or f"{a.get('family-names')}, {a.get('given-names')}"
                            for a in cff["authors"])
     return (f"@software{{llm_step_leaderboard,\n  title = {{{cff['title']}}},\n"

@@ -8,7 +8,7 @@ FP8-GEMM ``_vidur_fp8`` sets (H100 home), Vidur's own profiles (``_vidurprof``),
 pair, the op-level ``<sku>_ops`` sets (for predictors with ``predict_ops``) and the serving sets
 (``<sku>_silicon``, ``<sku>_silicon_fp8``, ``rtx4090_serving``), with the serving oracle, and each
 predictor on the ``_vidur`` home with whole configurations and their shapes held out
-(``split.home_points=held_out_shapes``).
+(``split.home_points=held_out_shapes``); those protocol runs draw no run atlas.
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
 dataset's configured home), run in a pool of worker processes (Polars on one thread, each
@@ -89,14 +89,14 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
                   for name in names]
         if fam.two_homes:  # the two-home protocol, beside the one-home one
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
-                              home=list(fam.two_homes)) for name in names]
+                              home=list(fam.two_homes), atlas=False) for name in names]
         if fam.leave_one_out:  # each GPU scored with every other GPU of the family as homes
             others = leave_one_gpu_out(dataset, rows)
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
-                              home=others) for name in names]
+                              home=others, atlas=False) for name in names]
         if fam.leave_one_out and dataset == home_of(dataset, None, rows):  # out of sample
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
-                              home_points=HELD_OUT_SHAPES) for name in names]
+                              home_points=HELD_OUT_SHAPES, atlas=False) for name in names]
         if fam.level == "serving" and (home := oracle_home(dataset, rows)):
             specs.append(RunSpec(predictor=ORACLE, dataset=dataset, params={}, runs_dir=runs_dir,
                                  home=home, home_points=ORACLE_POINTS))

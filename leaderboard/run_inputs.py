@@ -40,6 +40,9 @@ class RunSpec:
     reading_max_points: int = readings.MAX_POINTS
     reading_max_fraction: float = readings.MAX_FRACTION
     stage_seconds: float = 7200.0  # conf/config.yaml's seal.stage_seconds
+    # The run folder's atlas.png (a picture, never a number): the rerun draws it for the runs
+    # the leaderboard shows and skips it for the protocol runs (other homes or home points).
+    atlas: bool = True
 
     def __post_init__(self):
         # a relative folder is taken from the working folder, as a command line takes it

@@ -6,15 +6,14 @@ import hashlib
 from functools import cache
 
 import polars as pl
-import yaml
 
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 
 
 @cache
 def default_split() -> dict:
     """``conf/split/heldout.yaml``: the split every run uses unless told otherwise."""
-    return yaml.safe_load((paths.CONF_DIR / "split" / "heldout.yaml").read_text())
+    return yaml_io.safe_load((paths.CONF_DIR / "split" / "heldout.yaml").read_text())
 
 
 def is_heldout(keys: pl.Series, seed: int, test_fraction: float) -> pl.Series:

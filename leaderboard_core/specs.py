@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.naming import closest
 from leaderboard_core.versioning import content_hash
 
@@ -121,7 +121,7 @@ def gpu_spec_dirs(extra: str | os.PathLike | None = None) -> list[Path]:
 
 def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_io.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict):

@@ -19,7 +19,6 @@ import hashlib
 from collections import Counter
 
 import duckdb
-import yaml
 
 from leaderboard.cells import memory, vidur_card
 from leaderboard.cells.common import cell_set, family_configs
@@ -28,7 +27,7 @@ from leaderboard.cells.grid import Grid, common_axes, load_grid, measured_versio
 from leaderboard.cells.schema import CellSet, is_decode, workload_id
 from leaderboard.cells.snapping import Snapped, phase_of_step, shape_of, snap, uniform_steps
 from leaderboard.cells.traces import has_traces, replayed_steps
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.specs import GpuSpec, is_moe, load_models, moe_shapes, tp_shapes, uncomposable_reason
 from leaderboard_core.versioning import release
 
@@ -123,7 +122,7 @@ def _grid(con, sku: str, fam: dict, dtype: str, dense_memo: dict) -> Grid | None
 
 
 def build_vidur(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec]) -> list[CellSet]:
-    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg = yaml_io.safe_load(CONFIG.read_text())
     if not has_traces(con):
         return []  # a partial store (sources.only) without the traces
     # Each distinct replayed shape once, with its count and the first (trace, scheduler) that

@@ -31,6 +31,7 @@ from leaderboard.ingest.base import (
     read_table,
 )
 from leaderboard.sources import SourceFile
+from leaderboard_core import yaml_io
 
 ROOT = "casys-kaist__LLMServingSim"
 SOURCE = "llmservingsim"
@@ -69,7 +70,7 @@ def _vllm_version(file: SourceFile, files: dict[str, SourceFile], meta_name: str
         data = read_json(meta)
     else:
         try:
-            data = yaml.safe_load(meta.path.read_text())
+            data = yaml_io.safe_load(meta.path.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise BuildError(f"{meta.path}: cannot read YAML ({exc})") from exc
     if not isinstance(data, dict) or "vllm_version" not in data:

@@ -11,13 +11,12 @@ from functools import lru_cache, partial
 
 import numpy as np
 import polars as pl
-import yaml
 
 from leaderboard.cells import memory
 from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec, kv_elements_per_token
 from leaderboard_core.versioning import release
 
@@ -26,7 +25,7 @@ CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
 
 @lru_cache(maxsize=1)
 def load_conf() -> dict:
-    return yaml.safe_load(CONF.read_text())
+    return yaml_io.safe_load(CONF.read_text())
 
 
 def kv_cache_dtype(conf: dict) -> str:

@@ -20,6 +20,7 @@ import polars as pl
 import yaml
 from scipy.optimize import least_squares
 
+from leaderboard_core import yaml_io
 from leaderboard_core.contract import Home
 from predictors.ours import config, factors, ops
 from predictors.ours.config import Device
@@ -189,7 +190,7 @@ def _leaf_lines(node: dict, indent: int) -> list[str]:
 
 
 def write(fitted: dict, command: str) -> None:
-    raw = yaml.safe_load(config.CONSTANTS_PATH.read_text())
+    raw = yaml_io.safe_load(config.CONSTANTS_PATH.read_text())
     header = [line for line in config.CONSTANTS_PATH.read_text().splitlines()
               if line.startswith("#")]
     where = {leaf: "a100_sxm (a100_vidur train split, home op points)" for leaf in FITTED_LEAVES}

@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-import yaml
-
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.specs import TOPOLOGIES, GpuSpec, SpecError
 from predictors._roofline import fp8_peak_flops, link_gbs_per_direction, peak_flops
 from predictors.ours import factors
@@ -37,7 +35,7 @@ def _values(node: Any, where: str) -> Any:
 
 @lru_cache(maxsize=4)
 def load_constants() -> dict:
-    raw = yaml.safe_load(CONSTANTS_PATH.read_text())
+    raw = yaml_io.safe_load(CONSTANTS_PATH.read_text())
     return _values(raw, "")
 
 
