@@ -1,6 +1,6 @@
 """Decisions: what a predictor's step times decide, scored by what was measured.
 
-A step-time prediction exists to decide something. Two decisions are scored here, on the
+A step-time prediction exists to decide something. Three decisions are scored here, on the
 unseen GPUs, every outcome a measured one:
 
 - **Capacity at a step-time SLO.** Per (dataset, model, TP, context) with at least
@@ -11,10 +11,17 @@ unseen GPUs, every outcome a measured one:
   at least 0; a pick that violates the SLO serves nothing within it (regret 1), and so does no
   pick, when a predictor predicts no batch fits (counted). An optimistic predictor therefore
   cannot buy a low regret with violations.
+- **Prefill chunk budget.** Sarathi's question, how many prompt tokens one step may take at a
+  step-time SLO, asked of the measured single-request prefill steps (16 to 8,192 tokens) per
+  (dataset, model, TP): the largest chunk whose predicted step fits; violation and regret
+  (tokens per ms) as for capacity. The ``_vidur`` sets' mixed cells are composed from parts,
+  never measured whole, so chunks with decodes riding along are not scored.
 - **GPU choice.** Per workload measured on every unseen GPU of a family, the predictor picks
-  the GPU with the smallest predicted step. *Regret*: the pick's measured step over the fastest
-  measured one, minus one. (A price per GPU-hour would weigh the same way; no sourced price
-  table is in the suite yet, so this is the price-free variant: the fastest.)
+  the GPU that serves it cheapest: measured step time x GPUs x price per GPU-hour
+  (``conf/prices.yaml``, each price with its source), and, price-free, the fastest. *Regret*:
+  the pick's measured cost over the cheapest measured one, minus one. Beside it, the GPU
+  order's *decisive pairs*: pairs of GPUs whose measured steps differ by at least
+  ``DECISIVE_GAP``, each weighted by its gap, the share ordered right.
 
 A constant bias that keeps the order of the GPUs picks them perfectly; at an absolute SLO it
 does not: a predictor 20 % slow picks smaller batches than fit. That is why the two differ.
@@ -22,12 +29,17 @@ does not: a predictor 20 % slow picks smaller batches than fit. That is why the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
 from leaderboard.ranking import BOOTSTRAP_SAMPLES, CONFIDENCE
+from leaderboard_core import paths, yaml_io
 
 MIN_BATCHES = 3
+DECISIVE_GAP = 0.10  # a measured gap a buyer would act on, well above the runs' noise
+PRICES = paths.CONF_DIR / "prices.yaml"
 
 
 def _ci(values: np.ndarray, groups: np.ndarray, seed: int = 0) -> tuple[float, float]:
@@ -42,52 +54,75 @@ def _ci(values: np.ndarray, groups: np.ndarray, seed: int = 0) -> tuple[float, f
     return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
+# What each budget decision varies, within which group of measured steps.
+BUDGETS = {
+    "capacity": {"phase": "decode", "size": "num_requests", "group": ("model", "tp", "ctx")},
+    "chunk": {"phase": "prefill", "size": "total_tokens", "group": ("model", "tp")},
+}
+
+
 def capacity_choices(predictions: pl.DataFrame) -> pl.DataFrame:
-    """One row per (predictor, dataset, group, SLO): the pick, the best measured batch that fits,
-    whether the pick violates the SLO and its throughput regret. ``predictions`` holds
-    ``predictor``, ``dataset``, ``model``, ``tp``, ``phase``, ``num_requests``, ``num_decode``,
-    ``decode_ctx_sum``, ``gt_ms`` and ``pred_ms`` per cell."""
-    decode = predictions.filter((pl.col("phase") == "decode") & (pl.col("num_decode") > 0)
-                                & pl.col("pred_ms").is_not_null())
-    per_batch = decode.with_columns(
-        ctx=pl.col("decode_ctx_sum") // pl.col("num_decode")).group_by(
-        "predictor", "dataset", "model", "tp", "ctx", "num_requests").agg(
-        pl.col("gt_ms").median(), pl.col("pred_ms").median())
+    """The capacity decisions (``budget_choices``)."""
+    return budget_choices(predictions, "capacity")
+
+
+def chunk_choices(predictions: pl.DataFrame) -> pl.DataFrame:
+    """The prefill chunk decisions: single-request prefill steps, whose size is the chunk."""
+    return budget_choices(predictions.filter(pl.col("num_requests") == 1), "chunk")
+
+
+def budget_choices(predictions: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """One row per (predictor, dataset, group, SLO) of a ``BUDGETS`` kind: the pick, the best
+    measured size that fits, whether the pick violates the SLO and its throughput regret.
+    ``predictions`` holds ``predictor``, ``dataset``, ``model``, ``tp``, ``phase``,
+    ``num_requests``, ``num_decode``, ``total_tokens``, ``decode_ctx_sum``, ``gt_ms`` and
+    ``pred_ms`` per cell; composed cells (``composed``, where present) are never scored."""
+    budget = BUDGETS[kind]
+    steps = predictions.filter((pl.col("phase") == budget["phase"])
+                               & pl.col("pred_ms").is_not_null())
+    if "composed" in steps.columns:
+        steps = steps.filter(~pl.col("composed"))
+    if kind == "capacity":
+        steps = steps.filter(pl.col("num_decode") > 0).with_columns(
+            ctx=pl.col("decode_ctx_sum") // pl.col("num_decode"))
+    keys = ["predictor", "dataset", *budget["group"]]
+    per_size = steps.group_by(*keys, size=budget["size"]).agg(pl.col("gt_ms").median(),
+                                                              pl.col("pred_ms").median())
     rows = []
-    for key, group in per_batch.group_by("predictor", "dataset", "model", "tp", "ctx"):
+    for key, group in per_size.group_by(*keys):
         if group.height < MIN_BATCHES:
             continue
-        group = group.sort("num_requests")
-        batch, measured, predicted = (group[c].to_numpy().astype(float)
-                                      for c in ("num_requests", "gt_ms", "pred_ms"))
+        group = group.sort("size")
+        size, measured, predicted = (group[c].to_numpy().astype(float)
+                                     for c in ("size", "gt_ms", "pred_ms"))
+        label = " ".join(f"{k} {v}" for k, v in zip(budget["group"], key[2:], strict=True))
         for slo in np.unique(measured):
-            rows.append(_choose(key, batch, measured, predicted, float(slo)))
+            rows.append(_choose(key[0], key[1], label, size, measured, predicted, float(slo)))
     return pl.DataFrame(rows, schema={
         "predictor": pl.String, "dataset": pl.String, "group": pl.String, "slo_ms": pl.Float64,
         "pick": pl.Float64, "best": pl.Float64, "violation": pl.Boolean, "regret": pl.Float64})
 
 
-def _choose(key: tuple, batch: np.ndarray, measured: np.ndarray, predicted: np.ndarray,
-            slo: float) -> dict:
-    predictor, dataset, model, tp, ctx = key
+def _choose(predictor: str, dataset: str, group: str, size: np.ndarray, measured: np.ndarray,
+            predicted: np.ndarray, slo: float) -> dict:
     fits = measured <= slo
-    throughput = batch / measured
+    throughput = size / measured
     best = int(np.argmax(np.where(fits, throughput, -np.inf)))
     picked = np.flatnonzero(predicted <= slo)
-    row = {"predictor": predictor, "dataset": dataset, "group": f"{model} TP{tp} ctx {ctx}",
-           "slo_ms": slo, "best": float(batch[best])}
+    row = {"predictor": predictor, "dataset": dataset, "group": group, "slo_ms": slo,
+           "best": float(size[best])}
     if not len(picked):
         return {**row, "pick": None, "violation": False, "regret": 1.0}
-    pick = int(picked[np.argmax(batch[picked])])
+    pick = int(picked[np.argmax(size[picked])])
     violation = bool(measured[pick] > slo)
     # a pick that breaks the SLO serves nothing within it: its throughput does not count
     regret = 1.0 if violation else max(0.0, 1.0 - throughput[pick] / throughput[best])
-    return {**row, "pick": float(batch[pick]), "violation": violation, "regret": regret}
+    return {**row, "pick": float(size[pick]), "violation": violation, "regret": regret}
 
 
-def capacity_scores(choices: pl.DataFrame) -> pl.DataFrame:
+def budget_scores(choices: pl.DataFrame) -> pl.DataFrame:
     """Per predictor: decisions, groups, violation % and regret % with bootstrap CIs over the
-    groups, and how many SLOs it found no batch for."""
+    groups, and how many SLOs it found no size for."""
     rows = []
     for (predictor,), mine in choices.group_by("predictor"):
         groups = (mine["dataset"] + "/" + mine["group"]).to_numpy()
@@ -103,17 +138,38 @@ def capacity_scores(choices: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows).sort("regret_pct") if rows else pl.DataFrame()
 
 
-def gpu_choices(predictions: pl.DataFrame) -> pl.DataFrame:
-    """Per (predictor, workload) measured on every GPU the predictor was scored on: the GPU it
-    picks (smallest predicted step), the fastest measured one, and the regret."""
+def run_capacity(predictions: pl.DataFrame) -> dict | None:
+    """A step run's own capacity decisions, for its ``metrics.json`` (``decisions.capacity``):
+    n, violation % and regret %; None where its cells hold no group of enough batch sizes."""
+    choices = capacity_choices(predictions.with_columns(predictor=pl.lit("run"),
+                                                        dataset=pl.lit("run")))
+    if choices.is_empty():
+        return None
+    return {"n": choices.height, "groups": choices["group"].n_unique(),
+            "violation_pct": float(choices["violation"].mean() * 100),
+            "regret_pct": float(choices["regret"].mean() * 100)}
+
+
+def gpu_choices(predictions: pl.DataFrame, prices: dict[str, float] | None = None
+                ) -> pl.DataFrame:
+    """Per (predictor, workload) measured on every GPU the predictor was scored on (every
+    priced one, given ``prices`` per GPU-hour by sku): the GPU it picks (the smallest predicted
+    step, or cost: step x TP x price), the best measured one, and the regret (the pick's
+    measured step, or cost, over the best's, minus one)."""
     rows = []
     usable = predictions.filter(pl.col("pred_ms").is_not_null())
+    if prices is not None:
+        usable = usable.filter(pl.col("sku").is_in(list(prices)))
     for (predictor,), mine in usable.group_by("predictor"):
         gpus = mine["sku"].n_unique()
         if gpus < 2:
             continue
         per = mine.group_by("workload_id", "sku").agg(pl.col("gt_ms").median(),
-                                                       pl.col("pred_ms").median())
+                                                       pl.col("pred_ms").median(),
+                                                       pl.col("tp").first())
+        if prices is not None:
+            rate = pl.col("sku").replace_strict(prices) * pl.col("tp")
+            per = per.with_columns(pl.col("gt_ms") * rate, pl.col("pred_ms") * rate)
         complete = per.group_by("workload_id").agg(pl.len()).filter(pl.col("len") == gpus)
         per = per.join(complete.select("workload_id"), on="workload_id")
         for (workload,), options in per.group_by("workload_id"):
@@ -123,6 +179,32 @@ def gpu_choices(predictions: pl.DataFrame) -> pl.DataFrame:
                          "regret": pick["gt_ms"] / best - 1.0})
     return pl.DataFrame(rows, schema={"predictor": pl.String, "workload_id": pl.String,
                                       "pick": pl.String, "regret": pl.Float64})
+
+
+def load_prices(path: Path = PRICES) -> dict[str, float]:
+    """sku -> price per GPU-hour (USD) from ``conf/prices.yaml``."""
+    return {sku: float(entry["usd_per_gpu_hour"])
+            for sku, entry in yaml_io.safe_load(path.read_text())["prices"].items()}
+
+
+def decisive_pairs(predictions: pl.DataFrame, min_gap: float | None = None) -> pl.DataFrame:
+    """Per predictor: the GPU pairs of a workload whose measured steps differ by at least
+    ``min_gap`` (``DECISIVE_GAP``), and the share it orders right, each pair weighted by its
+    measured gap (a predicted tie counts as wrong): the pairs a buyer's choice turns on."""
+    gap_needed = DECISIVE_GAP if min_gap is None else min_gap
+    scored = (predictions.filter(pl.col("pred_ms").is_finite() & (pl.col("pred_ms") > 0))
+              .group_by("predictor", "workload_id", "sku")
+              .agg(pl.col("gt_ms").median(), pl.col("pred_ms").median()))
+    pairs = scored.join(scored, on=["predictor", "workload_id"], suffix="_b").filter(
+        pl.col("sku") < pl.col("sku_b")).with_columns(
+        gap=(pl.col("gt_ms") - pl.col("gt_ms_b")).abs()
+        / pl.min_horizontal("gt_ms", "gt_ms_b")).filter(pl.col("gap") >= gap_needed)
+    right = ((pl.col("gt_ms") - pl.col("gt_ms_b")).sign()
+             == (pl.col("pred_ms") - pl.col("pred_ms_b")).sign())
+    return (pairs.group_by("predictor")
+            .agg(pairs=pl.len(), weighted_right_pct=(right * pl.col("gap")).sum()
+                 / pl.col("gap").sum() * 100)
+            .sort("weighted_right_pct", descending=True))
 
 
 def gpu_scores(choices: pl.DataFrame) -> pl.DataFrame:
@@ -147,7 +229,3 @@ def kendall_tau(first: list[str], second: list[str]) -> float | None:
     pairs = [(a, b) for i, a in enumerate(common) for b in common[i + 1:]]
     agree = sum(1 if where[a] < where[b] else -1 for a, b in pairs)
     return agree / len(pairs)
-
-# Presents results (decisions scored from the runs' stored predictions), never changes a run's
-# numbers: versioning.code_hash skips this file.
-PRESENTATION = True

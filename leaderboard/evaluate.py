@@ -20,6 +20,7 @@ import polars as pl
 from leaderboard import (
     atlas,
     debris,
+    decisions,
     metrics,
     predictor_index,
     rankable,
@@ -177,13 +178,18 @@ def run(spec: RunSpec) -> RunResult:
                                 if facts.get("predict_seconds") else None),
         "level": inputs.level,
         "phases": metrics.by_phase(predictions, phases, inputs.level) if pred is not None else {},
+        # what its predictions decide, scored by what was measured (leaderboard.decisions)
+        "decisions": ({"capacity": decisions.run_capacity(predictions)}
+                      if inputs.level == "step" and pred is not None else {}),
         "reading_max_points": spec.reading_max_points,
         "reading_max_fraction": spec.reading_max_fraction,
         "inputs_digest": rankable.inputs_digest(inputs),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    result["unrankable_because"] = rankable.reasons(spec, inputs, params, described["defaults"],
-                                                    result["sealed"], result["sandbox"])
+    result["unrankable_because"] = [
+        *rankable.reasons(spec, inputs, params, described["defaults"], result["sealed"],
+                          result["sandbox"]),
+        *rankable.implausible(result["split"], result["phases"])]
     result["rankable"] = not result["unrankable_because"]
     folder = _write(spec, result, predictions, inputs.target_lineage)
     return RunResult(folder, result, predictions)

@@ -30,39 +30,87 @@ def _mape_order(runs: pl.DataFrame) -> list[str]:
     return sorted(means, key=means.get)
 
 
+def _budget_table(scores: pl.DataFrame) -> list[str]:
+    return table(["predictor", "decisions", "groups", "no pick", "violation %", "95% CI",
+                  "regret %", "95% CI"], [
+        [r["predictor"], f"{r['decisions']:,}", str(r["groups"]), str(r["no_pick"]),
+         fmt(r["violation_pct"]), _ci(r["violation_ci"]), fmt(r["regret_pct"]),
+         _ci(r["regret_ci"])] for r in scores.iter_rows(named=True)], "lrrrrrrr") + [""]
+
+
+def _gpu_table(scores: pl.DataFrame) -> list[str]:
+    return table(["predictor", "workloads", "right %", "regret %", "95% CI", "P90 regret %"],
+                 [[r["predictor"], f"{r['workloads']:,}", fmt(r["right_pct"]),
+                   fmt(r["regret_pct"]), _ci(r["regret_ci"]), fmt(r["p90_pct"])]
+                  for r in scores.iter_rows(named=True)], "lrrrrr") + [""]
+
+
+def _per_gpu(choices: pl.DataFrame) -> list[str]:
+    """Capacity per predictor and unseen GPU: regret % (violation %)."""
+    gpus = sorted(set(choices["dataset"]))
+    cell = {(r["predictor"], r["dataset"]): f"{fmt(r['regret'] * 100)} ({fmt(r['violation'] * 100)})"
+            for r in choices.group_by("predictor", "dataset").agg(
+                pl.col("regret").mean(), pl.col("violation").mean()).iter_rows(named=True)}
+    names = sorted({p for p, _ in cell})
+    return table(["predictor", *gpus], [[n, *(cell.get((n, g), "–") for g in gpus)]
+                                        for n in names], "l" + "r" * len(gpus)) + [""]
+
+
 def section(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
     """The decisions tables, from the leaderboard runs' stored predictions."""
     unseen = predictions.filter((pl.col("split") == "unseen") & pl.col("valid")
                                 & pl.col("dataset").str.ends_with(f"_{FAMILY}"))
     if unseen.is_empty():
         return []
-    capacity = decisions.capacity_scores(decisions.capacity_choices(unseen))
-    gpu = decisions.gpu_scores(decisions.gpu_choices(unseen))
+    capacity_choices = decisions.capacity_choices(unseen)
+    capacity = decisions.budget_scores(capacity_choices)
+    chunk = decisions.budget_scores(decisions.chunk_choices(unseen))
+    prices = decisions.load_prices()
+    cost = decisions.gpu_scores(decisions.gpu_choices(unseen, prices))
+    fastest = decisions.gpu_scores(decisions.gpu_choices(unseen))
+    pairs = decisions.decisive_pairs(unseen)
     lines = ["## Decisions", "",
              f"What the predictions decide on the unseen `_{FAMILY}` GPUs, every outcome a "
              "measured one (`leaderboard/decisions.py`; 95 % bootstrap CIs over the groups or "
-             "workloads). **Capacity at a step-time SLO**: per (GPU, model, TP, context) with at "
-             f"least {decisions.MIN_BATCHES} measured decode batch sizes, at each measured step "
-             "time as the SLO, the largest batch whose predicted step fits; *violation*: its "
-             "measured step exceeds the SLO; *regret*: 1 − its measured throughput over the best "
-             "measured batch that fits (a violating pick, or none when no batch is predicted to "
-             "fit: regret 1, counted). **GPU "
-             "choice**: per workload measured on every unseen GPU, the GPU with the smallest "
-             "predicted step; regret: its measured step over the fastest, − 1 (the price-free "
-             "variant: no sourced price table yet).", ""]
+             "workloads). *Violation*: the pick's measured step exceeds the SLO; *regret*: 1 − "
+             "its measured throughput over the best measured choice that fits (a violating "
+             "pick, or none when nothing is predicted to fit: regret 1, counted as *no pick*).",
+             "", "### Capacity at a step-time SLO", "",
+             f"Per (GPU, model, TP, context) with at least {decisions.MIN_BATCHES} measured "
+             "decode batch sizes, at each measured step time as the SLO, the largest batch "
+             "whose predicted step fits.", ""]
     if len(capacity):
-        lines += table(["predictor", "decisions", "groups", "no pick", "violation %", "95% CI",
-                        "regret %", "95% CI"], [
-            [r["predictor"], f"{r['decisions']:,}", str(r["groups"]), str(r["no_pick"]),
-             fmt(r["violation_pct"]), _ci(r["violation_ci"]), fmt(r["regret_pct"]),
-             _ci(r["regret_ci"])] for r in capacity.iter_rows(named=True)], "lrrrrrrr") + [""]
-    if len(gpu):
-        lines += table(["predictor", "workloads", "right %", "regret %", "95% CI", "P90 regret %"],
-                       [[r["predictor"], f"{r['workloads']:,}", fmt(r["right_pct"]),
-                         fmt(r["regret_pct"]), _ci(r["regret_ci"]), fmt(r["p90_pct"])]
-                        for r in gpu.iter_rows(named=True)], "lrrrrr") + [""]
+        lines += _budget_table(capacity)
+        lines += ["Per unseen GPU: regret % (violation %).", "", *_per_gpu(capacity_choices)]
+    lines += ["### Prefill chunk budget at a step-time SLO", "",
+              "Per (GPU, model, TP), the measured single-request prefill steps (16 to 8,192 "
+              "tokens): the largest chunk whose predicted step fits each measured step time; "
+              "regret in prompt tokens per ms. The sets' mixed cells are composed, never "
+              "measured whole, so chunks with decodes riding along are not scored.", ""]
+    if len(chunk):
+        lines += _budget_table(chunk)
+    lines += ["### GPU choice", "",
+              "Per workload measured on every unseen GPU: the GPU that serves it cheapest by "
+              "predicted step × TP × price per GPU-hour (`conf/prices.yaml`: "
+              + ", ".join(f"{k} ${v:.2f}" for k, v in sorted(prices.items()))
+              + "; each with its source), regret: its measured cost over the cheapest, − 1.",
+              ""]
+    if len(cost):
+        lines += _gpu_table(cost)
+    lines += ["Price-free: the fastest GPU; regret: its measured step over the fastest, − 1.",
+              ""]
+    if len(fastest):
+        lines += _gpu_table(fastest)
+    if len(pairs):
+        lines += [f"Decisive pairs: GPU pairs of a workload whose measured steps differ by at "
+                  f"least {decisions.DECISIVE_GAP:.0%}, weighted by the gap; the share ordered "
+                  "right (a predicted tie is wrong).", ""]
+        lines += table(["predictor", "pairs", "gap-weighted right %"],
+                       [[r["predictor"], f"{r['pairs']:,}", fmt(r["weighted_right_pct"])]
+                        for r in pairs.iter_rows(named=True)], "lrr") + [""]
     by_mape = _mape_order(runs)
-    for name, scores in (("capacity regret", capacity), ("GPU-choice regret", gpu)):
+    for name, scores in (("capacity regret", capacity), ("chunk regret", chunk),
+                         ("GPU-cost regret", cost), ("fastest-GPU regret", fastest)):
         if len(scores):
             tau = decisions.kendall_tau(by_mape, scores["predictor"].to_list())
             lines.append(f"- Kendall's τ between the GPU-mean MAPE order and the {name} order: "

@@ -155,6 +155,45 @@ def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
             os.environ[POLARS_THREADS] = previous
 
 
+LAUNCHERS = ("pool", "slurm", "local")
+SLURM_CONF = paths.CONF_DIR / "hydra" / "launcher" / "slurm.yaml"
+
+
+def _job(spec: RunSpec, folders: tuple[str, ...]) -> Outcome:
+    """One run as a submitit job: a fresh process on a node, set up as a pool worker is."""
+    os.environ[POLARS_THREADS] = "1"
+    _worker_setup(folders)
+    return _run_one(spec)
+
+
+def in_jobs(specs: list[RunSpec], launcher: str, folder: Path, partition: str | None = None
+            ) -> Iterator[Outcome]:
+    """Each spec as one task of a submitit array: on SLURM (``launcher="slurm"``, with the
+    resources of ``conf/hydra/launcher/slurm.yaml``, the file ``-m hydra/launcher=slurm`` runs
+    with) or on this machine (``"local"``: every task at once, for tests); outcomes in the order
+    submitted. A task that dies
+    (killed, timed out) is an outcome with the error, never a lost run."""
+    import submitit  # noqa: PLC0415 - only for a rerun sent through it
+
+    from omegaconf import OmegaConf  # noqa: PLC0415
+
+    executor = submitit.AutoExecutor(folder=str(folder), cluster=launcher)
+    if launcher == "slurm":
+        conf = OmegaConf.load(SLURM_CONF)
+        executor.update_parameters(
+            timeout_min=conf.timeout_min, cpus_per_task=conf.cpus_per_task, mem_gb=conf.mem_gb,
+            nodes=conf.nodes, tasks_per_node=conf.tasks_per_node,
+            **({"slurm_partition": partition} if partition else {}))
+    folders = tuple(predictor_index.included())
+    jobs = executor.map_array(_job, specs, [folders] * len(specs))
+    for spec, job in zip(specs, jobs, strict=True):
+        try:
+            yield job.result()
+        except Exception as exc:  # noqa: BLE001 - a dead task is this run's outcome
+            yield Outcome(spec.predictor, spec.dataset, f"error: {type(exc).__name__}: {exc}",
+                          0.0)
+
+
 def _key(predictor: str, dataset: str, homes, home_points: str) -> tuple:
     return predictor, dataset, tuple(sorted(homes)) if homes else "default", home_points
 
@@ -184,11 +223,15 @@ def pending(specs: list[RunSpec], runs_dir: Path, versions: dict[str, str] | Non
 
 
 def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: bool = False,
-              predictors: list[str] | None = None) -> list[Outcome]:
+              predictors: list[str] | None = None, launcher: str = "pool",
+              partition: str | None = None) -> list[Outcome]:
     """Run every leaderboard run (of ``predictors`` only, where given) that is stale or missing
     (``everything``: all of them), ``jobs`` processes at a time; ``dry_run`` lists them and
-    runs none. Records the wall time and each outcome in ``TIMING_FILE``, an earlier rerun's
-    outcomes kept for the runs not redone."""
+    runs none; ``launcher``: one of ``LAUNCHERS`` (``in_workers`` here, or ``in_jobs``).
+    Records the wall time and each outcome in ``TIMING_FILE``, an earlier rerun's outcomes kept
+    for the runs not redone."""
+    if launcher not in LAUNCHERS:
+        raise InputError(f"rerun.launcher={launcher} is not one of {', '.join(LAUNCHERS)}")
     Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
     store.ensure()  # build once here rather than racing for the build lock in every worker
     started = time.perf_counter()
@@ -200,10 +243,13 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
     if dry_run:
         return [Outcome(s.predictor, s.dataset, "would run", 0.0) for s in specs]
     outcomes = []
-    with progress.track(f"rerun: {len(specs)} runs, {jobs} processes", total=len(specs)) as bar:
-        bar.note(f"starting {jobs} worker processes")
+    where = f"{jobs} processes" if launcher == "pool" else f"submitit ({launcher})"
+    done_runs = (in_workers(_run_one, specs, jobs) if launcher == "pool" else
+                 in_jobs(specs, launcher, runs_dir / ".submitit", partition))
+    with progress.track(f"rerun: {len(specs)} runs, {where}", total=len(specs)) as bar:
+        bar.note(f"starting {where}")
         # The workers draw no bars of their own: this one owns the terminal.
-        for done in in_workers(_run_one, specs, jobs):
+        for done in done_runs:
             outcomes.append(done)
             bar.note(f"last: {done.predictor} on {done.dataset}, {done.status.split(':')[0]} "
                      f"in {done.seconds:.0f} s")
@@ -252,7 +298,8 @@ def main(argv: list[str]) -> int:
             raise InputError(f"unknown predictor '{name}'; "
                              f"{suggestion(name, predictor_index.names())}{hint}")
     runs_dir = paths.from_user(cfg.runs_dir)
-    outcomes = rerun_all(runs_dir, cfg.report.jobs, cfg.rerun.all, cfg.rerun.dry_run, predictors)
+    outcomes = rerun_all(runs_dir, cfg.report.jobs, cfg.rerun.all, cfg.rerun.dry_run, predictors,
+                         cfg.rerun.launcher, cfg.rerun.partition)
     for o in outcomes:
         print(f"{o.predictor} on {o.dataset}: {o.status} ({o.seconds:.1f} s)")
     bad = [o for o in outcomes if o.status not in ("valid", "would run")

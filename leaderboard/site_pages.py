@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import report_headline, report_leaderboard, report_pages, results
+from leaderboard import report_headline, report_leaderboard, report_pages, results, site_pictures
 from leaderboard_core import paths
 from leaderboard_core.report_tables import GPU_MEAN, fmt, phase_stat
 
@@ -271,7 +271,9 @@ def write_all(out: Path, runs: pl.DataFrame, table: pl.DataFrame, atlas_dir: Pat
         if atlas_dir and (atlas_dir / f"{name}.png").is_file():
             shutil.copy(atlas_dir / f"{name}.png", out / f"atlas-{name}.png")
             images.append(f"atlas-{name}.png")
-        images += site_pictures(out, name, predictions)
+        images += site_pictures.scatter(out, name, predictions)
+        images += site_pictures.error_profile(out, name, predictions)
+        images += site_pictures.run_atlases(out, name, runs)
         written[f"predictor-{name}.html"] = predictor_page(name, runs, images)
     cards = _cards()
     for name in sorted(set(runs["dataset"])):
@@ -299,40 +301,6 @@ def _cards() -> dict[str, str]:
     with store.connect() as con:
         return dict(con.execute("SELECT name, card FROM datasets").fetchall())
 
-
-def site_pictures(out: Path, name: str, predictions: pl.DataFrame) -> list[str]:
-    """Predicted against measured (log-log) for ``name``, one panel per unseen GPU of its main
-    step family, coloured by phase; its file names in ``out``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mine = predictions.filter((pl.col("predictor") == name) & (pl.col("split") == "unseen")
-                              & pl.col("dataset").str.ends_with("_vidur")
-                              & pl.col("pred_ms").is_not_null())
-    if mine.is_empty():
-        return []
-    datasets = sorted(set(mine["dataset"]))
-    figure, axes = plt.subplots(1, len(datasets), figsize=(max(3.2 * len(datasets), 6.4), 3.4),
-                                squeeze=False, constrained_layout=True)
-    for ax, dataset in zip(axes[0], datasets, strict=True):
-        cells = mine.filter(pl.col("dataset") == dataset)
-        for phase, marker in (("prefill", "o"), ("decode", "s"), ("mixed", "^")):
-            part = cells.filter(pl.col("phase") == phase)
-            ax.scatter(part["gt_ms"], part["pred_ms"], s=4, marker=marker, label=phase, alpha=.5)
-        low, high = float(cells["gt_ms"].min()), float(cells["gt_ms"].max())
-        ax.plot([low, high], [low, high], color="black", linewidth=.8)
-        ax.set(xscale="log", yscale="log", title=dataset, xlabel="measured ms",
-               ylabel="predicted ms")
-        ax.legend(fontsize=7, markerscale=2)
-    errors = (mine["pred_ms"] / mine["gt_ms"] - 1).abs() * 100
-    figure.suptitle(f"{name}: predicted against measured, unseen _vidur GPUs (median |error| "
-                    f"{errors.median():.1f} %)", fontsize=9)
-    path = out / f"scatter-{name}.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return [path.name]
 
 # Presents results, never changes a run's numbers: versioning.code_hash skips this file.
 PRESENTATION = True

@@ -83,29 +83,32 @@ def point_seconds(op: str, points: pl.DataFrame, peak: dict[str, float]) -> np.n
     """Roofline time of each measured op point on a GPU of these peaks: max(FLOP/F, BYTE/B),
     or the message over the link for the all-reduce; the point-level form of
     ``roofline_ratios``."""
+    if op == "allreduce":
+        return points["message_bytes"].to_numpy().astype(np.float64) / peak["link_bw"]
+    flop, byte = point_work(op, points)
+    return np.maximum(flop / peak["flops"], byte / peak["mem_bw"])
+
+
+def point_work(op: str, points: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """FLOP and HBM bytes of each op point (a GEMM, attention or fused-MoE kernel; not the
+    all-reduce, whose cost is the message over the link)."""
     col = lambda c: points[c].to_numpy().astype(np.float64)  # noqa: E731
     e = BF16_BYTES
-    if op == "allreduce":
-        return col("message_bytes") / peak["link_bw"]
     if op.startswith("gemm"):  # a step's gemm_qkv ... or an op-level point's gemm
         m, n, k = col("m"), col("n"), col("k")
-        flop, byte = 2 * m * n * k, e * (n * k + m * k + m * n)
-    elif op == "moe":  # one GPU's share: spread over moe_ep GPUs, 1 / moe_ep of the experts
+        return 2 * m * n * k, e * (n * k + m * k + m * n)
+    if op == "moe":  # one GPU's share: spread over moe_ep GPUs, 1 / moe_ep of the experts
         t = col("num_tokens")
         ep = expert_parallel(points)
-        flop, byte = expert_flop_bytes(t, col("hidden_size"), col("inter_size") / col("moe_tp"),
-                                       *routed_experts(t / ep, col("topk"), col("num_experts") / ep))
-    else:
-        b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
-        kv = col("kv_len")  # cached context, as in the cells' lookups
-        if op == "attn_prefill":
-            q = col("q_len")
-            flop = 4 * b * q * (kv + q / 2) * heads * d
-            byte = e * b * (2 * q * heads * d + 2 * (kv + q) * kv_heads * d)
-        else:
-            flop = 4 * b * kv * heads * d
-            byte = e * b * (2 * kv * kv_heads * d + 2 * heads * d)
-    return np.maximum(flop / peak["flops"], byte / peak["mem_bw"])
+        return expert_flop_bytes(t, col("hidden_size"), col("inter_size") / col("moe_tp"),
+                                 *routed_experts(t / ep, col("topk"), col("num_experts") / ep))
+    b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
+    kv = col("kv_len")  # cached context, as in the cells' lookups
+    if op == "attn_prefill":
+        q = col("q_len")
+        return (4 * b * q * (kv + q / 2) * heads * d,
+                e * b * (2 * q * heads * d + 2 * (kv + q) * kv_heads * d))
+    return 4 * b * kv * heads * d, e * b * (2 * kv * kv_heads * d + 2 * heads * d)
 
 
 def roofline_ratios(steps: Steps, home: dict[str, float], target: dict[str, float]

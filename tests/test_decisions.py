@@ -36,7 +36,7 @@ def test_a_predictor_20_percent_slow_picks_smaller_batches_and_says_no_once():
     assert choices["pick"].to_list() == [None, 1, 2, 4]
     expected = [1.0, 1 - 1 / (2 / 1.5), 1 - (2 / 1.5) / 1.6, 0.0]
     assert choices["regret"].to_list() == pytest.approx(expected)
-    scores = decisions.capacity_scores(choices).row(0, named=True)
+    scores = decisions.budget_scores(choices).row(0, named=True)
     assert scores["no_pick"] == 1 and scores["violation_pct"] == 0
     assert scores["regret_pct"] == pytest.approx(np.mean(expected) * 100)
 
@@ -48,7 +48,7 @@ def test_a_wrong_slope_violates_where_it_promises_the_big_batch():
     assert at[2.5]["pick"] == 8 and at[2.5]["violation"] and at[2.5]["best"] == 4
     assert at[1.0]["pick"] is None and at[1.5]["pick"] == 1  # 1.1 > 1.0; 1.1 <= 1.5 < 1.6
     assert at[2.5]["regret"] == 1.0  # the violating pick serves nothing within the SLO
-    scores = decisions.capacity_scores(choices).row(0, named=True)
+    scores = decisions.budget_scores(choices).row(0, named=True)
     assert scores["violation_pct"] == pytest.approx(25.0)
     # SLO 1: no pick (1); 1.5: batch 1 against 2 (0.25); 2.5: violation (1); 5: batch 8 (0)
     assert scores["regret_pct"] == pytest.approx((1 + 0.25 + 1 + 0) / 4 * 100)
@@ -61,7 +61,7 @@ def test_groups_with_too_few_batches_are_left_out():
 
 def test_gpu_choice_a_biased_order_keeping_predictor_picks_perfectly():
     measured = {("w1", "a"): 1.0, ("w1", "b"): 2.0, ("w2", "a"): 3.0, ("w2", "b"): 2.0}
-    rows = [{"predictor": p, "workload_id": w, "sku": s, "gt_ms": t,
+    rows = [{"predictor": p, "workload_id": w, "sku": s, "tp": 1, "gt_ms": t,
              "pred_ms": t * 1.2 if p == "biased" else (5.0 if s == "a" else 1.0)}
             for p in ("biased", "wrong") for (w, s), t in measured.items()]
     choices = decisions.gpu_choices(pl.DataFrame(rows))
@@ -76,3 +76,66 @@ def test_kendall_tau():
     assert decisions.kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
     assert decisions.kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
     assert decisions.kendall_tau(["a"], ["a"]) is None
+
+
+CHUNKS, CHUNK_MS = [16, 64, 256, 1024], [2.0, 3.0, 6.0, 20.0]  # tokens/ms: 8, 21.3, 42.7, 51.2
+
+
+def _prefill(predicted: list[float], composed: bool = False) -> pl.DataFrame:
+    return pl.DataFrame({"predictor": "p", "dataset": "x_vidur", "model": "m", "tp": 1,
+                         "phase": "prefill", "num_requests": 1, "num_decode": 0,
+                         "total_tokens": CHUNKS, "decode_ctx_sum": 0, "gt_ms": CHUNK_MS,
+                         "pred_ms": predicted, "composed": composed})
+
+
+def test_chunk_budget_an_optimist_takes_the_largest_chunk_and_violates_below_it():
+    perfect = decisions.chunk_choices(_prefill(CHUNK_MS)).sort("slo_ms")
+    assert perfect["pick"].to_list() == CHUNKS and perfect["regret"].max() == pytest.approx(0)
+    optimist = decisions.chunk_choices(_prefill([1.0] * 4)).sort("slo_ms")
+    assert optimist["pick"].to_list() == [1024] * 4
+    assert optimist["violation"].to_list() == [True, True, True, False]
+    scores = decisions.budget_scores(optimist).row(0, named=True)
+    assert scores["violation_pct"] == pytest.approx(75.0)
+    assert scores["regret_pct"] == pytest.approx(75.0)  # three violations at 1, one right
+
+
+def test_composed_cells_decide_nothing():
+    assert decisions.chunk_choices(_prefill(CHUNK_MS, composed=True)).is_empty()
+
+
+def test_gpu_choice_at_a_price_the_fastest_gpu_can_be_the_wrong_buy():
+    # w1: a 1 ms at $1/h, b 0.5 ms at $4/h -> costs 1 and 2: a is the buy, b the fastest
+    rows = [{"predictor": "perfect", "workload_id": "w1", "sku": s, "tp": 2, "gt_ms": t,
+             "pred_ms": t} for s, t in (("a", 1.0), ("b", 0.5))]
+    frame = pl.DataFrame(rows)
+    cost = decisions.gpu_choices(frame, {"a": 1.0, "b": 4.0}).row(0, named=True)
+    assert cost["pick"] == "a" and cost["regret"] == pytest.approx(0)
+    fastest = decisions.gpu_choices(frame).row(0, named=True)
+    assert fastest["pick"] == "b" and fastest["regret"] == pytest.approx(0)
+    # a predictor that thinks a is 4x slower than measured buys b: cost 2 against 1
+    wrong = frame.with_columns(pl.when(pl.col("sku") == "a").then(4.0).otherwise(0.5)
+                               .alias("pred_ms"))
+    assert decisions.gpu_choices(wrong, {"a": 1.0, "b": 4.0})["regret"].to_list() == [
+        pytest.approx(1.0)]
+    assert decisions.gpu_choices(frame, {"a": 1.0}).is_empty()  # one priced GPU: no choice
+
+
+def test_decisive_pairs_drop_close_pairs_and_weigh_the_rest_by_the_gap():
+    measured = {("w1", "a"): 1.0, ("w1", "b"): 1.05, ("w2", "a"): 1.0, ("w2", "b"): 1.5,
+                ("w3", "a"): 1.0, ("w3", "b"): 3.0}
+    # right on w2 (gap 0.5), wrong on w3 (gap 2.0); w1's 5 % gap is not decisive
+    predicted = {("w1", "a"): 2.0, ("w2", "a"): 1.0, ("w3", "a"): 4.0}
+    rows = [{"predictor": "p", "workload_id": w, "sku": s, "gt_ms": t,
+             "pred_ms": predicted.get((w, s), 1.2)} for (w, s), t in measured.items()]
+    row = decisions.decisive_pairs(pl.DataFrame(rows)).row(0, named=True)
+    assert row["pairs"] == 2
+    assert row["weighted_right_pct"] == pytest.approx(0.5 / 2.5 * 100)
+
+
+def test_a_run_carries_its_own_capacity_decisions():
+    cells = _cells("p", [1.1, 1.6, 2.0, 2.4]).drop("predictor", "dataset")
+    own = decisions.run_capacity(cells)
+    assert own["n"] == 4 and own["groups"] == 1
+    assert own["violation_pct"] == pytest.approx(25.0)
+    assert own["regret_pct"] == pytest.approx((1 + 0.25 + 1 + 0) / 4 * 100)
+    assert decisions.run_capacity(cells.head(2)) is None

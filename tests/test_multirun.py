@@ -67,3 +67,25 @@ def test_a_sweep_counts_not_supported_answers_and_fails_only_on_invalid_ones(tmp
     stated = {"valid": False, "invalid_reasons": ["NotSupported: prices bf16 GEMMs only"]}
     assert cli.verdict(stated) == "NOT SUPPORTED"
     assert cli.verdict({**stated, "invalid_reasons": ["NotSupported: x", "boom"]}) == "INVALID"
+
+
+@pytest.mark.usefixtures("store_home")
+@pytest.mark.slow
+def test_the_rerun_through_submitits_local_executor_scores_as_the_pool_does(tmp_path):
+    """rerun.launcher=local sends each run as a submitit array task (the path launcher=slurm
+    takes to a cluster); its numbers are those of the same runs made here."""
+    from leaderboard import rerun
+    from leaderboard.evaluate import RunSpec, run
+
+    specs = [RunSpec("llm_viewer", d, {}, runs_dir=tmp_path / "jobs") for d in
+             ("h100_vidur", "l40s_vidur")]
+    outcomes = list(rerun.in_jobs(specs, "local", tmp_path / "submitit"))
+    assert [(o.predictor, o.dataset, o.status) for o in outcomes] == [
+        ("llm_viewer", "h100_vidur", "valid"), ("llm_viewer", "l40s_vidur", "valid")]
+    assert list((tmp_path / "submitit").iterdir()), "submitit wrote no job folders"
+    by_jobs = {json.loads((d / "metrics.json").read_text())["dataset"]:
+               json.loads((d / "metrics.json").read_text())["phases"]
+               for d in (tmp_path / "jobs").iterdir()}
+    for spec in specs:
+        here = run(RunSpec(spec.predictor, spec.dataset, {}, runs_dir=tmp_path / "here"))
+        assert by_jobs[spec.dataset] == here.metrics["phases"]

@@ -369,3 +369,51 @@ def test_an_op_level_run_has_no_reading_budget(store_home, tmp_path):
     with pytest.raises(readings.ReadingRefused):
         supplier(readings.ReadingRequest(cells=("a",)))
     json.dumps(metrics)  # the record stays plain JSON
+
+
+# ---------------------------------------------- the answers carried in the predictor's files
+
+MEMORIZED = '''
+import json
+from pathlib import Path
+
+import numpy as np
+
+from leaderboard_core.contract import PredictorCard
+from predictors.base import Predictor
+from predictors.registry import register
+
+ANSWERS = json.loads((Path(__file__).parent / "answers.json").read_text())
+
+
+@register("NAME")
+class Memorized(Predictor):
+    card = PredictorCard(kind="analytical", reference="a cheat", description="public answers",
+                         needs_profiled_rows=False)
+
+    def predict(self, cells, gpu):
+        return np.array([ANSWERS.get(c, 1.0) * 1.01 for c in cells["cell_id"]])
+'''
+
+
+@pytest.mark.slow
+def test_answers_carried_in_the_folder_score_but_are_not_ranked(store_home, folder, tmp_path):
+    """The visible GPUs' measurements are public: a folder can carry them (here as a JSON file
+    beside the module, 1 % off). The run is sealed and VALID, and held unranked as implausible."""
+    answers = dict(store_home.sql("SELECT cell_id, gt_ms FROM cells WHERE dataset = 'h200_vidur'"))
+    (folder / "answers.json").write_text(json.dumps(answers))
+    (folder / "memorized.py").write_text(MEMORIZED.replace("NAME", "memorized"))
+    predictor_index.include(folder)
+    metrics = run(RunSpec("memorized", "h200_vidur", {}, runs_dir=tmp_path / "runs")).metrics
+    assert metrics["valid"] and metrics["phases"]["all"]["mape"] == pytest.approx(1.0, abs=0.01)
+    assert metrics["rankable"] is False
+    assert [r.partition(":")[0] for r in metrics["unrankable_because"]] == ["implausible"]
+
+
+def test_the_implausibility_floor_by_hand():
+    low, honest = {"all": {"mape": 1.9}}, {"all": {"mape": 5.3}}
+    assert rankable.implausible("unseen", low)[0].startswith("implausible: all 1.90 %")
+    assert rankable.implausible("unseen", honest) == []
+    assert rankable.implausible("home_heldout", low) == []  # in-sample on the home is allowed
+    serving = {"ttft": {"mape": 1.0}, "tpot": {"mape": 9.0}}
+    assert rankable.implausible("unseen", serving) == []  # one metric low is not the answers

@@ -50,6 +50,17 @@ def test_every_link_and_image_of_every_page_resolves(built):
 
 
 @pytest.mark.slow
+def test_a_predictor_page_shows_each_gpu_atlas_and_where_its_error_grows(built):
+    out, _, _ = built
+    page = out.joinpath("predictor-ours.html").read_text()
+    for image in ("atlas-ours-a100_vidur.png", "atlas-ours-h200_vidur.png", "profile-ours.png",
+                  "scatter-ours.png"):
+        assert f'src="{image}"' in page and (out / image).stat().st_size > 10_000
+    # the home's own atlas first: the page reads home, then the GPUs it never saw
+    assert page.index("atlas-ours-a100_vidur.png") < page.index("atlas-ours-h200_vidur.png")
+
+
+@pytest.mark.slow
 def test_the_landing_numbers_are_the_stored_runs(built):
     out, _, metrics = built
     ours = next(m for m in metrics if m["predictor"] == "ours" and m["dataset"] == "h200_vidur")
