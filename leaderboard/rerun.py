@@ -171,10 +171,9 @@ def in_jobs(specs: list[RunSpec], launcher: str, folder: Path, partition: str | 
     """Each spec as one task of a submitit array: on SLURM (``launcher="slurm"``, with the
     resources of ``conf/hydra/launcher/slurm.yaml``, the file ``-m hydra/launcher=slurm`` runs
     with) or on this machine (``"local"``: every task at once, for tests); outcomes in the order
-    submitted. A task that dies
-    (killed, timed out) is an outcome with the error, never a lost run."""
+    submitted. A task that dies (killed, timed out) is an outcome with the error, never a lost
+    run."""
     import submitit  # noqa: PLC0415 - only for a rerun sent through it
-
     from omegaconf import OmegaConf  # noqa: PLC0415
 
     executor = submitit.AutoExecutor(folder=str(folder), cluster=launcher)

@@ -108,8 +108,8 @@ def run_atlases(out: Path, name: str, runs: pl.DataFrame) -> list[str]:
     run: one GPU, its phases one under another, every box numbered), home first."""
     mine = runs.filter((pl.col("predictor") == name) & (pl.col("family") == MAIN))
     images = []
-    for dataset, split, folder in mine.sort(pl.col("split") != "home_heldout", "dataset").select(
-            "dataset", "split", "folder").iter_rows():
+    for dataset, folder in mine.sort(pl.col("split") != "home_heldout", "dataset").select(
+            "dataset", "folder").iter_rows():
         source = Path(folder) / "atlas.png"
         if source.is_file():
             target = out / f"atlas-{name}-{dataset}.png"
