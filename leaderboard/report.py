@@ -36,6 +36,7 @@ from leaderboard import (
     metrics,
     op_atlas,
     predictor_index,
+    published,
     rankable,
     ranking,
     report_decisions,
@@ -169,9 +170,10 @@ def performance(runs: pl.DataFrame) -> list[str]:
                      "deploy rows (max)"], rows, "llrrrr")]
 
 
-def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path) -> list[str]:
+def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path,
+               published_dir: Path | None = None) -> list[str]:
     versions = runs.group_by("dataset", "sku", "dataset_version").len().sort("dataset")
-    timing = rerun.last_rerun(runs_dir)
+    timing = last_rerun(runs_dir, published_dir)
     lines = ["## Provenance", "",
              f"- Runs: {len(runs)} in the leaderboard, from {every} complete run folders in "
              f"`{report_sections.shown_path(runs_dir)}`; {stale} dropped as stale (other code "
@@ -201,13 +203,15 @@ def _relative(path: Path, out: Path) -> str:
 
 def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
            versions: dict[str, str] | None = None, datasets: list[str] | None = None,
-           merged: bundles.Merged | None = None) -> str:
-    """The report block for the runs in ``runs_dir`` and those ``merged`` from results bundles
-    (dataset versions and leaderboard datasets: the store's, unless given); writes the atlas
-    images and tables into ``atlas_dir``."""
+           merged: bundles.Merged | None = None, published_dir: Path | None = None) -> str:
+    """The report block for the runs in ``runs_dir``, the published ones unpacked beside them
+    (``published_dir``) and those ``merged`` from results bundles (dataset versions and
+    leaderboard datasets: the store's, unless given); writes the atlas images and tables into
+    ``atlas_dir``."""
     from_store = versions is None  # given versions (the tests') mean no store to read
     versions = results.store_versions() if from_store else versions
-    every = results.load_runs([runs_dir, *([merged.folder] if merged else [])])
+    every = results.load_runs([runs_dir, *([published_dir] if published_dir else []),
+                               *([merged.folder] if merged else [])])
     bundled = merged.code if merged else None
     fresh = results.up_to_date(every, versions, bundled=bundled)
     datasets = rerun.leaderboard_datasets() if datasets is None else datasets
@@ -225,7 +229,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
     predictions = results.load_predictions(runs.filter(_of_families(families.suffixes(
         level="step", leaderboard=True))))
-    timing = rerun.last_rerun(runs_dir)
+    timing = last_rerun(runs_dir, published_dir)
     outcomes = {(o["predictor"], o["dataset"]): o["status"]
                 for o in (timing or {}).get("outcomes", [])}
     body = report_headline.headline(runs, predictions) + report_pages.matrix(runs)
@@ -252,7 +256,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     body += report_moe.section(runs, serving_runs, outcomes)
     body += report_sections.throughput() + report_sections.seal_overhead() + performance(runs)
     body += unranked_runs(unranked)
-    body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir)
+    body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir,
+                       published_dir)
     body += (report_headline.cell_datasets() if from_store else []) + report_headline.store_build()
     return "\n".join([BEGIN, "", *body, END])
 
@@ -275,11 +280,9 @@ OLD_FLAGS = {"--runs-dir": "runs_dir", "--out": "report.out", "--atlas-dir": "re
 
 
 def merge_bundles(opts, runs_dir: Path) -> bundles.Merged | None:
-    """The runs of the results bundles the report reads (``report.bundles``, and the published
-    runs where they are in the clone), each merged or refused with its reason, said on stderr."""
+    """The runs of the results bundles the report reads (``report.bundles``), each merged or
+    refused with its reason, said on stderr."""
     found = [paths.from_user(p) for p in opts.bundles or []]
-    published = paths.from_user(opts.published)
-    found += [published] if published.is_file() and published not in found else []
     if not found:
         return None
     own = {name: predictor_index.code_hash_of(name) for name in predictor_index.names()
@@ -296,19 +299,42 @@ def merge_bundles(opts, runs_dir: Path) -> bundles.Merged | None:
     return merged
 
 
-def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> list[str]:
-    """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir``
-    (``rerun.pending``), less those the last rerun found the predictor cannot score."""
-    timing = rerun.last_rerun(runs_dir) or {"outcomes": []}
+def last_rerun(runs_dir: Path, published_dir: Path | None = None) -> dict | None:
+    """The last rerun's record: of ``runs_dir``, else of the published runs."""
+    return rerun.last_rerun(runs_dir) or (rerun.last_rerun(published_dir) if published_dir
+                                          else None)
+
+
+def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None,
+                 published_dir: Path | None = None) -> list[str]:
+    """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir`` or the
+    published runs (``rerun.pending``), less those the last rerun found the predictor cannot
+    score."""
+    timing = last_rerun(runs_dir, published_dir) or {"outcomes": []}
     unsupported = {(o["predictor"], o["dataset"]) for o in timing["outcomes"]
                    if o["status"].startswith("not supported")}
 
     def named_homes(s) -> str:
         return "" if not s.home else f" (home {s.home if isinstance(s.home, str) else '+'.join(s.home)})"
 
+    held = [Path(runs_dir), *([published_dir] if published_dir else [])]
     return [f"{s.predictor} on {s.dataset}{named_homes(s)}"
-            for s in rerun.pending(rerun.run_specs(Path(runs_dir)), Path(runs_dir), versions)
+            for s in rerun.pending(rerun.run_specs(Path(runs_dir)), held, versions)
             if (s.predictor, s.dataset) not in unsupported]
+
+
+def unpack_published(opts, runs_dir: Path) -> Path | None:
+    """The published runs (``report.published``), where the clone has them, unpacked beside
+    ``runs_dir`` in a hidden folder, less the runs ``runs_dir`` already holds."""
+    path = paths.from_user(opts.published)
+    if not path.is_file():
+        return None
+    into = Path(runs_dir) / ".published"
+    shutil.rmtree(into, ignore_errors=True)
+    have = {p.name for p in Path(runs_dir).iterdir()} if Path(runs_dir).is_dir() else set()
+    runs = published.unpack(path, into, have)
+    print(f"report: {len(runs)} published run(s) from {path}", file=sys.stderr)
+    return into
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -321,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         for outcome in rerun.rerun_all(runs_dir, opts.jobs):
             print(f"{outcome.predictor} on {outcome.dataset}: {outcome.status} "
                   f"({outcome.seconds:.1f} s)")
-    missing = missing_runs(runs_dir)
+    from_clone = unpack_published(opts, runs_dir)
+    missing = missing_runs(runs_dir, published_dir=from_clone)
     if missing:
         print(f"{len(missing)} leaderboard runs missing: {'; '.join(missing[:8])}"
               + (" ..." if len(missing) > 8 else ""), file=sys.stderr)
@@ -330,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"kept {opts.out} and {opts.atlas_dir}; the partial report goes to {out} "
                   "(report.partial=replace overwrites them)", file=sys.stderr)
     merged = merge_bundles(opts, runs_dir)
-    block = render(runs_dir, out, atlas_dir, merged=merged)
+    block = render(runs_dir, out, atlas_dir, merged=merged, published_dir=from_clone)
     kept, pages = report_pages.part(block.splitlines()[1:-1], PAGES_DIR)
     written = report_pages.write(pages, out.parent / PAGES_DIR)
     block = "\n".join([BEGIN, "", *kept, *report_pages.index(PAGES_DIR), END])

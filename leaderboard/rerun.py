@@ -197,10 +197,11 @@ def _key(predictor: str, dataset: str, homes, home_points: str) -> tuple:
     return predictor, dataset, tuple(sorted(homes)) if homes else "default", home_points
 
 
-def pending(specs: list[RunSpec], runs_dir: Path, versions: dict[str, str] | None = None
-            ) -> list[RunSpec]:
-    """The specs with no current run in ``runs_dir``: none made by today's code for their
-    predictor (``results.current``) at the spec's homes and home points, default parameters,
+def pending(specs: list[RunSpec], runs_dir: Path | list[Path],
+            versions: dict[str, str] | None = None) -> list[RunSpec]:
+    """The specs with no current run in ``runs_dir`` (one folder, or several): none made by
+    today's code for their predictor (``results.current``) at the spec's homes and home points,
+    default parameters,
     split and caps. A run that differs from the default only by its homes, home points or its
     sandbox (unsealed where the machine cannot seal) stands for its spec. ``versions``: the
     dataset versions runs are current at (the store's, unless given)."""

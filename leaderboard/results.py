@@ -37,7 +37,7 @@ RUN_COLUMNS = {
     "home_datasets": "VARCHAR[]", "home_points": "VARCHAR", "home_points_used": "VARCHAR",
     "sandbox": "VARCHAR", "sealed": "BOOLEAN", "spec_hash": "VARCHAR", "home_profiled_rows": "BIGINT",
     "rankable": "BOOLEAN", "unrankable_because": "VARCHAR[]", "harness_hash": "VARCHAR",
-    "predictor_folder": "VARCHAR", "decisions": "JSON",
+    "predictor_folder": "VARCHAR", "decisions": "JSON", "level": "VARCHAR",
 }
 RUN_FILES = ("metrics.json", "predictions.parquet")
 

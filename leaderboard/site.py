@@ -53,8 +53,11 @@ def tidy(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def current_runs(runs_dir: Path, versions: dict[str, str] | None = None) -> pl.DataFrame:
-    """The current rankable runs of ``runs_dir``, with their family."""
-    runs = results.current(results.load_runs(runs_dir), versions).pl()
+    """The current rankable runs of ``runs_dir`` and of the published runs the report unpacked
+    beside them (``report.unpack_published``), with their family."""
+    published = Path(runs_dir) / ".published"
+    held = [runs_dir, *([published] if published.is_dir() else [])]
+    runs = results.current(results.load_runs(held), versions).pl()
     return with_family(runs.filter(pl.col("rankable").fill_null(False)))
 
 
