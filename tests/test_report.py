@@ -268,7 +268,8 @@ def two_specs(tmp_path, monkeypatch):
     monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: [
         RunSpec(predictor="tiny", dataset=d, params={}, runs_dir=runs_dir)
         for d in ("h100_vidur", "h200_vidur")])
-    monkeypatch.setattr(report, "render", lambda runs_dir, out, atlas_dir, merged=None: (
+    monkeypatch.setattr(report, "render", lambda runs_dir, out, atlas_dir, merged=None,
+                        published_dir=None: (
         f"{report.BEGIN}\n## Headline\nblock {atlas_dir}\n{report.END}"))
     runs = tmp_path / "runs"
     write_run(runs, "h100")
