@@ -414,6 +414,7 @@ def test_the_implausibility_floor_by_hand():
     low, honest = {"all": {"mape": 1.9}}, {"all": {"mape": 5.3}}
     assert rankable.implausible("unseen", low)[0].startswith("implausible: all 1.90 %")
     assert rankable.implausible("unseen", honest) == []
+    assert rankable.implausible("home_gpu", low)  # a serving set of the home GPU is not the home
     assert rankable.implausible("home_heldout", low) == []  # in-sample on the home is allowed
     serving = {"ttft": {"mape": 1.0}, "tpot": {"mape": 9.0}}
     assert rankable.implausible("unseen", serving) == []  # one metric low is not the answers
