@@ -76,7 +76,25 @@ EXAMPLES = [
     ("RESULTS.md from the runs in results/runs (written to a scratch file)",
      "python -m leaderboard.report report.out={tmp}/RESULTS.md report.atlas_dir={tmp}/atlas "
      "report.partial=replace", 1),
+    ("an outside predictor (docs/predictors.md's example) scored on every leaderboard dataset",
+     "python -m leaderboard.submit predictor=token_line predictors_path={tmp}/my_predictors "
+     "runs_dir={tmp}/mine submit.out={tmp}/token_line.tar.gz", 1),
+    ("RESULTS.md from the published runs and that bundle, as in a fresh clone (no runs)",
+     "python -m leaderboard.report runs_dir={tmp}/fresh report.bundles=[{tmp}/token_line.tar.gz] "
+     "predictors_path={tmp}/my_predictors report.out={tmp}/RESULTS-with-mine.md "
+     "report.atlas_dir={tmp}/atlas-mine report.partial=replace", 1),
+    ("the static site from those runs", "python -m leaderboard.site runs_dir={tmp}/fresh "
+                                        "site.out={tmp}/site", 1),
 ]
+
+
+def docs_example(folder: Path) -> Path:
+    """docs/predictors.md's complete example, saved where its reader would save it."""
+    text = (REPO / "docs" / "predictors.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "@register(" in b]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "token_line.py").write_text(code)
+    return folder
 
 
 def timed(command: str, env: dict, cwd: Path) -> tuple[float, int]:
@@ -107,6 +125,7 @@ def measure(make_test: bool) -> dict:
         env = {**os.environ, "LEADERBOARD_HOME": str(Path(tmp) / "home")}
         bin_dir = str(Path(sys.executable).parent)  # `python` is this interpreter
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+        docs_example(Path(tmp) / "my_predictors")
         for what, command, repeats in EXAMPLES:
             times = []
             for _ in range(repeats):

@@ -306,10 +306,10 @@ def last_rerun(runs_dir: Path, published_dir: Path | None = None) -> dict | None
 
 
 def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None,
-                 published_dir: Path | None = None) -> list[str]:
-    """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir`` or the
-    published runs (``rerun.pending``), less those the last rerun found the predictor cannot
-    score."""
+                 published_dir: Path | None = None, bundled: Path | None = None) -> list[str]:
+    """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir``, the
+    published runs or the runs merged from bundles (``rerun.pending``), less those the last
+    rerun found the predictor cannot score."""
     timing = last_rerun(runs_dir, published_dir) or {"outcomes": []}
     unsupported = {(o["predictor"], o["dataset"]) for o in timing["outcomes"]
                    if o["status"].startswith("not supported")}
@@ -317,7 +317,7 @@ def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None,
     def named_homes(s) -> str:
         return "" if not s.home else f" (home {s.home if isinstance(s.home, str) else '+'.join(s.home)})"
 
-    held = [Path(runs_dir), *([published_dir] if published_dir else [])]
+    held = [Path(runs_dir), *(p for p in (published_dir, bundled) if p)]
     return [f"{s.predictor} on {s.dataset}{named_homes(s)}"
             for s in rerun.pending(rerun.run_specs(Path(runs_dir)), held, versions)
             if (s.predictor, s.dataset) not in unsupported]
@@ -348,7 +348,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{outcome.predictor} on {outcome.dataset}: {outcome.status} "
                   f"({outcome.seconds:.1f} s)")
     from_clone = unpack_published(opts, runs_dir)
-    missing = missing_runs(runs_dir, published_dir=from_clone)
+    merged = merge_bundles(opts, runs_dir)
+    missing = missing_runs(runs_dir, published_dir=from_clone,
+                           bundled=merged.folder if merged else None)
     if missing:
         print(f"{len(missing)} leaderboard runs missing: {'; '.join(missing[:8])}"
               + (" ..." if len(missing) > 8 else ""), file=sys.stderr)
@@ -356,7 +358,6 @@ def main(argv: list[str] | None = None) -> None:
             out, atlas_dir = runs_dir / "partial-report.md", runs_dir / "partial-atlas"
             print(f"kept {opts.out} and {opts.atlas_dir}; the partial report goes to {out} "
                   "(report.partial=replace overwrites them)", file=sys.stderr)
-    merged = merge_bundles(opts, runs_dir)
     block = render(runs_dir, out, atlas_dir, merged=merged, published_dir=from_clone)
     kept, pages = report_pages.part(block.splitlines()[1:-1], PAGES_DIR)
     written = report_pages.write(pages, out.parent / PAGES_DIR)
