@@ -247,7 +247,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(predictions["dataset"]))), atlas_dir)
-        body += rankings(predictions, runs) + report_decisions.section(predictions, runs)
+        body += rankings(predictions, runs) + report_decisions.section(
+            predictions, runs, results.load_predictions(serving_runs))
         body += atlases(images, out, atlas_dir)
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += report_sections.explain_examples(runs)

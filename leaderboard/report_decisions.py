@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import polars as pl
 
 from leaderboard import decisions
@@ -56,8 +57,49 @@ def _per_gpu(choices: pl.DataFrame) -> list[str]:
                                         for n in names], "l" + "r" * len(gpus)) + [""]
 
 
-def section(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
-    """The decisions tables, from the leaderboard runs' stored predictions."""
+SERVING_GROUP = ("dataset", "model", "backend", "isl", "osl")
+
+
+def serving_choices(predictions: pl.DataFrame) -> pl.DataFrame:
+    """Per (predictor, serving set, model, backend, input and output length) with at least
+    ``MIN_BATCHES`` measured (TP, concurrency) configurations, at each measured TPOT as the SLO:
+    the configuration with the most predicted output tokens per second per GPU (concurrency /
+    TPOT / TP) among those predicted to fit; violation when its measured TPOT exceeds the SLO,
+    regret 1 − its measured tokens/s/GPU over the best measured configuration that fits (a
+    violation, or no pick, regrets 1). ``gap``: the best measured choice over the runner-up
+    that fits, − 1: how much the decision turns on."""
+    tpot = predictions.filter((pl.col("phase") == "tpot") & pl.col("pred_ms").is_not_null())
+    per = tpot.group_by("predictor", *SERVING_GROUP, "tp", "concurrency").agg(
+        pl.col("gt_ms").median(), pl.col("pred_ms").median())
+    rows = []
+    for key, group in per.group_by("predictor", *SERVING_GROUP):
+        if group.height < decisions.MIN_BATCHES:
+            continue
+        conc, tp = group["concurrency"].to_numpy(), group["tp"].to_numpy()
+        measured, predicted = group["gt_ms"].to_numpy(), group["pred_ms"].to_numpy()
+        speed, promised = conc * 1e3 / measured / tp, conc * 1e3 / predicted / tp
+        for slo in np.unique(measured):
+            fits = np.sort(speed[measured <= slo])[::-1]
+            best = fits[0]
+            row = {"predictor": key[0], "dataset": key[1], "group": " ".join(map(str, key[2:])),
+                   "slo_ms": float(slo), "gap": fits[0] / fits[1] - 1 if len(fits) > 1 else None}
+            feasible = predicted <= slo
+            if not feasible.any():
+                rows.append({**row, "pick": None, "violation": False, "regret": 1.0})
+                continue
+            pick = int(np.argmax(np.where(feasible, promised, -np.inf)))
+            violation = bool(measured[pick] > slo)
+            rows.append({**row, "pick": float(pick), "violation": violation,
+                         "regret": 1.0 if violation else max(0.0, 1 - speed[pick] / best)})
+    return pl.DataFrame(rows, schema={
+        "predictor": pl.String, "dataset": pl.String, "group": pl.String, "slo_ms": pl.Float64,
+        "gap": pl.Float64, "pick": pl.Float64, "violation": pl.Boolean, "regret": pl.Float64})
+
+
+def section(predictions: pl.DataFrame, runs: pl.DataFrame,
+            serving: pl.DataFrame | None = None) -> list[str]:
+    """The decisions tables, from the leaderboard runs' stored predictions (``serving``: the
+    serving runs' rows, for the configuration choice)."""
     unseen = predictions.filter((pl.col("split") == "unseen") & pl.col("valid")
                                 & pl.col("dataset").str.ends_with(f"_{FAMILY}"))
     if unseen.is_empty():
@@ -108,9 +150,28 @@ def section(predictions: pl.DataFrame, runs: pl.DataFrame) -> list[str]:
         lines += table(["predictor", "pairs", "gap-weighted right %"],
                        [[r["predictor"], f"{r['pairs']:,}", fmt(r["weighted_right_pct"])]
                         for r in pairs.iter_rows(named=True)], "lrr") + [""]
+    configs = serving_choices(serving) if serving is not None and len(serving) else None
+    config = decisions.budget_scores(configs) if configs is not None and len(configs) else \
+        pl.DataFrame()
+    if len(config):
+        gaps = configs["gap"].drop_nulls()
+        lines += ["### Serving configuration at a TPOT SLO", "",
+                  "Per serving set, model, backend and input/output length with at least "
+                  f"{decisions.MIN_BATCHES} measured (TP, concurrency) configurations, at each "
+                  "measured TPOT as the SLO: the configuration with the most predicted output "
+                  "tokens per second per GPU among those predicted to fit (what aiconfigurator "
+                  "answers its users); violation and regret by the measured TPOT and tokens/s/GPU. "
+                  "Every serving set, the home GPU's included: the replay prices the steps, so the "
+                  "replay's own error (the serving section's oracle) is part of every pick. The "
+                  f"best measured choice beats the runner-up by a median {fmt(gaps.median() * 100)} "
+                  f"% ({fmt((gaps < 0.1).mean() * 100)} % of decisions turn on a gap under 10 %): "
+                  "where the oracle's TPOT error is larger than that, a pick is within the "
+                  "replay's own noise.", ""]
+        lines += _budget_table(config)
     by_mape = _mape_order(runs)
     for name, scores in (("capacity regret", capacity), ("chunk regret", chunk),
-                         ("GPU-cost regret", cost), ("fastest-GPU regret", fastest)):
+                         ("GPU-cost regret", cost), ("fastest-GPU regret", fastest),
+                         ("serving-configuration regret", config)):
         if len(scores):
             tau = decisions.kendall_tau(by_mape, scores["predictor"].to_list())
             lines.append(f"- Kendall's τ between the GPU-mean MAPE order and the {name} order: "

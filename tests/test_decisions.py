@@ -139,3 +139,25 @@ def test_a_run_carries_its_own_capacity_decisions():
     assert own["violation_pct"] == pytest.approx(25.0)
     assert own["regret_pct"] == pytest.approx((1 + 0.25 + 1 + 0) / 4 * 100)
     assert decisions.run_capacity(cells.head(2)) is None
+
+
+def test_serving_configuration_by_hand():
+    from leaderboard import report_decisions
+
+    # (TP, concurrency, measured TPOT ms): 800, 1600 and 1280 output tokens/s per GPU
+    configs = [(1, 8, 10.0), (1, 32, 20.0), (2, 64, 25.0)]
+
+    def rows(predictor: str, factor: float) -> list[dict]:
+        return [{"predictor": predictor, "dataset": "x_silicon", "model": "m", "backend": "vllm",
+                 "isl": 1024, "osl": 128, "tp": tp, "concurrency": c, "phase": "tpot",
+                 "gt_ms": t, "pred_ms": t * factor} for tp, c, t in configs]
+
+    choices = report_decisions.serving_choices(
+        pl.DataFrame(rows("perfect", 1.0) + rows("optimist", 0.5))).sort("predictor", "slo_ms")
+    perfect = choices.filter(pl.col("predictor") == "perfect")
+    assert perfect["regret"].to_list() == [0.0, 0.0, 0.0] and not perfect["violation"].any()
+    assert perfect["gap"].to_list() == [None, pytest.approx(1.0), pytest.approx(0.25)]
+    # half the TPOT promised: at a 10 ms SLO it takes concurrency 32 (measured 20 ms): violation
+    optimist = choices.filter(pl.col("predictor") == "optimist")
+    assert optimist["violation"].to_list() == [True, False, False]
+    assert optimist["regret"].to_list() == [1.0, 0.0, 0.0]
