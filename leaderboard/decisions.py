@@ -12,8 +12,8 @@ unseen GPUs, every outcome a measured one:
   pick, when a predictor predicts no batch fits (counted). An optimistic predictor therefore
   cannot buy a low regret with violations.
 - **Prefill chunk budget.** Sarathi's question, how many prompt tokens one step may take at a
-  step-time SLO, asked of the measured single-request prefill steps (16 to 8,192 tokens) per
-  (dataset, model, TP): the largest chunk whose predicted step fits; violation and regret
+  step-time SLO, asked of the measured single-request prefill steps (16 to 8,192 tokens in the
+  ``_vidur`` sets) per (dataset, model, TP): the largest chunk whose predicted step fits; violation and regret
   (tokens per ms) as for capacity. The ``_vidur`` sets' mixed cells are composed from parts,
   never measured whole, so chunks with decodes riding along are not scored.
 - **GPU choice.** Per workload measured on every unseen GPU of a family, the predictor picks
@@ -80,8 +80,8 @@ def budget_choices(predictions: pl.DataFrame, kind: str) -> pl.DataFrame:
     budget = BUDGETS[kind]
     steps = predictions.filter((pl.col("phase") == budget["phase"])
                                & pl.col("pred_ms").is_not_null())
-    if "composed" in steps.columns:
-        steps = steps.filter(~pl.col("composed"))
+    if "composed" in steps.columns:  # a cell that does not say is not composed (metrics.in_all)
+        steps = steps.filter(~pl.col("composed").fill_null(False))
     if kind == "capacity":
         steps = steps.filter(pl.col("num_decode") > 0).with_columns(
             ctx=pl.col("decode_ctx_sum") // pl.col("num_decode"))
@@ -160,10 +160,13 @@ def gpu_choices(predictions: pl.DataFrame, prices: dict[str, float] | None = Non
     usable = predictions.filter(pl.col("pred_ms").is_not_null())
     if prices is not None:
         usable = usable.filter(pl.col("sku").is_in(list(prices)))
+    # every predictor chooses among the same GPUs: one that has no run on a GPU (NotSupported
+    # there) is not scored on an easier choice among the rest
+    gpus = usable["sku"].n_unique()
+    if gpus < 2:
+        return pl.DataFrame(schema={"predictor": pl.String, "workload_id": pl.String,
+                                    "pick": pl.String, "regret": pl.Float64})
     for (predictor,), mine in usable.group_by("predictor"):
-        gpus = mine["sku"].n_unique()
-        if gpus < 2:
-            continue
         per = mine.group_by("workload_id", "sku").agg(pl.col("gt_ms").median(),
                                                        pl.col("pred_ms").median(),
                                                        pl.col("tp").first())
@@ -173,6 +176,7 @@ def gpu_choices(predictions: pl.DataFrame, prices: dict[str, float] | None = Non
         complete = per.group_by("workload_id").agg(pl.len()).filter(pl.col("len") == gpus)
         per = per.join(complete.select("workload_id"), on="workload_id")
         for (workload,), options in per.group_by("workload_id"):
+            options = options.sort("sku")  # a predicted tie goes to the first GPU by name
             pick = options.row(int(np.argmin(options["pred_ms"].to_numpy())), named=True)
             best = options["gt_ms"].min()
             rows.append({"predictor": predictor, "workload_id": workload, "pick": pick["sku"],

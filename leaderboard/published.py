@@ -35,6 +35,7 @@ DEFAULT = paths.REPO_ROOT / "results" / "published-runs.tar.gz"
 PREDICTIONS = "predictions.parquet"
 RERUN_MEMBER = "rerun.json"
 MAX_MEMBER = 256 << 20
+MAX_TOTAL = 2 << 30  # unpacked: every run folder of a full rerun is about 200 MB
 
 
 def write(runs_dir: Path, out: Path = DEFAULT) -> Path:
@@ -87,9 +88,13 @@ def unpack(path: Path, into: Path, skip: set[str] = frozenset()) -> list[Path]:
     """The published runs of ``path`` as run folders under ``into`` (those of ``skip``, run
     ids already at hand, left out), with the rerun's record; members are read as regular files
     only, never extracted by path."""
-    files = {}
+    files, total = {}, 0
     with tarfile.open(path, "r:gz") as tar:
-        for member in tar.getmembers():
+        for member in tar:
+            total += member.size
+            if total > MAX_TOTAL:
+                raise ValueError(f"{path} unpacks to over {MAX_TOTAL >> 20} MB; not a published "
+                                 "runs file")
             if member.isfile() and member.size <= MAX_MEMBER:
                 files[member.name] = tar.extractfile(member).read()
     predicted = pl.read_parquet(io.BytesIO(files[PREDICTIONS]))
@@ -106,6 +111,10 @@ def unpack(path: Path, into: Path, skip: set[str] = frozenset()) -> list[Path]:
         if name.count("/") != 2 or run_id.startswith(".") or run_id in skip:
             continue
         metrics = json.loads(files[name])
+        if not run_id or metrics.get("run_id") != run_id or metrics.get("dataset") not in targets:
+            print(f"published: {name} skipped (its run id or its dataset's rows do not match)",
+                  file=sys.stderr)
+            continue
         folder = into / run_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "metrics.json").write_bytes(files[name])

@@ -11,6 +11,8 @@ wants one, predicts and writes the predictions. The parent keeps the ground trut
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -77,6 +79,22 @@ def predictor_cache(name: str, params: dict, home_folder: Path) -> Path:
         raise ValueError(f"the predictor cache {cache} is a link or lies under one; remove it "
                          f"(the cache must be a folder of its own under {root})")
     return cache
+
+
+@contextmanager
+def cache_held(cache: Path):
+    """The predictor cache for one run at a time. Runs on different targets of one home share
+    the folder (it is keyed by the home), and the reading snapshot protects only the runs that
+    start after a run is put back: two at once, one run's child could read what the other's
+    wrote after it saw target rows, or a kept fit written by one would change the other's
+    snapshot. An exclusive ``flock`` on a file beside the folder, which no child can reach,
+    serialises them; runs of other predictors, parameters or homes never wait."""
+    with open(cache.with_name(f".{cache.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield cache
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -184,9 +202,19 @@ def seal_request(read: list[str], write: list[str], data_roots=()) -> dict:
 
 
 def fit_name(code_hash: str) -> str:
-    """The file a fit is kept in, in its predictor cache: one per predictor and harness code."""
-    digest = hashlib.sha256(f"{code_hash} {harness_hash()}".encode()).hexdigest()[:16]
-    return f"fitted-{digest}.pickle"
+    """The file a fit is kept in, in its predictor cache: one per predictor code, harness code
+    and installed libraries (an upgraded library may fit, or unpickle, differently)."""
+    digest = hashlib.sha256(f"{code_hash} {harness_hash()} {_libraries()}".encode())
+    return f"fitted-{digest.hexdigest()[:16]}.pickle"
+
+
+@functools.cache
+def _libraries() -> str:
+    """Every installed distribution and its version, and the interpreter's."""
+    from importlib import metadata  # noqa: PLC0415
+
+    return " ".join([sys.version, *sorted(f"{d.metadata['Name']}=={d.version}"
+                                          for d in metadata.distributions())])
 
 
 def job(described: dict, params: dict, level: str, budget: int, folder: Path,
@@ -228,9 +256,10 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
         served: dict = {}
         replay = (lambda channel: serve(channel, folder, blind, home, gpu, served)) if (
             level == "serving") else None
-        unscored, reasons = talk(folder, cache, child_env(folder, cache),
-                                 [str(folder / "out"), str(cache)], supply, replay,
-                                 stage_seconds)
+        with cache_held(cache):
+            unscored, reasons = talk(folder, cache, child_env(folder, cache),
+                                     [str(folder / "out"), str(cache)], supply, replay,
+                                     stage_seconds)
         facts = _child_facts(folder / "out" / "facts.json")
         if facts is None:
             return None, unscored, {"invalid_reasons": reasons or [

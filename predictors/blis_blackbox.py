@@ -6,7 +6,8 @@ version): GPU time = β0 + β1·X + β2·Y, X the iteration's uncached prefill t
 tokens; a separate CPU term α0 + α1·(input length) + α2·(output length) is per request, not per
 step. What is kept and what changed:
 
-* kept: the linear form, one coefficient set per (model, TP), fitted on the home GPU only;
+* kept: the linear form, one coefficient set per (GPU, model, TP), fitted on the home GPUs
+  only (each home GPU its own set; a serving set on a home GPU uses that GPU's);
 * changed: BLIS trains its β by Bayesian optimisation against request-level TTFT, ITL and E2E;
   the home here offers measured steps, so β are fitted to them directly, by non-negative least
   squares on relative error (BLIS's coefficients are non-negative rates), skipping composed
@@ -54,13 +55,14 @@ def fit_betas(features: np.ndarray, measured_ms: np.ndarray) -> np.ndarray | Non
 
 @register("blis_blackbox")
 class BlisBlackbox(Predictor):
-    """BLIS's blackbox GPU-time line, β fitted per (model, TP) on the home's measured steps."""
+    """BLIS's blackbox GPU-time line, β fitted per (GPU, model, TP) on the home's measured
+    steps."""
 
     card = PredictorCard(
         kind="profiled",
         reference="BLIS (inference-sim/inference-sim), blackbox latency model; docs/approach.md",
-        description="β0 + β1·prefill tokens + β2·decode tokens per (model, TP), fitted on the "
-                    "home; no rule to carry it to another GPU (NotSupported there)",
+        description="β0 + β1·prefill tokens + β2·decode tokens per (GPU, model, TP), fitted on "
+                    "the home; no rule to carry it to another GPU (NotSupported there)",
         needs_profiled_rows=True, layers=("dense", "moe", "moe_ep"))
 
     def fit(self, home: Home) -> BlisBlackbox:
@@ -70,12 +72,14 @@ class BlisBlackbox(Predictor):
             cells = cells.filter(~pl.col("composed"))
         cells = cells.filter(pl.col("gt_ms").is_finite() & (pl.col("gt_ms") > 0))
         self.betas_, self.fit_notes_ = {}, {}
-        for (model, tp), group in cells.group_by("model", "tp", maintain_order=True):
+        if "sku" not in cells.columns:  # one home: its cells are the home GPU's
+            cells = cells.with_columns(sku=pl.lit(home.sku))
+        for (sku, model, tp), group in cells.group_by("sku", "model", "tp", maintain_order=True):
             betas = fit_betas(iteration_features(group), group["gt_ms"].to_numpy())
             if betas is None:
-                self.fit_notes_[f"{model} TP{tp}"] = f"{len(group)} rows cannot fit three terms"
+                self.fit_notes_[f"{sku} {model} TP{tp}"] = f"{len(group)} rows cannot fit"
             else:
-                self.betas_[(model, int(tp))] = betas
+                self.betas_[(sku, model, int(tp))] = betas
         self.home_skus_ = sorted(home.gpus or {home.sku: home.gpu})
         self.profiled_rows_ = len(cells)
         return self
@@ -85,8 +89,10 @@ class BlisBlackbox(Predictor):
             raise NotSupported(
                 f"{self.name}'s coefficients are trained per (model, GPU, TP, vLLM version) on "
                 f"{'/'.join(self.home_skus_)}; BLIS documents no rule to carry them to {gpu.sku}")
-        keys = list(zip(cells["model"], cells["tp"].cast(pl.Int64), strict=True))
-        if missing := sorted({f"{m} TP{t}" for m, t in keys if (m, t) not in self.betas_}):
+        keys = [(gpu.sku, m, t) for m, t in zip(cells["model"], cells["tp"].cast(pl.Int64),
+                                                  strict=True)]
+        if missing := sorted({f"{m} TP{t}" for _, m, t in keys if (gpu.sku, m, t) not in
+                              self.betas_}):
             raise NotSupported(f"{self.name} has no coefficients for {', '.join(missing)} "
                                f"(fitted: {len(self.betas_)} (model, TP) pairs; notes: "
                                f"{self.fit_notes_})")

@@ -43,7 +43,7 @@ def _home(composed_gt: float | None = None) -> Home:
 
 def test_the_fit_recovers_the_line_and_prices_a_new_iteration_by_hand():
     model = BlisBlackbox().fit(_home(composed_gt=1e4))
-    np.testing.assert_allclose(model.betas_[("llama-3-8b", 1)], BETA, rtol=1e-6)
+    np.testing.assert_allclose(model.betas_[("a100_sxm", "llama-3-8b", 1)], BETA, rtol=1e-6)
     new = [([1000, 1, 1, 1], [0, 10, 20, 30])]  # 2 + 0.01 * 1000 + 0.05 * 3 = 12.15 ms
     assert model.predict(cells(new), SPECS["a100_sxm"]) == pytest.approx([12.15])
     assert model.profiled_rows_ == len(BATCHES)

@@ -118,6 +118,10 @@ def test_gpu_choice_at_a_price_the_fastest_gpu_can_be_the_wrong_buy():
     assert decisions.gpu_choices(wrong, {"a": 1.0, "b": 4.0})["regret"].to_list() == [
         pytest.approx(1.0)]
     assert decisions.gpu_choices(frame, {"a": 1.0}).is_empty()  # one priced GPU: no choice
+    # a predictor with no run on b chooses nothing, rather than "choosing" among a alone
+    partial = pl.concat([frame, frame.filter(pl.col("sku") == "a").with_columns(
+        predictor=pl.lit("partial"))])
+    assert set(decisions.gpu_choices(partial)["predictor"]) == {"perfect"}
 
 
 def test_decisive_pairs_drop_close_pairs_and_weigh_the_rest_by_the_gap():

@@ -411,10 +411,14 @@ def test_answers_carried_in_the_folder_score_but_are_not_ranked(store_home, fold
 
 
 def test_the_implausibility_floor_by_hand():
-    low, honest = {"all": {"mape": 1.9}}, {"all": {"mape": 5.3}}
+    low, honest = {"all": {"mape": 1.9, "n": 500}}, {"all": {"mape": 5.3, "n": 500}}
     assert rankable.implausible("unseen", low)[0].startswith("implausible: all 1.90 %")
     assert rankable.implausible("unseen", honest) == []
     assert rankable.implausible("home_gpu", low)  # a serving set of the home GPU is not the home
     assert rankable.implausible("home_heldout", low) == []  # in-sample on the home is allowed
-    serving = {"ttft": {"mape": 1.0}, "tpot": {"mape": 9.0}}
-    assert rankable.implausible("unseen", serving) == []  # one metric low is not the answers
+    serving = {"ttft": {"mape": 1.0, "n": 40}, "tpot": {"mape": 9.0, "n": 40}}
+    assert rankable.implausible("unseen", serving)[0].startswith("implausible: ttft 1.00 %")
+    one_phase = {"all": {"mape": 6.0, "n": 900}, "decode": {"mape": 0.5, "n": 400}}
+    assert "decode 0.50 %" in rankable.implausible("unseen", one_phase)[0]
+    few = {"tpot": {"mape": 1.5, "n": 2}}  # two targets can land there by chance
+    assert rankable.implausible("unseen", few) == []
