@@ -5,9 +5,10 @@ A run folder is its ``metrics.json`` and ``predictions.parquet``; 1,400 of them 
 200 MB, most of it every scored row's columns, the same for every predictor on a dataset. The
 published file keeps each run's ``metrics.json`` whole, each dataset's scored rows once
 (``targets/<dataset>.parquet``: every column but the prediction, its error and the per-op
-split), and each run's predictions as (run, row, float32 prediction: a relative 6e-8 of the
-float64) in one table. ``unpack`` rebuilds every run folder, its rows joined back and its
-signed error recomputed; the per-op split of a step prediction is not kept.
+split), and the predictions of the runs whose rows are read (``PREDICTIONS_READ``) as (run,
+row, float32 prediction: a relative 6e-8 of the float64) in one table. ``unpack`` rebuilds
+every run folder, its rows joined back and its signed error recomputed; the per-op split of a
+step prediction is not kept.
 
 The file is the repository's own, committed beside RESULTS.md: its runs are the suite's, made
 by the commit's code, and the report takes them as current only while that code is today's
@@ -34,6 +35,11 @@ from leaderboard_core.contract import BY_OP_PREFIX
 DEFAULT = paths.REPO_ROOT / "results" / "published-runs.tar.gz"
 PREDICTIONS = "predictions.parquet"
 RERUN_MEMBER = "rerun.json"
+# Whose rows the report and the site read: the ranked step runs (atlases, rankings, decisions,
+# pictures) and serving runs (decisions). Op-level and protocol runs are tabled from their
+# metrics alone, so their rows (4.8 of 7.1 million) are not published: their folders unpack
+# with an empty predictions.parquet of the right columns.
+PREDICTIONS_READ = ("step", "serving")
 MAX_MEMBER = 256 << 20
 MAX_TOTAL = 2 << 30  # unpacked: every run folder of a full rerun is about 200 MB
 
@@ -46,13 +52,18 @@ def write(runs_dir: Path, out: Path = DEFAULT) -> Path:
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(partial, "w:gz", compresslevel=9) as tar:
-        for run_id, folder, dataset in runs.select("run_id", "folder", "dataset").iter_rows():
+        for run_id, folder, dataset, level, ranked in runs.select(
+                "run_id", "folder", "dataset", "level", "rankable").iter_rows():
             folder = Path(folder)
             _add(tar, f"runs/{run_id}/metrics.json", (folder / "metrics.json").read_bytes())
             rows = pl.read_parquet(folder / "predictions.parquet")
-            predictions.append(rows.select("run_id", "cell_id", pl.col("pred_ms").cast(pl.Float32)))
             shared = rows.drop("run_id", "pred_ms", "signed_pct",
                                *(c for c in rows.columns if c.startswith(BY_OP_PREFIX)))
+            if ranked and level in PREDICTIONS_READ:
+                predictions.append(rows.select("run_id", "cell_id",
+                                               pl.col("pred_ms").cast(pl.Float32)))
+            else:  # the columns, for the empty predictions its folder unpacks with
+                shared = shared.head(0)
             targets[dataset] = pl.concat([targets[dataset], shared], how="diagonal_relaxed") \
                 .unique("cell_id", keep="first") if dataset in targets else shared
         for dataset, rows in sorted(targets.items()):

@@ -230,8 +230,14 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     predictions = results.load_predictions(runs.filter(_of_families(families.suffixes(
         level="step", leaderboard=True))))
     timing = last_rerun(runs_dir, published_dir)
+    # An outcome names its (predictor, dataset) only, and a protocol run of the same pair (two
+    # homes, held-out shapes) can be NotSupported where the default run is not: a pair with a
+    # leaderboard run is that run's, whatever another outcome of it said.
+    ran = set(runs.select("predictor", "dataset").iter_rows()) | set(
+        serving_runs.select("predictor", "dataset").iter_rows())
     outcomes = {(o["predictor"], o["dataset"]): o["status"]
-                for o in (timing or {}).get("outcomes", [])}
+                for o in (timing or {}).get("outcomes", [])
+                if (o["predictor"], o["dataset"]) not in ran}
     body = report_headline.headline(runs, predictions) + report_pages.matrix(runs)
     body += [f"Regenerate: `python -m leaderboard.report report.rerun=true` (reruns every "
              f"registered predictor on the {len(datasets)} leaderboard datasets, then writes "

@@ -29,7 +29,7 @@ def _plt():
 def _unseen(name: str, predictions: pl.DataFrame) -> pl.DataFrame:
     return predictions.filter((pl.col("predictor") == name) & (pl.col("split") == "unseen")
                               & pl.col("dataset").str.ends_with(f"_{MAIN}")
-                              & pl.col("pred_ms").is_not_null())
+                              & pl.col("valid") & pl.col("pred_ms").is_finite())
 
 
 def scatter(out: Path, name: str, predictions: pl.DataFrame) -> list[str]:
@@ -39,8 +39,10 @@ def scatter(out: Path, name: str, predictions: pl.DataFrame) -> list[str]:
     if mine.is_empty():
         return []
     datasets = sorted(set(mine["dataset"]))
+    # fixed margins: a constrained layout of log axes was most of the site's build time
     figure, axes = plt.subplots(1, len(datasets), figsize=(max(3.2 * len(datasets), 6.4), 3.4),
-                                squeeze=False, constrained_layout=True)
+                                squeeze=False)
+    figure.subplots_adjust(left=0.06, right=0.99, bottom=0.16, top=0.84, wspace=0.35)
     for ax, dataset in zip(axes[0], datasets, strict=True):
         cells = mine.filter(pl.col("dataset") == dataset)
         for phase, marker in PHASES:
@@ -75,13 +77,19 @@ def error_profile(out: Path, name: str, predictions: pl.DataFrame) -> list[str]:
         batch=(2 ** pl.col("num_requests").log(2).floor()).cast(pl.Int64),
         context=(2 ** context.log(2).floor()).cast(pl.Int64),
         signed=(pl.col("pred_ms") / pl.col("gt_ms") - 1) * 100)
-    figure, axes = plt.subplots(2, len(PHASES), figsize=(12, 6), squeeze=False,
-                                constrained_layout=True)
+    figure, axes = plt.subplots(2, len(PHASES), figsize=(12, 6), squeeze=False)
+    figure.subplots_adjust(left=0.06, right=0.99, bottom=0.09, top=0.9, wspace=0.25,
+                           hspace=0.45)
     datasets = sorted(set(cells["dataset"]))
     for row, axis in enumerate(("batch", "context")):
         for col, (phase, marker) in enumerate(PHASES):
             ax = axes[row][col]
-            part = cells.filter(pl.col("phase") == phase)
+            part = cells.filter((pl.col("phase") == phase) & (pl.col(axis) > 0))
+            if part.is_empty():
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"no {phase} cells", ha="center", va="center",
+                        transform=ax.transAxes, color="gray")
+                continue
             for dataset in datasets:
                 line = (part.filter(pl.col("dataset") == dataset).group_by(axis)
                         .agg(pl.col("signed").median()).sort(axis))
