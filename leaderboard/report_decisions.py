@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import polars as pl
 
-from leaderboard import decisions
+from leaderboard import decisions, ranking
 from leaderboard_core.report_tables import fmt, phase_stat, table
 
 FAMILY = "vidur"
@@ -39,11 +39,32 @@ def _budget_table(scores: pl.DataFrame) -> list[str]:
          _ci(r["regret_ci"])] for r in scores.iter_rows(named=True)], "lrrrrrrr") + [""]
 
 
-def _gpu_table(scores: pl.DataFrame) -> list[str]:
-    return table(["predictor", "workloads", "right %", "regret %", "95% CI", "P90 regret %"],
+def tied_picks(predictions: pl.DataFrame, prices: dict[str, float] | None = None) -> dict:
+    """Per predictor, the share (%) of workloads whose predicted best GPU (fastest, or cheapest
+    at ``prices``) is tied, within ``ranking.TOLERANCE``, with another: there the choice falls
+    to the GPUs' order by name (``decisions.gpu_choices``), not to the prediction. A predictor
+    that carries the home's times to every GPU unchanged ties on every workload."""
+    usable = predictions.filter(pl.col("pred_ms").is_not_null())
+    if prices is not None:
+        usable = usable.filter(pl.col("sku").is_in(list(prices)))
+    per = usable.group_by("predictor", "workload_id", "sku").agg(pl.col("pred_ms").median(),
+                                                                 pl.col("tp").first())
+    if prices is not None:
+        per = per.with_columns(pl.col("pred_ms") * pl.col("sku").replace_strict(prices)
+                               * pl.col("tp"))
+    best = per.group_by("predictor", "workload_id").agg(
+        tied=((pl.col("pred_ms") <= pl.col("pred_ms").min() * (1 + ranking.TOLERANCE)).sum()
+              > 1))
+    return dict(best.group_by("predictor").agg(pl.col("tied").mean() * 100).iter_rows())
+
+
+def _gpu_table(scores: pl.DataFrame, tied: dict) -> list[str]:
+    return table(["predictor", "workloads", "right %", "regret %", "95% CI", "P90 regret %",
+                  "tied picks %"],
                  [[r["predictor"], f"{r['workloads']:,}", fmt(r["right_pct"]),
-                   fmt(r["regret_pct"]), _ci(r["regret_ci"]), fmt(r["p90_pct"])]
-                  for r in scores.iter_rows(named=True)], "lrrrrr") + [""]
+                   fmt(r["regret_pct"]), _ci(r["regret_ci"]), fmt(r["p90_pct"]),
+                   fmt(tied.get(r["predictor"]))]
+                  for r in scores.iter_rows(named=True)], "lrrrrrr") + [""]
 
 
 def _per_gpu(choices: pl.DataFrame) -> list[str]:
@@ -138,11 +159,16 @@ def section(predictions: pl.DataFrame, runs: pl.DataFrame,
               + "; each with its source), regret: its measured cost over the cheapest, − 1.",
               ""]
     if len(cost):
-        lines += _gpu_table(cost)
-    lines += ["Price-free: the fastest GPU; regret: its measured step over the fastest, − 1.",
-              ""]
+        lines += _gpu_table(cost, tied_picks(unseen, prices))
+    lines += ["Price-free: the fastest GPU; regret: its measured step over the fastest, − 1. "
+              "*Tied picks*: workloads whose predicted best GPU ties (within 1 %) with another, "
+              "where the pick falls to the GPUs' order by name, not to the prediction: a "
+              "predictor that carries its home's times to every GPU unchanged (`distserve`, "
+              "`rf_verbatim`) ties everywhere, and its price-free 'right %' is the name order's "
+              "(the first GPU by name is often the fastest); the decisive pairs below count "
+              "such ties as wrong.", ""]
     if len(fastest):
-        lines += _gpu_table(fastest)
+        lines += _gpu_table(fastest, tied_picks(unseen))
     if len(pairs):
         lines += [f"Decisive pairs: GPU pairs of a workload whose measured steps differ by at "
                   f"least {decisions.DECISIVE_GAP:.0%}, weighted by the gap; the share ordered "

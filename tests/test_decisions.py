@@ -165,3 +165,15 @@ def test_serving_configuration_by_hand():
     optimist = choices.filter(pl.col("predictor") == "optimist")
     assert optimist["violation"].to_list() == [True, False, False]
     assert optimist["regret"].to_list() == [1.0, 0.0, 0.0]
+
+
+def test_tied_picks_name_the_choices_the_prediction_did_not_make():
+    from leaderboard import report_decisions
+
+    rows = [{"predictor": p, "workload_id": w, "sku": s, "tp": 1, "gt_ms": 1.0,
+             "pred_ms": 2.0 if p == "flat" else {"a": 1.0, "b": 2.0}[s]}
+            for p in ("flat", "sloped") for w in ("w1", "w2") for s in ("a", "b")]
+    tied = report_decisions.tied_picks(pl.DataFrame(rows))
+    assert tied == {"flat": 100.0, "sloped": 0.0}
+    # at a price that makes b's cost equal a's, the sloped predictor ties too
+    assert report_decisions.tied_picks(pl.DataFrame(rows), {"a": 2.0, "b": 1.0})["sloped"] == 100
