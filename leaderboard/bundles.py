@@ -189,8 +189,6 @@ def verify_by_rerun(files: dict[str, bytes], runs: list[dict], scratch: Path,
 def _rerun_differs(files: dict[str, bytes], runs: list[dict], scratch: Path,
                    sample: int) -> str | None:
     from leaderboard import predictor_index
-    from leaderboard.evaluate import RunSpec, run
-    from leaderboard_core.versioning import predictor_code_hash
 
     code = scratch / "code"
     shutil.rmtree(code, ignore_errors=True)
@@ -200,7 +198,24 @@ def _rerun_differs(files: dict[str, bytes], runs: list[dict], scratch: Path,
             (code / name[5:]).write_bytes(data)
     if not code.is_dir():
         return "the bundle carries no code to rerun"
-    predictor_index.include(code)
+    # The bundle's code alone is registered while it reruns: the merger's own predictors_path
+    # folders may hold the same module (the author merging their own bundle), which would
+    # shadow it, and the scratch folder must not stay registered once it is removed.
+    # predictor_index offers no way to take a folder out again, hence its list, restored.
+    given = list(predictor_index._FOLDERS)
+    predictor_index._FOLDERS[:] = []
+    try:
+        predictor_index.include(code)
+        return _reruns_differ(runs, code, scratch, sample)
+    finally:
+        predictor_index._FOLDERS[:] = given
+
+
+def _reruns_differ(runs: list[dict], code: Path, scratch: Path, sample: int) -> str | None:
+    from leaderboard import predictor_index
+    from leaderboard.evaluate import RunSpec, run
+    from leaderboard_core.versioning import predictor_code_hash
+
     for claimed in sorted(runs, key=lambda m: m["run_id"])[:sample]:
         described = predictor_index.get(claimed["predictor"])
         if predictor_code_hash(described["module"], str(code)) != claimed["code_hash"]:

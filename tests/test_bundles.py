@@ -61,3 +61,26 @@ def test_an_honest_bundle_reproduces_and_an_edited_one_is_refused(honest, tmp_pa
     refused = _merge(bad, tmp_path / "m2", tmp_path / "v2")
     assert "do not reproduce" in refused.notes[0] and "0.5 in the bundle" in refused.notes[0]
     assert not any((tmp_path / "m2").iterdir())
+
+
+def test_a_bundle_reruns_from_its_own_code_alone_and_leaves_the_index_as_it_was(
+        tmp_path, monkeypatch):
+    """The merger's own predictors_path may hold the bundled module (an author merging their
+    bundle): while the bundle reruns only its code folder is registered, and afterwards the
+    index is the merger's again, without the removed scratch folder."""
+    from leaderboard import bundles, predictor_index
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    monkeypatch.setattr(predictor_index, "_FOLDERS", [str(mine)])
+    seen = {}
+
+    def reruns(runs, code, scratch, sample):
+        seen["during"] = predictor_index.included()
+        return None
+
+    monkeypatch.setattr(bundles, "_reruns_differ", reruns)
+    files = {"code/token_line.py": b"# the bundled module\n"}
+    assert bundles._rerun_differs(files, [], tmp_path / "scratch", 2) is None
+    assert seen["during"] == [str((tmp_path / "scratch" / "code").resolve())]
+    assert predictor_index.included() == [str(mine)]
