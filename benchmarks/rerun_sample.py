@@ -29,7 +29,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from leaderboard import rerun
+from leaderboard import rerun, roster
 from leaderboard_core import paths
 
 
@@ -78,7 +78,7 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir = Path(tmp) / "runs"
-        specs = rerun.run_specs(runs_dir)[::args.every]
+        specs = roster.run_specs(runs_dir)[::args.every]
         started = time.perf_counter()
         outcomes = list(rerun.in_workers(rerun._run_one, specs, args.jobs))
         seconds = time.perf_counter() - started
@@ -87,7 +87,7 @@ def main() -> None:
     for o in outcomes:
         key = o.status.split(":")[0]
         statuses[key] = statuses.get(key, 0) + 1
-    result = {"commit": commit, "runs": len(specs), "of": len(rerun.run_specs(runs_dir)),
+    result = {"commit": commit, "runs": len(specs), "of": len(roster.run_specs(runs_dir)),
               "every": args.every, "jobs": args.jobs, "cores": os.cpu_count(),
               "seconds": round(seconds, 1), "per_run_s": round(seconds * args.jobs / len(specs), 2),
               "statuses": statuses, "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -28,7 +28,7 @@ import polars as pl  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from leaderboard.catalog import StoreCatalog  # noqa: E402
-from leaderboard.homes import family  # noqa: E402
+from leaderboard.families import suffix_of as family  # noqa: E402
 
 PHASE_PANELS = ("prefill", "decode", "mixed")
 SIGNED_RANGE = 50.0  # percent; colours saturate beyond, the annotated numbers do not

@@ -21,6 +21,7 @@ from leaderboard import (
     atlas,
     debris,
     decisions,
+    families,
     metrics,
     predictor_index,
     rankable,
@@ -145,7 +146,7 @@ def run(spec: RunSpec) -> RunResult:
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
     phases = (serving_api.phases_of(spec.dataset) if inputs.serving else
-              op_level_api.OP_PHASES if op_level else metrics.PHASES)
+              op_level_api.OP_PHASES if op_level else families.PHASES)
     result = {
         "predictor": spec.predictor, "params": params,
         "card": {"kind": card["kind"], "reference": card["reference"],

@@ -18,9 +18,21 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from leaderboard.metrics import ALL_LEVELS as LEVELS
-from leaderboard.metrics import PHASES as STEP_PHASES
 from leaderboard_core.naming import Registry
+
+# The phases a step-level run is scored on: the groups of its cells.
+PHASES = ("all", "all_cold", "replayed", "traffic", "prefill", "decode", "mixed")
+# Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
+COLD = "all_cold"
+# Beside "all", where cells carry a replay ``weight``: the cells of "all" that replayed traces
+# produced (weight > 0; the measured uniform batches that fill thin phases have weight 0), and
+# those same cells counted as often as the replay produced them (the traffic a server sees).
+REPLAYED, TRAFFIC = "replayed", "traffic"
+# "all" and "all_cold" leave out the cells labelled ``composed``: ground truth whose points may
+# stand in for fewer calls than the engine makes (``_vidur``'s mixed steps). Their own phase
+# still scores them.
+# What a dataset scores: steps, single op calls, or serving metrics of a replayed load.
+LEVELS = ("step", "op", "serving")
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,7 @@ class DatasetFamily:
     title: str
     builder: str | Callable | None = None
     builder_takes_gpus: bool = False
-    phases: tuple[str, ...] = STEP_PHASES
+    phases: tuple[str, ...] = PHASES
     home: str | None = None
     leaderboard: bool = True
     two_homes: tuple[str, ...] = ()

@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console
 from rich.progress import Progress
 
-from leaderboard import homes, sandbox, store
+from leaderboard import homes, results_table, sandbox, store
 from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.traces import base_trace
 from leaderboard.hub_layout import CATALOG_SCHEMA, collectives_config, lineage_config
@@ -109,10 +109,8 @@ def render_readme(configs: list[dict], meta: dict[str, str]) -> str:
 def _results(runs_dir: Path) -> pl.DataFrame | None:
     """The tidy results table of the current rankable runs in ``runs_dir`` (run x phase x
     statistic, with the dataset version, code hash and predictor kind), or None without runs."""
-    from leaderboard import site  # the site's table: one definition of the results as data
-
-    runs = site.current_runs(runs_dir) if Path(runs_dir).is_dir() else None
-    return site.tidy(runs) if runs is not None and len(runs) else None
+    runs = results_table.current_runs(runs_dir) if Path(runs_dir).is_dir() else None
+    return results_table.tidy(runs) if runs is not None and len(runs) else None
 
 
 def hf_type(dtype: pl.DataType) -> dict:

@@ -14,19 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from leaderboard.families import COLD, LEVELS, PHASES, REPLAYED, TRAFFIC
 from leaderboard_core.naming import Registry
-
-PHASES = ("all", "all_cold", "replayed", "traffic", "prefill", "decode", "mixed")
-# Beside "all": the cells none of whose ground truth came from an L2-warm point (warm_share 0).
-COLD = "all_cold"
-# Beside "all", where cells carry a replay ``weight``: the cells of "all" that replayed traces
-# produced (weight > 0; the measured uniform batches that fill thin phases have weight 0), and
-# those same cells counted as often as the replay produced them (the traffic a server sees).
-REPLAYED, TRAFFIC = "replayed", "traffic"
-# "all" and "all_cold" leave out the cells labelled ``composed``: ground truth whose points may
-# stand in for fewer calls than the engine makes (``_vidur``'s mixed steps). Their own phase
-# still scores them.
-ALL_LEVELS = ("step", "op", "serving")
 
 
 @dataclass(frozen=True)
@@ -35,7 +24,7 @@ class Metric:
     label: str
     aggregate: Callable[[np.ndarray], float]  # signed percentage errors -> one number
     higher_is_better: bool = False
-    levels: tuple[str, ...] = ALL_LEVELS
+    levels: tuple[str, ...] = LEVELS
 
 
 # ``n`` (the row count) is written beside every metric, so no metric may take that name.

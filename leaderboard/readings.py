@@ -15,14 +15,10 @@ import polars as pl
 
 from leaderboard import homes
 from leaderboard_core import guard
-from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Reading, ReadingRequest
+from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, Reading, ReadingRefused, ReadingRequest
 
 MAX_POINTS = 16  # defaults of conf/config.yaml's ``reading``
 MAX_FRACTION = 0.01
-
-
-class ReadingRefused(ValueError):
-    """A request the harness does not answer; the run is INVALID with this reason."""
 
 
 def cap(n_cells: int, max_points: int = MAX_POINTS, max_fraction: float = MAX_FRACTION) -> int:

@@ -48,6 +48,7 @@ from leaderboard import (
     report_sections,
     rerun,
     results,
+    roster,
 )
 from leaderboard.config import command_config
 from leaderboard.homes import family
@@ -215,7 +216,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
                                *([merged.folder] if merged else [])])
     bundled = merged.code if merged else None
     fresh = results.up_to_date(every, versions, bundled=bundled)
-    datasets = rerun.leaderboard_datasets() if datasets is None else datasets
+    datasets = roster.leaderboard_datasets() if datasets is None else datasets
     everything = results.current(fresh, versions, bundled=bundled).pl()
     # The leaderboards rank default runs only; a protocol's table takes the runs that differ
     # from the default by its protocol alone; every other run is listed apart
@@ -309,14 +310,14 @@ def merge_bundles(opts, runs_dir: Path) -> bundles.Merged | None:
 
 def last_rerun(runs_dir: Path, published_dir: Path | None = None) -> dict | None:
     """The last rerun's record: of ``runs_dir``, else of the published runs."""
-    return rerun.last_rerun(runs_dir) or (rerun.last_rerun(published_dir) if published_dir
+    return roster.last_rerun(runs_dir) or (roster.last_rerun(published_dir) if published_dir
                                           else None)
 
 
 def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None,
                  published_dir: Path | None = None, bundled: Path | None = None) -> list[str]:
-    """The leaderboard runs (``rerun.run_specs``) with no current run in ``runs_dir``, the
-    published runs or the runs merged from bundles (``rerun.pending``), less those the last
+    """The leaderboard runs (``roster.run_specs``) with no current run in ``runs_dir``, the
+    published runs or the runs merged from bundles (``roster.pending``), less those the last
     rerun found the predictor cannot score."""
     timing = last_rerun(runs_dir, published_dir) or {"outcomes": []}
     unsupported = {(o["predictor"], o["dataset"]) for o in timing["outcomes"]
@@ -327,7 +328,7 @@ def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None,
 
     held = [Path(runs_dir), *(p for p in (published_dir, bundled) if p)]
     return [f"{s.predictor} on {s.dataset}{named_homes(s)}"
-            for s in rerun.pending(rerun.run_specs(Path(runs_dir)), held, versions)
+            for s in roster.pending(roster.run_specs(Path(runs_dir)), held, versions)
             if (s.predictor, s.dataset) not in unsupported]
 
 

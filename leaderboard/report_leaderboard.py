@@ -12,7 +12,7 @@ import json
 
 import polars as pl
 
-from leaderboard import families, metrics, predictor_index
+from leaderboard import families, predictor_index
 from leaderboard.homes import home_of, with_family
 from leaderboard.serving.oracle import is_oracle
 from leaderboard.split import default_split
@@ -143,7 +143,7 @@ def main_leaderboard(runs: pl.DataFrame, outcomes: dict[tuple[str, str], str] | 
                       "target rows", "sandbox"]
             title = fam.suffix if fam.level == "step" else fam.title
             lines += [f"### {title}: {phase}", "", *table(header, rows)]
-        if any(mapes.mape(p, d, metrics.REPLAYED) is not None for p in predictors for d in unseen):
+        if any(mapes.mape(p, d, families.REPLAYED) is not None for p in predictors for d in unseen):
             lines += filler_table(title, mapes, predictors, homes)
         if unsupported:
             lines += [f"NotSupported on {title}:", ""]
@@ -162,7 +162,7 @@ def filler_table(title: str, mapes: PhaseMapes, predictors: list[str], homes: li
                  ) -> list[str]:
     """One family's predictors over ``all``, over its replayed cells only and weighted by how
     often the replay produced each: the ranking without the measured uniform filler."""
-    groups = ("all", metrics.REPLAYED, metrics.TRAFFIC)
+    groups = ("all", families.REPLAYED, families.TRAFFIC)
     rows = [[p, *(fmt(mapes.mape(p, h, g)) for h in homes for g in groups),
              *(fmt(mapes.unseen_mean(p, g)) for g in groups)] for p in predictors]
     return [f"### {title}: all, replayed and traffic", "",

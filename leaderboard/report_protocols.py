@@ -14,9 +14,9 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard import families, metrics, results
+from leaderboard.families import PHASES
 from leaderboard.home_grid import HELD_OUT_SHAPES
 from leaderboard.homes import family, with_family
-from leaderboard.metrics import PHASES
 from leaderboard_core.report_tables import GPU_MEAN, PhaseMapes, datasets_of, fmt, phase_stat, table
 
 TWO_HOMES = families.get("vidur").two_homes

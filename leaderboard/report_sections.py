@@ -49,7 +49,7 @@ def predictor_sections(runs: pl.DataFrame) -> list[str]:
 def explain_examples(runs: pl.DataFrame) -> list[str]:
     """One explained cell per predictor that offers ``explain`` and has a run on
     ``EXPLAIN_DATASET``: a live fit, so only when a report is made."""
-    from leaderboard import explain  # reads the store and fits
+    from leaderboard import cells_explained  # reads the store and fits
 
     ran = set(runs.filter(pl.col("dataset") == EXPLAIN_DATASET)["predictor"])
     owners = {name: d["explains"] for name, d in predictor_index.index().items()
@@ -58,9 +58,9 @@ def explain_examples(runs: pl.DataFrame) -> list[str]:
     chosen = {owners[name]: name for name in sorted(ran, reverse=True) if owners.get(name)}
     lines = []
     for predictor in sorted(chosen.values()):
-        model, (cell_id,) = explain.explained_cells(predictor, EXPLAIN_DATASET)
+        model, (cell_id,) = cells_explained.explained_cells(predictor, EXPLAIN_DATASET)
         console = Console(record=True, width=170, file=io.StringIO())
-        explain.render(model, cell_id, console)
+        cells_explained.render(model, cell_id, console)
         lines += [f"## {predictor}: one cell explained", "",
                   f"`python -m leaderboard.explain predictor={predictor} dataset={EXPLAIN_DATASET}` "
                   "(its first cell):", "", "```", console.export_text().rstrip(), "```", ""]

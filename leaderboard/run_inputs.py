@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from leaderboard import home_grid, homes, readings
 from leaderboard import op_level as op_level_api
 from leaderboard.catalog import StoreCatalog
-from leaderboard.hub import HubCatalog
+from leaderboard.hub_catalog import HubCatalog
 from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS
 from leaderboard.split import default_split, split
 from leaderboard_core import paths

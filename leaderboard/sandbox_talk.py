@@ -19,10 +19,9 @@ import numpy as np
 import polars as pl
 
 from leaderboard import child_files, seal_walls
-from leaderboard.readings import ReadingRefused
 from leaderboard.sandbox_bundle import write_frame, write_reading
 from leaderboard.serving.scoring import replay_priced
-from leaderboard_core.contract import Home, NotSupported, ReadingRequest
+from leaderboard_core.contract import Home, NotSupported, ReadingRefused, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 
 UNSNAPSHOTTED = "unsnapshotted"

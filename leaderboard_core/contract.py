@@ -118,6 +118,10 @@ class Reading:
     ops: dict[str, pl.DataFrame] = field(default_factory=dict)
 
 
+class ReadingRefused(ValueError):
+    """A reading request the harness does not answer; the run is INVALID with this reason."""
+
+
 class NotSupported(ValueError):
     """The predictor cannot score this input (say which, and what it does support)."""
 

@@ -9,7 +9,7 @@ import shutil
 import polars as pl
 import pytest
 
-from leaderboard import config, data, families, homes, rerun
+from leaderboard import config, data, families, homes, roster
 from leaderboard.catalog import StoreCatalog
 from leaderboard.cells.common import cell_set
 from leaderboard.families import DatasetFamily, register_family
@@ -65,7 +65,7 @@ def test_toy_family_reaches_list_homes_rerun_and_report(toy, capsys):
     assert TinySources.sql("SELECT card FROM datasets WHERE name = 'h200_toy'")[0][0] == (
         "h200_toy: toy steps dataset on the h200_sxm.")
     assert homes.home_of("h200_toy", None, rows) == "a100_toy"
-    specs = rerun.run_specs(paths.REPO_ROOT / "unused")
+    specs = roster.run_specs(paths.REPO_ROOT / "unused")
     assert sorted(s.predictor for s in specs if s.dataset == "h200_toy") == registry.names()
     assert all(s.home is None for s in specs if s.dataset.endswith("_toy"))  # no two-home run
     runs = pl.DataFrame([

@@ -203,12 +203,12 @@ def test_rows_digest_ignores_order_and_sees_one_changed_value():
 def test_report_sections_and_explain_import_no_predictor_module(store_home):
     script = textwrap.dedent('''
         import sys, tempfile
-        from leaderboard import evaluate, explain, homes, report_sections, results
+        from leaderboard import cells_explained, evaluate, homes, report_sections, results
         runs_dir = tempfile.mkdtemp()
         evaluate.run(evaluate.RunSpec("ours", "h200_vidur", {}, runs_dir=runs_dir))
         runs = homes.with_family(results.load_runs(runs_dir).pl())
         assert any("ours" in line for line in report_sections.predictor_sections(runs))
-        model, chosen = explain.explained_cells("ours", "h200_vidur")
+        model, chosen = cells_explained.explained_cells("ours", "h200_vidur")
         assert model.explained[chosen[0]]["pred"] > 0
         loaded = sorted(m for m in sys.modules if m.startswith("predictors.")
                         and m not in ("predictors.registry", "predictors.base"))
@@ -364,9 +364,10 @@ def test_an_op_level_run_has_no_reading_budget(store_home, tmp_path):
     metrics = run(RunSpec("llm_viewer", "h200_sxm_ops", {}, runs_dir=tmp_path / "runs")).metrics
     assert metrics["reading_cap"] == 0
     from leaderboard import readings
+    from leaderboard_core.contract import ReadingRefused
 
     supplier = readings.Supplier(pl.DataFrame({"cell_id": ["a"]}), pl.DataFrame(), 0)
-    with pytest.raises(readings.ReadingRefused):
+    with pytest.raises(ReadingRefused):
         supplier(readings.ReadingRequest(cells=("a",)))
     json.dumps(metrics)  # the record stays plain JSON
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from leaderboard.serving.scheduler import Policy, StepLog, new_engine
+from leaderboard.serving.replay import new_engine
+from leaderboard.serving.scheduler import Policy, StepLog
 
 
 def _run(policy, prompt, output, arrivals=None, max_steps=None):

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from leaderboard.cells.schema import typed_columns
 from leaderboard.serving import plan_store
-from leaderboard.serving.scheduler import Policy, StepLog, new_engine
+from leaderboard.serving.scheduler import Engine, Policy, StepLog
+from leaderboard.serving.sglang_kv import EstimatedEngine
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS
 
 StepTimer = Callable[[pl.DataFrame], np.ndarray]  # cells -> ms per cell
@@ -33,6 +34,13 @@ CLOSED_LOOP_STARTS = ("lockstep", "staggered")
 # arrive runs one step alone and the rest join the next; ``together``, the whole burst in one
 # step. conf/serving/schedulers.yaml says which the replay takes, and why.
 IDLE_BURSTS = ("first_alone", "together")
+
+
+def new_engine(policy: Policy, prompt: np.ndarray, output: np.ndarray) -> Engine:
+    """The engine of ``policy``'s KV rule: SGLang's estimate keeps state of its own."""
+    if policy.kv_rule == "estimated":
+        return EstimatedEngine(policy, prompt, output)
+    return Engine(policy, prompt, output)
 
 
 @dataclass

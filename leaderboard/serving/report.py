@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard import ranking, results
-from leaderboard.rerun import last_rerun
+from leaderboard.roster import last_rerun
 from leaderboard.serving.report_kv_write import kv_write
 from leaderboard.serving.report_light import light_kernels
 from leaderboard.serving.report_oracle import oracle_section

@@ -29,7 +29,7 @@ The KV cache follows one of three rules (``kv_rule``):
 - ``estimated`` (SGLang, with ``prefill_first``): admission on an estimated output and
   retraction when a decode step runs out of KV (``leaderboard.serving.sglang_kv``).
 
-``new_engine`` gives the engine of a policy's rule.
+``replay.new_engine`` gives the engine of a policy's rule.
 """
 
 from __future__ import annotations
@@ -293,12 +293,3 @@ class Engine:
             self.reserved -= int(self.prompt[r] + self.output[r])
             self.finished.append(r)
         return k
-
-
-def new_engine(policy: Policy, prompt: np.ndarray, output: np.ndarray) -> Engine:
-    """The engine of ``policy``'s KV rule: SGLang's estimate keeps state of its own."""
-    if policy.kv_rule == "estimated":
-        from leaderboard.serving.sglang_kv import EstimatedEngine  # a subclass of Engine
-
-        return EstimatedEngine(policy, prompt, output)
-    return Engine(policy, prompt, output)
