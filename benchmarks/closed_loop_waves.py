@@ -31,12 +31,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from leaderboard.catalog import StoreCatalog
-from leaderboard.run_inputs import RunSpec, load_inputs
+from leaderboard.present.serving_unknowns import closed_loop_table
+from leaderboard.run.oracle import ORACLE, ORACLE_POINTS, oracle_home
+from leaderboard.run.run_inputs import RunSpec, load_inputs
 from leaderboard.serving import simulate
-from leaderboard.serving.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard.serving.replay import closed_loop
-from leaderboard.serving.report_unknowns import closed_loop_table
+from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core.specs import load_models
 from leaderboard_core.versioning import code_version
 from predictors import registry

@@ -82,8 +82,8 @@ from contextlib import contextmanager
 import numpy as np
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
+from leaderboard.present.serving_unknowns import engine_choices_tables
 from leaderboard.serving import simulate
-from leaderboard.serving.report_unknowns import engine_choices_tables
 from leaderboard_core import progress
 from leaderboard_core.specs import FP8_KV, load_models
 

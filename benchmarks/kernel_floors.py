@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from leaderboard import report_sections, store
+from leaderboard.present import sections
+from leaderboard.store import database
 from leaderboard_core.specs import DEFAULT_KV_DTYPE, load_gpu_specs
 from leaderboard_core.versioning import code_version
 from predictors.ours import ops
@@ -103,9 +104,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    with store.connect() as con:
+    with database.connect() as con:
         shape, rows = measure(con)
-    print("\n".join(report_sections.floor_table(rows, ALLREDUCE)))
+    print("\n".join(sections.floor_table(rows, ALLREDUCE)))
     if args.json:
         meta = {"attention": shape, "allreduce": ALLREDUCE, "code_version": code_version(),
                 "date": datetime.now(UTC).isoformat(timespec="seconds")}

@@ -42,9 +42,9 @@ import polars as pl
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 from light_kernels import nearest_count
 
-from leaderboard import store
+from leaderboard.present.serving_kv_write import kv_write_tables
 from leaderboard.serving import simulate
-from leaderboard.serving.report_kv_write import kv_write_tables
+from leaderboard.store import database
 from leaderboard_core import progress
 from leaderboard_core.specs import KV_CACHE_BYTES, kv_elements_per_token, load_gpu_specs, load_models
 from leaderboard_core.versioning import release
@@ -63,7 +63,7 @@ def kv_dtype() -> str:
 def table_difference() -> pl.DataFrame:
     """``by_bytes_written`` over every decode shape the store times at both versions (the
     replay's KV dtype, no sliding window)."""
-    with store.connect() as con:
+    with database.connect() as con:
         times = con.sql(
             "SELECT sku, backend_version, batch, kv_len, num_heads, num_kv_heads, head_dim, "
             "median(latency_ms) AS latency_ms FROM attention WHERE source = 'aiconfigurator' "
@@ -125,7 +125,7 @@ class CacheWrite:
 
 def step_set(home: str) -> dict:
     """The oracle's step set ``home``: its source, GPU and one vLLM version."""
-    with store.connect() as con:
+    with database.connect() as con:
         source, sku, versions = con.sql("SELECT source, sku, backend_versions FROM datasets "
                                         "WHERE name = ?", params=[home]).fetchall()[0]
     versions = json.loads(versions)

@@ -63,11 +63,11 @@ import numpy as np
 import polars as pl
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
-from leaderboard import store
 from leaderboard.cells.profiles import LAYER_OPS as PROFILED_LAYER_OPS
+from leaderboard.present.serving_light import light_kernels_table
+from leaderboard.present.serving_oracle import measured_gap
 from leaderboard.serving import simulate
-from leaderboard.serving.report_light import light_kernels_table
-from leaderboard.serving.report_oracle import measured_gap
+from leaderboard.store import database
 from leaderboard_core import progress
 from leaderboard_core.specs import is_moe, load_models, moe_shapes, tp_shapes
 
@@ -169,7 +169,7 @@ class Sampler:
 
 def measured_points() -> pl.DataFrame:
     """Every light op and sampler an engine timed: Vidur's H100 points and the vLLM profiles."""
-    with store.connect() as con:
+    with database.connect() as con:
         return con.sql("SELECT source, sku, op, model, tp, num_tokens, latency_ms "
                        "FROM model_ops WHERE kv_len = 0 AND ((source = 'vidur' AND sku = ? AND "
                        "op_family = 'light') OR (source = 'llmservingsim' AND backend = 'vllm' "

@@ -1,7 +1,7 @@
 """Predict throughput (cells/s) and fit time of every registered predictor, on one core.
 
 Each predictor is fitted on the real home (the ``a100_vidur`` training split, built the way
-``leaderboard.evaluate.run`` builds it), takes its deploy reading if it asks for one, then predicts
+``leaderboard.run.evaluate.run`` builds it), takes its deploy reading if it asks for one, then predicts
 the ``h200_vidur`` cells replicated to about 1M cells (fewer for a predictor too slow to finish
 that in ``--max-predict-s``; the table says how many). Fit and predict are each best of
 ``--repeats``. Prints a markdown table; ``--json PATH`` also writes the numbers:
@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from build_store import cpu_model  # noqa: E402 - the sibling benchmark, on sys.path as a script
 
-from leaderboard import readings, run_inputs  # noqa: E402
-from leaderboard.evaluate import RunSpec  # noqa: E402
+from leaderboard.run import readings, run_inputs  # noqa: E402
+from leaderboard.run.evaluate import RunSpec  # noqa: E402
 from leaderboard_core import guard  # noqa: E402
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS  # noqa: E402
 from leaderboard_core.versioning import code_hash, code_version  # noqa: E402

@@ -29,7 +29,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from leaderboard import rerun, roster
+from leaderboard import rerun
+from leaderboard.run import roster
 from leaderboard_core import paths
 
 
@@ -42,7 +43,7 @@ def _clear_kept_work() -> None:
 def compare(sample_dir: Path, reference_dir: Path) -> dict:
     """How many sampled runs equal the reference's current run of the same (predictor, dataset,
     homes, home points), in ``valid`` and every ``phases`` number; the differing ones named."""
-    from leaderboard import results  # noqa: PLC0415
+    from leaderboard.score import results  # noqa: PLC0415
 
     def keyed(folder: Path) -> dict:
         runs = results.current(results.load_runs(folder)).pl()

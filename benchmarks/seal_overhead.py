@@ -17,8 +17,8 @@ import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
-from leaderboard import predictor_index, seal_walls
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.seal import predictor_index, walls
 from leaderboard_core.versioning import code_version
 
 CASES = (("ours", "h100_vidur"), ("rf_scaled", "h200_vidur"), ("llm_viewer", "h200_sxm_ops"),
@@ -29,14 +29,14 @@ TARGET_RATIO = 1.3
 @contextmanager
 def bare():
     """The parent's walls down: a plain ``python -S`` child and no readable-root scan."""
-    saved = seal_walls.child_command, seal_walls.check_readable, seal_walls.namespaces_available
-    seal_walls.child_command = lambda args, writable: [sys.executable, "-S", *args]
-    seal_walls.check_readable = lambda read, data, inspect=(): None
-    seal_walls.namespaces_available = lambda: False
+    saved = walls.child_command, walls.check_readable, walls.namespaces_available
+    walls.child_command = lambda args, writable: [sys.executable, "-S", *args]
+    walls.check_readable = lambda read, data, inspect=(): None
+    walls.namespaces_available = lambda: False
     try:
         yield
     finally:
-        seal_walls.child_command, seal_walls.check_readable, seal_walls.namespaces_available = saved
+        walls.child_command, walls.check_readable, walls.namespaces_available = saved
 
 
 def _median_seconds(predictor: str, dataset: str, repeats: int, runs_dir: str) -> tuple[float, str]:

@@ -5,8 +5,8 @@ import sys
 import tempfile
 
 from leaderboard.cli import SWEEP_LOG_ENV, _fail, check_choices, main, print_sweep
-from leaderboard.config import register_predictor_nodes
-from leaderboard.inputs import guarded
+from leaderboard.run.config import register_predictor_nodes
+from leaderboard.run.inputs import guarded
 
 
 def leaderboard() -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from leaderboard.config import command_config
-from leaderboard.inputs import InputError, guarded
-from leaderboard.run_inputs import RunSpec, load_inputs
+from leaderboard.run.config import command_config
+from leaderboard.run.inputs import InputError, guarded
+from leaderboard.run.run_inputs import RunSpec, load_inputs
 from predictors import registry
 
 

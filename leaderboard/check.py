@@ -15,9 +15,9 @@ import sys
 
 from rich.console import Console
 
-from leaderboard import predictor_index
-from leaderboard.config import command_config
-from leaderboard.inputs import guarded
+from leaderboard.run.config import command_config
+from leaderboard.run.inputs import guarded
+from leaderboard.seal import predictor_index
 
 
 def main(argv: list[str]) -> int:

@@ -20,13 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import config, inputs, predictor_index
-from leaderboard.config import check_names, load_config, unknown_key
-from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest import BuildError
-from leaderboard.inputs import InputError
-from leaderboard.metrics import registered as registered_metrics
-from leaderboard.sources import SourceError
+from leaderboard.ingest.sources import SourceError
+from leaderboard.run import config, inputs
+from leaderboard.run.config import check_names, load_config, unknown_key
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.run.inputs import InputError
+from leaderboard.score.metrics import registered as registered_metrics
+from leaderboard.seal import predictor_index
 from leaderboard_core import paths
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.specs import SpecError

@@ -18,13 +18,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import families, homes, store
-from leaderboard.catalog import StoreCatalog
-from leaderboard.config import load_config, unknown_key
+from leaderboard.cells import families
 from leaderboard.ingest import BuildError
-from leaderboard.inputs import InputError, check_config, guarded
-from leaderboard.serving import report_oracle
-from leaderboard.sources import SourceError
+from leaderboard.ingest.sources import SourceError
+from leaderboard.present import serving_oracle
+from leaderboard.run import homes
+from leaderboard.run.config import load_config, unknown_key
+from leaderboard.run.inputs import InputError, check_config, guarded
+from leaderboard.store import database
+from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core import paths
 from leaderboard_core.naming import suggestion
 from leaderboard_core.specs import SpecError, load_gpu_specs
@@ -41,14 +43,14 @@ def runnable(row: dict) -> bool:
 
 def skipped_files(**where) -> list[tuple[str, str]]:
     """Upstream files the last build found but does not read (another framework or format)."""
-    with store.connect(**where) as con:
+    with database.connect(**where) as con:
         return con.sql("SELECT rel, reason FROM skipped_files ORDER BY rel").fetchall()
 
 
 def list_datasets(include_all: bool = False, **where) -> list[dict]:
     """The store's datasets ``dataset=`` accepts (with ``include_all``, every one it holds),
     each with its default ``home`` and its GPU's ``arch``."""
-    with store.connect(**where) as con:
+    with database.connect(**where) as con:
         rows = con.sql("SELECT * EXCLUDE (card) FROM datasets ORDER BY kind, name").pl().to_dicts()
     for row in rows:
         for key in ("tables", "backend_versions", "files", "phases"):
@@ -72,7 +74,7 @@ def card(name: str, runs_dir: str | None = None, **where) -> str:
     """The dataset's card; a serving set's ends with the replay's own error as its current
     oracle run in ``runs_dir`` measured it (the card itself is built with the store, before
     any run)."""
-    with store.connect(**where) as con:
+    with database.connect(**where) as con:
         found = dict(con.execute("SELECT name, card FROM datasets").fetchall())
     if name not in found:
         raise InputError(f"no dataset '{name}' in the store; {suggestion(name, sorted(found))}")
@@ -82,7 +84,7 @@ def card(name: str, runs_dir: str | None = None, **where) -> str:
         return text
     with StoreCatalog(where["sources_root"], where["gpu_specs"]) as catalog:
         rows = catalog.datasets()
-    return text.rstrip() + "\n\n" + "\n".join(report_oracle.for_card(name, Path(runs_dir), rows))
+    return text.rstrip() + "\n\n" + "\n".join(serving_oracle.for_card(name, Path(runs_dir), rows))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             only = list(cfg.sources.only) if cfg.sources.only else None
-            store.build(**where, only=only)
+            database.build(**where, only=only)
             return 0
         if args.command == "card":
             print(card(name, paths.from_user(cfg.runs_dir), **where))

@@ -16,9 +16,9 @@ import sys
 
 from rich.console import Console
 
-from leaderboard.cells_explained import explained_cells, render
-from leaderboard.config import command_config
-from leaderboard.inputs import InputError, guarded
+from leaderboard.present.cells_explained import explained_cells, render
+from leaderboard.run.config import command_config
+from leaderboard.run.inputs import InputError, guarded
 
 
 def arguments(argv: list[str]) -> tuple[str, str, str | None, int | None]:

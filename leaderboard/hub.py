@@ -61,10 +61,10 @@ def legacy_overrides(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from leaderboard.config import command_config
-    from leaderboard.hub_export import export
     from leaderboard.ingest import BuildError
-    from leaderboard.sources import SourceError
+    from leaderboard.ingest.sources import SourceError
+    from leaderboard.present.hub_export import export
+    from leaderboard.run.config import command_config
     from leaderboard_core.specs import SpecError
 
     argv = sys.argv[1:] if argv is None else argv
@@ -93,6 +93,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from leaderboard.inputs import guarded
+    from leaderboard.run.inputs import guarded
 
     sys.exit(guarded(main, "python -m leaderboard.hub")())

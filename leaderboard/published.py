@@ -27,8 +27,8 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import metrics as metric_defs
-from leaderboard import results
+from leaderboard.score import metrics as metric_defs
+from leaderboard.score import results
 from leaderboard_core import paths
 from leaderboard_core.contract import BY_OP_PREFIX
 
@@ -90,7 +90,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def rerun_record() -> str:
-    from leaderboard.roster import TIMING_FILE  # noqa: PLC0415 - the roster imports the harness
+    from leaderboard.run.roster import TIMING_FILE  # noqa: PLC0415 - the roster imports the harness
 
     return TIMING_FILE
 
@@ -139,7 +139,7 @@ def unpack(path: Path, into: Path, skip: set[str] = frozenset()) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    from leaderboard.config import command_config  # noqa: PLC0415
+    from leaderboard.run.config import command_config  # noqa: PLC0415
 
     cfg = command_config(argv, "python -m leaderboard.published", __doc__, "report", {})
     out = write(paths.from_user(cfg.runs_dir), paths.from_user(cfg.report.published))
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from leaderboard.inputs import guarded
+    from leaderboard.run.inputs import guarded
 
     sys.exit(guarded(main, "python -m leaderboard.published")(sys.argv[1:]))
 

@@ -14,7 +14,7 @@ store build benchmark (``benchmarks/build_store.json``), so none is left stale. 
 the markers gets the block right after its title.
 
 A leaderboard entry is a registered predictor with its default parameters on the default split;
-runs with other parameters stay queryable (``leaderboard.results``) but are not tabled.
+runs with other parameters stay queryable (``leaderboard.score.results``) but are not tabled.
 """
 
 from __future__ import annotations
@@ -29,31 +29,18 @@ from pathlib import Path
 
 import polars as pl
 
-from leaderboard import (
-    atlas,
-    bundles,
-    families,
-    metrics,
-    op_atlas,
-    predictor_index,
-    published,
-    rankable,
-    ranking,
-    report_decisions,
-    report_headline,
-    report_leaderboard,
-    report_moe,
-    report_pages,
-    report_protocols,
-    report_sections,
-    rerun,
-    results,
-    roster,
-)
-from leaderboard.config import command_config
-from leaderboard.homes import family
-from leaderboard.inputs import guarded
-from leaderboard.serving import report as serving_report
+from leaderboard import published, rerun
+from leaderboard.cells import families
+from leaderboard.present import bundles, decisions_section, leaderboard_table, moe, protocols, sections
+from leaderboard.present import headline as report_headline
+from leaderboard.present import pages as report_pages
+from leaderboard.present import serving_section as serving_report
+from leaderboard.run import rankable, roster
+from leaderboard.run.config import command_config
+from leaderboard.run.homes import family
+from leaderboard.run.inputs import guarded
+from leaderboard.score import atlas, metrics, op_atlas, ranking, results
+from leaderboard.seal import predictor_index
 from leaderboard_core import paths
 from leaderboard_core.report_tables import (
     GPU_MEAN,
@@ -177,7 +164,7 @@ def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path,
     timing = last_rerun(runs_dir, published_dir)
     lines = ["## Provenance", "",
              f"- Runs: {len(runs)} in the leaderboard, from {every} complete run folders in "
-             f"`{report_sections.shown_path(runs_dir)}`; {stale} dropped as stale (other code "
+             f"`{sections.shown_path(runs_dir)}`; {stale} dropped as stale (other code "
              "hash or dataset version), the rest are older duplicates or non-default "
              "parameters. Interrupted runs (`.partial` folders) are never read.",
              f"- Harness hash (leaderboard/, leaderboard_core/, conf/ less a predictor's own "
@@ -224,7 +211,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
                           for ok, why in everything.select("rankable", "unrankable_because")
                           .iter_rows()], dtype=pl.Boolean)
     current, unranked = everything.filter(protocol), everything.filter(~protocol)
-    runs = report_leaderboard.leaderboard_runs(
+    runs = leaderboard_table.leaderboard_runs(
         current.filter(pl.col("rankable").fill_null(False)), datasets)
     is_serving = _of_families(families.suffixes(level="serving"))
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
@@ -245,25 +232,25 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
              f"registered predictor on the {len(datasets)} leaderboard datasets, then writes "
              "this; `python -m leaderboard.data list` names them); without `report.rerun=true` "
              "it tables the current stored runs.", ""]
-    body += report_leaderboard.main_leaderboard(runs, outcomes)
-    body += report_protocols.two_home_leaderboard(report_protocols.two_home_runs(current, runs))
-    body += report_protocols.leave_one_out_leaderboard(
-        report_protocols.leave_one_out_runs(current, runs))
-    body += report_protocols.baseline_strength(runs)
-    body += report_protocols.home_out_of_sample(current, runs)
-    body += report_sections.predictor_sections(runs) + report_sections.kernel_floors()
+    body += leaderboard_table.main_leaderboard(runs, outcomes)
+    body += protocols.two_home_leaderboard(protocols.two_home_runs(current, runs))
+    body += protocols.leave_one_out_leaderboard(
+        protocols.leave_one_out_runs(current, runs))
+    body += protocols.baseline_strength(runs)
+    body += protocols.home_out_of_sample(current, runs)
+    body += sections.predictor_sections(runs) + sections.kernel_floors()
     if len(predictions):
         images = atlas.write(predictions, atlas.dominant_op_families(
             sorted(set(predictions["dataset"]))), atlas_dir)
-        body += rankings(predictions, runs) + report_decisions.section(
+        body += rankings(predictions, runs) + decisions_section.section(
             predictions, runs, results.load_predictions(serving_runs))
         body += atlases(images, out, atlas_dir)
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
-    body += report_sections.explain_examples(runs)
-    oracle = report_leaderboard.oracle_runs(current, datasets)
+    body += sections.explain_examples(runs)
+    oracle = leaderboard_table.oracle_runs(current, datasets)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir, oracle)
-    body += report_moe.section(runs, serving_runs, outcomes)
-    body += report_sections.throughput() + report_sections.seal_overhead() + performance(runs)
+    body += moe.section(runs, serving_runs, outcomes)
+    body += sections.throughput() + sections.seal_overhead() + performance(runs)
     body += unranked_runs(unranked)
     body += provenance(runs, every.shape[0], every.shape[0] - fresh.shape[0], runs_dir,
                        published_dir)

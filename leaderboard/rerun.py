@@ -1,7 +1,7 @@
 """Rerun the whole leaderboard: every registered predictor on every leaderboard dataset.
 
 The leaderboard datasets are the store's datasets of every family registered with
-``leaderboard=True`` (``leaderboard.families``): today the six ``_vidur`` GPUs (A100 home; again
+``leaderboard=True`` (``leaderboard.cells.families``): today the six ``_vidur`` GPUs (A100 home; again
 with the family's ``two_homes``; and again leaving each GPU out, the other five its homes), the
 version-matched ``_vidur19`` sets (H100 home), the
 FP8-GEMM ``_vidur_fp8`` sets (H100 home), Vidur's own profiles (``_vidurprof``), the splitwise
@@ -34,10 +34,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from leaderboard import predictor_index, store
-from leaderboard.evaluate import RunSpec, run
-from leaderboard.inputs import InputError
-from leaderboard.roster import TIMING_FILE, pending, run_specs
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.run.inputs import InputError
+from leaderboard.run.roster import TIMING_FILE, pending, run_specs
+from leaderboard.seal import predictor_index
+from leaderboard.store import database
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.naming import suggestion
@@ -83,7 +84,7 @@ def _worker_setup(folders: tuple[str, ...] = ()) -> None:
     for folder in folders:
         predictor_index.include(folder)
     progress.show(False)
-    os.environ[store.STALE_ENV] = "refuse"
+    os.environ[database.STALE_ENV] = "refuse"
 
 
 def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
@@ -163,7 +164,7 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
     if launcher not in LAUNCHERS:
         raise InputError(f"rerun.launcher={launcher} is not one of {', '.join(LAUNCHERS)}")
     Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
-    store.ensure()  # build once here rather than racing for the build lock in every worker
+    database.ensure()  # build once here rather than racing for the build lock in every worker
     started = time.perf_counter()
     every = [s for s in run_specs(runs_dir) if predictors is None or s.predictor in predictors]
     specs = every if everything else pending(every, runs_dir)
@@ -210,7 +211,7 @@ def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,
 
 
 def main(argv: list[str]) -> int:
-    from leaderboard.config import command_config
+    from leaderboard.run.config import command_config
 
     chosen = [a.partition("=")[2] for a in argv if a.startswith("predictor=")]
     argv = [a for a in argv if not a.startswith("predictor=")]
@@ -235,7 +236,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from leaderboard.inputs import guarded
+    from leaderboard.run.inputs import guarded
 
     sys.exit(guarded(main, "python -m leaderboard.rerun")(sys.argv[1:]))
 

@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from leaderboard import site_pages
-from leaderboard.inputs import InputError, guarded
-from leaderboard.results_table import current_runs, tidy
+from leaderboard.present import site_pages
+from leaderboard.present.results_table import current_runs, tidy
+from leaderboard.run.inputs import InputError, guarded
 from leaderboard_core import paths
 
 ASSETS = Path(__file__).with_name("site_assets")

@@ -5,7 +5,7 @@ Runs the predictor (and every name registered by its module: its variants) on ev
 dataset, skipping runs already current (``leaderboard.rerun``), with progress; prints its place
 per family against the current runs of the others (the runs folder and the published runs);
 writes ``submit.out`` (default ``<runs_dir>/<NAME>-<code hash>.tar.gz``), a results bundle of
-its current rankable runs, its card, code hash and folder name (``leaderboard.bundles``), which
+its current rankable runs, its card, code hash and folder name (``leaderboard.present.bundles``), which
 ``python -m leaderboard.report report.bundles=[FILE]`` merges. Exit 0 when every run is VALID or
 NOT SUPPORTED with its reason, 1 otherwise.
 """
@@ -21,10 +21,13 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from leaderboard import bundles, predictor_index, rerun, results
-from leaderboard.config import command_config
-from leaderboard.homes import with_family
-from leaderboard.inputs import guarded
+from leaderboard import rerun
+from leaderboard.present import bundles
+from leaderboard.run.config import command_config
+from leaderboard.run.homes import with_family
+from leaderboard.run.inputs import guarded
+from leaderboard.score import results
+from leaderboard.seal import predictor_index
 from leaderboard_core import paths
 from leaderboard_core.report_tables import phase_stat
 from leaderboard_core.versioning import module_files

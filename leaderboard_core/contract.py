@@ -22,7 +22,7 @@ PRECISIONS = ("bf16", "fp8")  # GEMM precisions a cell can have (its ``gemm_dtyp
 # (conf/model's MoE fields; ``leaderboard_core.specs.is_moe``) with each expert split over the TP
 # group, or ``moe_ep``: spread whole over it (expert parallelism, a cell's ``moe_ep`` column).
 LAYER_KINDS = ("dense", "moe", "moe_ep")
-# Which of the home's measured op points fit gets (``split.home_points``, leaderboard/home_grid.py).
+# Which of the home's measured op points fit gets (``split.home_points``, leaderboard/run/home_grid.py).
 # Under held_out_shapes they lack every shape a scored cell reads, so constants frozen from the
 # default home must be refitted to stay out of sample.
 HELD_OUT_SHAPES = "held_out_shapes"

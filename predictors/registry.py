@@ -105,7 +105,7 @@ def imported() -> dict[str, type[Predictor]]:
 def describe(name: str, cls: type[Predictor]) -> dict[str, Any]:
     """What the harness needs of the predictor registered as ``name``, as JSON: where its class
     lives, its parameters (defaults, annotations, allowed values), its card and whether it times
-    single kernels. The harness reads this from a sealed child (``leaderboard.predictor_index``) and
+    single kernels. The harness reads this from a sealed child (``leaderboard.seal.predictor_index``) and
     never imports a predictor module itself."""
     return {"name": name, "module": cls.__module__, "qualname": cls.__qualname__,
             "defaults": cls.default_params(),

@@ -24,8 +24,9 @@ import polars as pl
 import pytest
 from network_guard import outbound_guard  # noqa: F401  (autouse: tests reach the loopback only)
 
-from leaderboard import sources, store
+from leaderboard.ingest import sources
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
+from leaderboard.store import database
 from leaderboard_core import paths
 
 pytest_plugins = ["pytester"]
@@ -77,7 +78,7 @@ def isolated_env(monkeypatch, tmp_path, closed_url):
 class RealStore:
     home: Path
     path: Path
-    report: store.BuildReport
+    report: database.BuildReport
 
     def sql(self, query: str) -> list[tuple]:
         with duckdb.connect(str(self.path), read_only=True) as con:
@@ -96,7 +97,7 @@ def real_store(tmp_path_factory, closed_url) -> RealStore:
             os.environ.pop(k, None)
         os.environ["LEADERBOARD_HOME"] = str(home)
         os.environ["LEADERBOARD_SOURCES_URL"] = closed_url
-        report = store.build(quiet=True)
+        report = database.build(quiet=True)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -144,8 +145,8 @@ class TinySources:
         path.write_text(text)
         return path
 
-    def build(self, only: list[str] | None = None) -> store.BuildReport:
-        return store.build(only=only, quiet=True)
+    def build(self, only: list[str] | None = None) -> database.BuildReport:
+        return database.build(only=only, quiet=True)
 
     @staticmethod
     def sql(query: str) -> list[tuple]:
@@ -173,9 +174,9 @@ class RealHome:
 @pytest.fixture(scope="session")
 def real_home(real_store) -> RealHome:
     """The a100_vidur home (default split) and the h200_vidur target, read from the real store."""
-    from leaderboard import homes
-    from leaderboard.catalog import StoreCatalog
-    from leaderboard.split import split
+    from leaderboard.run import homes
+    from leaderboard.run.split import split
+    from leaderboard.store.catalog import StoreCatalog
     from leaderboard_core.specs import load_gpu_specs, load_models
 
     saved = os.environ.get("LEADERBOARD_HOME")

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from leaderboard import store
+from leaderboard.store import database
 from leaderboard_core import paths
 from leaderboard_core.contract import PredictorCard, ReadingRequest
 from predictors.base import Predictor
@@ -180,7 +180,7 @@ class ThreadStore(Cheat):
 
         def steal():
             try:
-                with store.connect() as con:
+                with database.connect() as con:
                     found["truth"] = _cells_of(con)
             except Exception as exc:  # noqa: BLE001 - carried back to the calling thread
                 found["error"] = exc
@@ -195,7 +195,7 @@ class ThreadStore(Cheat):
 
 class ConstructorStore(Cheat):
     def __init__(self):
-        with store.connect() as con:
+        with database.connect() as con:
             self.truth_ = _cells_of(con)
 
     def truth(self, gpu):
@@ -240,7 +240,7 @@ class QuietStore(Cheat):
 
     def predict(self, cells, gpu):
         try:
-            with store.connect() as con:
+            with database.connect() as con:
                 _cells_of(con)
         except Exception:  # noqa: BLE001, S110 - the point: a refusal swallowed
             pass

@@ -13,7 +13,7 @@ import time
 import numpy as np
 from probe_predictors import ReadsPrefill
 
-from leaderboard import store
+from leaderboard.store import database
 from leaderboard_core import guard, paths
 from leaderboard_core.contract import PredictorCard
 from predictors.base import Predictor
@@ -97,7 +97,7 @@ class ErasesRecord(Networked):
 
     def predict(self, cells, gpu):
         try:
-            with store.connect():
+            with database.connect():
                 pass
         except Exception:  # noqa: BLE001, S110 - the point: a refusal swallowed
             pass
@@ -172,13 +172,13 @@ class SkipsReplay(Networked):
     TTFT/TPOT and timings into the facts."""
 
     def fit(self, home):
-        from leaderboard import sandbox_job
+        from leaderboard.seal import job
 
         def answer_nothing(estimator, gpu, inputs, out, ask):
             frame = sys._getframe(1)
             frame.f_locals["facts"].update(pred=[[123.0], [4.5]], steps=1e9, predict_seconds=1e-3)
 
-        sandbox_job.answer_steps = answer_nothing
+        job.answer_steps = answer_nothing
         return self
 
 

@@ -1,7 +1,8 @@
 """The import arrows: predictors -> leaderboard_core <- leaderboard, and the harness reaches the
 predictors only through the registry (and the contract types, which live in leaderboard_core).
 
-Read from the source with ``ast`` (every module-level import, ``from x import y`` resolved with
+The harness is in stages (``STAGES``), each importing only its own and those below. Read from
+the source with ``ast`` (every import, those inside functions too, ``from x import y`` resolved with
 ``importlib`` to tell a submodule from a name), so a new import that breaks an arrow fails here.
 """
 
@@ -158,32 +159,66 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
-# The circles the code has today, imports inside functions counted (issue 64 takes them to
-# none): a ratchet. A new circle, or one that grows, fails with its modules; when one is broken,
-# take it out of this list.
-KNOWN_CIRCLES = [
-    # hub.py is both a library (HubCatalog, read by run_inputs) and a command (hub_export)
-    {"leaderboard.explain", "leaderboard.hub", "leaderboard.hub_export", "leaderboard.run_inputs",
-     "leaderboard.report_sections", "leaderboard.serving.report_kv_write",
-     "leaderboard.serving.report_light", "leaderboard.serving.report_oracle",
-     "leaderboard.serving.report_unknowns"},
-    # new_engine builds an EstimatedEngine
-    {"leaderboard.serving.scheduler", "leaderboard.serving.sglang_kv"},
-]
+# The harness's stages, bottom to top: a module may import its own stage and those below, never
+# one above (imports inside functions counted). The commands (``python -m leaderboard.X``, and
+# ``cli``, the main command's Hydra task) stand at the top, in ``leaderboard/`` itself.
+STAGES = ("leaderboard_core", "leaderboard.ingest", "leaderboard.cells", "leaderboard.store",
+          "leaderboard.serving", "leaderboard.seal", "leaderboard.score", "leaderboard.run",
+          "leaderboard.present", "leaderboard")
+COMMAND_SUPPORT = {"leaderboard", "leaderboard.__main__", "leaderboard.cli"}
 
-def test_no_new_import_circle_imports_inside_functions_counted():
+
+def stage_of(module: str) -> int:
+    """The index in ``STAGES`` of the innermost stage that holds ``module``."""
+    holding = [s for s in STAGES if module == s or module.startswith(f"{s}.")]
+    return STAGES.index(max(holding, key=len))
+
+
+def upward_imports(name: str, path: Path) -> list[str]:
+    """``path`` (module ``name``)'s imports of a module in a higher stage, as ``file: name``."""
+    return [f"{path.relative_to(paths.REPO_ROOT) if path.is_relative_to(paths.REPO_ROOT) else path}"
+            f" imports {target} (stage {STAGES[stage_of(target)]}, above {STAGES[stage_of(name)]})"
+            for target in sorted(all_imports(path, name))
+            if target.split(".")[0] in ("leaderboard", "leaderboard_core")
+            and stage_of(target) > stage_of(name)] if name.split(".")[0] in (
+        "leaderboard", "leaderboard_core") else []
+
+
+def test_every_harness_module_stands_in_a_stage_and_the_top_holds_only_commands():
+    for name, path in modules().items():
+        if (name.split(".")[0] != "leaderboard" or name.count(".") != 1 or name in COMMAND_SUPPORT
+                or path.name == "__init__.py"):  # a stage package
+            continue
+        assert 'if __name__ == "__main__":' in path.read_text(), (
+            f"{path.relative_to(paths.REPO_ROOT)} stands at the top of leaderboard/ but is no "
+            "command: move it into the stage that matches what it imports (tests/test_arrows.py "
+            "STAGES)")
+
+
+def test_no_import_runs_up_a_stage_imports_inside_functions_counted():
+    found = [line for name, path in modules().items() for line in upward_imports(name, path)]
+    assert not found, "imports from a lower stage to a higher one:\n" + "\n".join(found)
+
+
+def test_no_import_circle_imports_inside_functions_counted():
     graph = {name: all_imports(path, name) for name, path in modules().items()}
-    for circle in circles(graph):
-        assert any(circle <= known for known in KNOWN_CIRCLES), (
-            f"a new import circle (or one that grew): {sorted(circle)}; break it, or see "
-            "issue 64 before adding to KNOWN_CIRCLES")
+    assert not circles(graph), f"import circles: {[sorted(c) for c in circles(graph)]}"
+
+
+def test_a_planted_upward_import_inside_a_function_fails_with_its_file_and_name(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def late():\n    from leaderboard.present import sections\n")
+    assert upward_imports("leaderboard.store.planted", planted) == [
+        f"{planted} imports leaderboard.present.sections (stage leaderboard.present, above "
+        "leaderboard.store)"]
+    assert upward_imports("leaderboard.present.planted", planted) == []
 
 
 def test_a_circle_through_an_import_inside_a_function_is_found(tmp_path):
     graph = {"a": {"b"}, "b": {"c"}, "c": set()}
     assert circles(graph) == []
     planted = tmp_path / "c.py"
-    planted.write_text("def late():\n    from leaderboard import evaluate\n")
-    graph["c"] = {n.removeprefix("leaderboard.").replace("evaluate", "a")
+    planted.write_text("def late():\n    from leaderboard.run import evaluate\n")
+    graph["c"] = {n.removeprefix("leaderboard.run.").replace("evaluate", "a")
                   for n in all_imports(planted, "leaderboard.c")}
     assert circles(graph) == [frozenset({"a", "b", "c"})]

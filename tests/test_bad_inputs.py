@@ -14,11 +14,12 @@ import polars as pl
 import pytest
 import yaml
 
-from leaderboard import data, sources, store
-from leaderboard.ingest import BuildError
+from leaderboard import data
+from leaderboard.ingest import BuildError, sources
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
-from leaderboard.quarantine import DUPLICATE_TOLERANCE
-from leaderboard.sources import SourceError
+from leaderboard.ingest.quarantine import DUPLICATE_TOLERANCE
+from leaderboard.ingest.sources import SourceError
+from leaderboard.store import database
 from leaderboard_core import paths
 from leaderboard_core.specs import SpecError
 
@@ -223,7 +224,7 @@ def test_corrupt_file_fails_build_and_keeps_old_store(tiny, monkeypatch, case):
     path = tiny.gemm([_gemm_row(8, 1.0), _gemm_row(16, 2.0)])
     tiny.build(AIC)
     old_bytes = paths.store_path().read_bytes()
-    old_meta = store.read_meta(paths.store_path())
+    old_meta = database.read_meta(paths.store_path())
 
     corrupt, error, problem = CORRUPTIONS[case]
     if corrupt is None:
@@ -236,7 +237,7 @@ def test_corrupt_file_fails_build_and_keeps_old_store(tiny, monkeypatch, case):
     assert str(path) in message and problem in message
 
     assert paths.store_path().read_bytes() == old_bytes
-    assert store.read_meta(paths.store_path()) == old_meta
+    assert database.read_meta(paths.store_path()) == old_meta
     assert tiny.sql("SELECT m, latency_ms FROM gemm ORDER BY m") == [(8, 1.0), (16, 2.0)]
     leftovers = [p.name for p in paths.store_path().parent.iterdir()
                  if p.name not in {"leaderboard.duckdb", ".build.lock"}]
@@ -312,11 +313,11 @@ def test_new_sku_without_spec_names_the_file_to_add(tiny, capsys):
 def test_spec_via_config_key(tiny, tmp_path):
     tiny.gemm([_gemm_row(8, 1.0)], sku="newgpu")
     specs = _new_spec_dir(tmp_path)
-    report = store.build(gpu_specs=str(specs), only=AIC, quiet=True)
+    report = database.build(gpu_specs=str(specs), only=AIC, quiet=True)
     assert report.rows["gemm"] == 1
     shutil.rmtree(specs)
     with pytest.raises(SpecError, match="newgpu.yaml"):
-        store.build(only=AIC, quiet=True)
+        database.build(only=AIC, quiet=True)
 
 
 def test_other_frameworks_in_a_new_sku_folder_are_skipped_and_listed(tiny, tmp_path, monkeypatch,

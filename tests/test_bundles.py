@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from outside_source import toy
 
-from leaderboard import bundles, predictor_index, results
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.present import bundles
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.score import results
+from leaderboard.seal import predictor_index
 from leaderboard_core.versioning import module_files
 
 
@@ -68,7 +70,8 @@ def test_a_bundle_reruns_from_its_own_code_alone_and_leaves_the_index_as_it_was(
     """The merger's own predictors_path may hold the bundled module (an author merging their
     bundle): while the bundle reruns only its code folder is registered, and afterwards the
     index is the merger's again, without the removed scratch folder."""
-    from leaderboard import bundles, predictor_index
+    from leaderboard.present import bundles
+    from leaderboard.seal import predictor_index
 
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -14,7 +14,7 @@ from leaderboard.cells.ops import op_datasets, op_points
 from leaderboard.cells.profiles import build_llmservingsim, build_vidurprof
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA
 from leaderboard.cells.wallclock import build_splitwise
-from leaderboard.tables import TABLES
+from leaderboard.ingest.tables import TABLES
 from leaderboard_core import paths
 from leaderboard_core.contract import VIDUR_OPS
 

@@ -14,7 +14,7 @@ from leaderboard.cells.grid import Grid, Point
 from leaderboard.cells.scheduler import Replay, Request, requests_from_trace
 from leaderboard.cells.snapping import Snapped, StepShape, nearest_log, snap
 from leaderboard.cells.traces import TraceError, check_rows
-from leaderboard.tables import TABLES
+from leaderboard.ingest.tables import TABLES
 from leaderboard_core.specs import load_models
 
 SIX = ["a100_vidur", "h100_vidur", "h200_vidur", "l40s_vidur", "b200_vidur", "gb200_vidur"]

@@ -8,9 +8,9 @@ import sys
 import pytest
 from hydra.core.config_store import ConfigStore
 
-from leaderboard.catalog import StoreCatalog
-from leaderboard.config import dataset_names, load_config
-from leaderboard.inputs import InputError
+from leaderboard.run.config import dataset_names, load_config
+from leaderboard.run.inputs import InputError
+from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core import paths
 from predictors import registry
 
@@ -30,7 +30,7 @@ def test_defaults_compose():
 
 
 def test_a_path_you_type_is_taken_from_the_working_folder(tmp_path, monkeypatch):
-    from leaderboard.run_inputs import RunSpec
+    from leaderboard.run.run_inputs import RunSpec
 
     monkeypatch.chdir(tmp_path)
     assert RunSpec("ours", "h200_vidur", {}, runs_dir="mine").runs_dir == tmp_path / "mine"
@@ -77,7 +77,8 @@ def test_a_typo_on_the_command_line_names_the_closest_choice(tmp_path):
 
 def test_a_stored_dataset_without_a_config_file_gets_a_node(store_home, monkeypatch):
     """A GPU added through a sources directory has a dataset in the store but no conf file."""
-    from leaderboard import cli, config
+    from leaderboard import cli
+    from leaderboard.run import config
 
     assert "h200_vidur" in config.stored_dataset_names()
     monkeypatch.setattr(config, "stored_dataset_names", lambda: ["h200_vidur", "newgpu_vidur"])
@@ -122,7 +123,7 @@ def test_a_misspelt_key_names_the_closest_instead_of_appending_it(typo, closest,
 
 
 def test_a_misspelt_section_or_a_key_below_a_value_is_named():
-    from leaderboard.config import command_config, unknown_key
+    from leaderboard.run.config import command_config, unknown_key
 
     assert "the config has no 'sourcess'; valid names:" in unknown_key(["sourcess.root=/x"])
     assert "Did you mean 'sources'?" in unknown_key(["sourcess.root=/x"])
@@ -150,7 +151,7 @@ def test_explain_takes_overrides_and_the_old_cell_form(capsys):
 
 
 def test_a_run_spec_follows_the_config_and_its_runs_dir_the_repository(tmp_path):
-    from leaderboard.evaluate import RunSpec
+    from leaderboard.run.evaluate import RunSpec
 
     cfg = load_config(["predictor=genz", "dataset=h100_vidur", "split.seed=7",
                        "dataset.home=[a100_vidur,h100_vidur]", "reading.max_points=3",

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import decisions
+from leaderboard.score import decisions
 
 BATCHES = [1, 2, 4, 8]
 MEASURED = [1.0, 1.5, 2.5, 5.0]  # ms: throughputs 1, 1.33, 1.6, 1.6 requests per ms
@@ -146,7 +146,7 @@ def test_a_run_carries_its_own_capacity_decisions():
 
 
 def test_serving_configuration_by_hand():
-    from leaderboard import report_decisions
+    from leaderboard.present import decisions_section
 
     # (TP, concurrency, measured TPOT ms): 800, 1600 and 1280 output tokens/s per GPU
     configs = [(1, 8, 10.0), (1, 32, 20.0), (2, 64, 25.0)]
@@ -156,7 +156,7 @@ def test_serving_configuration_by_hand():
                  "isl": 1024, "osl": 128, "tp": tp, "concurrency": c, "phase": "tpot",
                  "gt_ms": t, "pred_ms": t * factor} for tp, c, t in configs]
 
-    choices = report_decisions.serving_choices(
+    choices = decisions_section.serving_choices(
         pl.DataFrame(rows("perfect", 1.0) + rows("optimist", 0.5))).sort("predictor", "slo_ms")
     perfect = choices.filter(pl.col("predictor") == "perfect")
     assert perfect["regret"].to_list() == [0.0, 0.0, 0.0] and not perfect["violation"].any()
@@ -168,12 +168,12 @@ def test_serving_configuration_by_hand():
 
 
 def test_tied_picks_name_the_choices_the_prediction_did_not_make():
-    from leaderboard import report_decisions
+    from leaderboard.present import decisions_section
 
     rows = [{"predictor": p, "workload_id": w, "sku": s, "tp": 1, "gt_ms": 1.0,
              "pred_ms": 2.0 if p == "flat" else {"a": 1.0, "b": 2.0}[s]}
             for p in ("flat", "sloped") for w in ("w1", "w2") for s in ("a", "b")]
-    tied = report_decisions.tied_picks(pl.DataFrame(rows))
+    tied = decisions_section.tied_picks(pl.DataFrame(rows))
     assert tied == {"flat": 100.0, "sloped": 0.0}
     # at a price that makes b's cost equal a's, the sloped predictor ties too
-    assert report_decisions.tied_picks(pl.DataFrame(rows), {"a": 2.0, "b": 1.0})["sloped"] == 100
+    assert decisions_section.tied_picks(pl.DataFrame(rows), {"a": 2.0, "b": 1.0})["sloped"] == 100

@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 from conftest import load_benchmark
 
+from leaderboard.present.serving_unknowns import engine_choices
 from leaderboard.serving import simulate
-from leaderboard.serving.report_unknowns import engine_choices
 from leaderboard_core.specs import load_gpu_specs, load_models
 
 
@@ -188,7 +188,7 @@ def test_a_missed_set_says_what_each_unknown_was_measured_to_give(tmp_path):
     off (10 %), the best closed-loop length and each engine choice but the headline, its TTFT
     and TPOT beside the headline's in the same benchmark. A set
     that meets the goal says nothing more; without the benchmarks' files, only the bracket."""
-    from leaderboard.serving.report_oracle import what_stops_the_oracle
+    from leaderboard.present.serving_oracle import what_stops_the_oracle
 
     def rows(dataset, gt, lockstep, steady, tpot=10.0):
         n = len(gt)

@@ -11,9 +11,10 @@ import polars as pl
 import probe_predictors
 import pytest
 
-from leaderboard import landlock, run_inputs, sandbox, sandbox_talk
-from leaderboard.evaluate import RunSpec, run
-from leaderboard.split import split
+from leaderboard.run import run_inputs
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.run.split import split
+from leaderboard.seal import landlock, sandbox, talk
 from leaderboard_core import paths
 from leaderboard_core.contract import NotSupported
 from predictors import registry
@@ -27,7 +28,7 @@ PROBES = {"spy": probe_predictors.Spy, "peeks_at_ground_truth": probe_predictors
 # The spies write what they saw to their cache, after a reading too, which a run undoes
 # (sandbox_talk.put_back); the probes fixture lets them keep it, and the undoing is tested on
 # its own.
-PUT_BACK = sandbox_talk.put_back
+PUT_BACK = talk.put_back
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def probes(monkeypatch, store_home):
     registry.discover()
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     # Blind only the cache comparison around a reading; the cache's key is seeded, so kept.
-    monkeypatch.setattr(sandbox_talk, "put_back", lambda cache, snapshot, before: [])
+    monkeypatch.setattr(talk, "put_back", lambda cache, snapshot, before: [])
     for name, cls in PROBES.items():
         registry.register(name)(cls)
     for old in (store_home.home / "predictor-cache").glob("*/llm-leaderboard/spy"):
@@ -196,7 +197,7 @@ def test_a_reading_kept_in_the_predictor_cache_is_invalid_and_removed(probes, tm
     """The cache outlives the run: readings hoarded there would pass the cap over several
     runs. A cache changed after the reading request makes the run INVALID and is put back as it
     was before the reading was answered."""
-    monkeypatch.setattr(sandbox_talk, "put_back", PUT_BACK)
+    monkeypatch.setattr(talk, "put_back", PUT_BACK)
     for _ in range(2):
         result = _run(tmp_path, "hoards_reading", "h200_vidur")
         assert result.metrics["valid"] is False and result.metrics["profiled_rows"] == 2

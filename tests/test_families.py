@@ -9,12 +9,14 @@ import shutil
 import polars as pl
 import pytest
 
-from leaderboard import config, data, families, homes, roster
-from leaderboard.catalog import StoreCatalog
+from leaderboard import data
+from leaderboard.cells import families
 from leaderboard.cells.common import cell_set
-from leaderboard.families import DatasetFamily, register_family
-from leaderboard.homes import with_family
-from leaderboard.report_leaderboard import main_leaderboard
+from leaderboard.cells.families import DatasetFamily, register_family
+from leaderboard.present.leaderboard_table import main_leaderboard
+from leaderboard.run import config, homes, roster
+from leaderboard.run.homes import with_family
+from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core import paths
 from predictors import registry
 from tests.conftest import TinySources

@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 import pytest
 
-from leaderboard import sources
+from leaderboard.ingest import sources
 from leaderboard_core.specs import load_gpu_specs
 from predictors import registry
 from predictors.rf import GRIDS, TOKEN_ROUNDING, fit_forest

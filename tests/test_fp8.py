@@ -11,9 +11,9 @@ import pytest
 from conftest import requires_shared
 from test_cells_vidur import AIC, _cells, _heads, _one, _raw, check_random_cells
 
-from leaderboard import families
+from leaderboard.cells import families
 from leaderboard.cells.schema import CELL_SCHEMA, derive
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
 from leaderboard_core.contract import Home, NotSupported
 from leaderboard_core.specs import load_gpu_specs
 from predictors.ours import Ours, config, ops
@@ -230,7 +230,7 @@ def test_the_fp8_check_on_a_table_by_hand():
     """A synthetic table: a half-time FP8 table passes, an equal-time one and one at 0.65 fail,
     small shapes are not looked at, and only failing FP8 rows leave the table."""
     from leaderboard.cells import fp8_check
-    from leaderboard.quarantine import Quarantine
+    from leaderboard.ingest.quarantine import Quarantine
 
     gpus = load_gpu_specs()
     rows = []

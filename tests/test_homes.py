@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard.evaluate import RunSpec, run
-from leaderboard.run_inputs import load_inputs
-from leaderboard.split import split
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.run.run_inputs import load_inputs
+from leaderboard.run.split import split
 from leaderboard_core.contract import Home
 from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes
 from predictors import registry
@@ -224,8 +224,8 @@ def test_a_family_without_an_op_grid_fits_on_the_points_behind_its_cells(store_h
 def test_a_home_keeps_which_points_it_holds_through_the_sandbox_and_a_merge(tmp_path):
     """``Home.points`` is what ours reads to refit: the bundle the sandboxed child gets and a
     merged home of several must carry it."""
-    from leaderboard import homes
-    from leaderboard.sandbox_bundle import read_home, write_home
+    from leaderboard.run import homes
+    from leaderboard.seal.bundle import read_home, write_home
 
     gpu = load_gpu_specs()["a100_sxm"]
     home = Home(sku="a100_sxm", gpu=gpu, dataset="synthetic", cells=pl.DataFrame({"model": ["m"]}),
@@ -243,7 +243,7 @@ def test_a_bundle_frame_is_the_same_bytes_whatever_memory_lay_under_its_nulls(tm
     or a run refits what it had cached (the values under nulls used to vary by process)."""
     import pyarrow as pa
 
-    from leaderboard.sandbox_bundle import read_frame, write_frame
+    from leaderboard.seal.bundle import read_frame, write_frame
 
     def with_under_null(value: float, text: str) -> pl.DataFrame:
         validity = pa.py_buffer(bytes([0b101]))  # rows 0 and 2 valid, row 1 null

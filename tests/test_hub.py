@@ -16,9 +16,10 @@ import polars as pl
 import pytest
 import yaml
 
-from leaderboard import evaluate, hub_export, run_inputs
-from leaderboard.catalog import StoreCatalog
-from leaderboard.hub_catalog import HubCatalog, HubError
+from leaderboard.present import hub_export
+from leaderboard.run import evaluate, run_inputs
+from leaderboard.store.catalog import StoreCatalog
+from leaderboard.store.hub_catalog import HubCatalog, HubError
 from leaderboard_core.contract import PredictorCard
 from predictors import registry
 from predictors.base import Predictor
@@ -188,7 +189,7 @@ def run_isolated(script: str, tmp_path: Path, **env: str) -> tuple[str, float]:
 
 
 FAIL_ON_HUB_ID = """
-    from leaderboard.hub_catalog import HubCatalog, HubError
+    from leaderboard.store.hub_catalog import HubCatalog, HubError
     try:
         HubCatalog("someone/llm-steps").cells("h200_vidur")
     except HubError as exc:

@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import sandbox_job
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.seal import job
 from leaderboard.serving.replay import closed_loop
 from leaderboard.serving.scheduler import Policy
 from leaderboard_core import paths
@@ -59,16 +59,16 @@ class _Counted:
 
 def test_a_fit_is_kept_once_and_read_back_and_a_large_one_is_not_kept(tmp_path, monkeypatch):
     kept, facts = tmp_path / "fitted-abc.pickle", {"invalid_reasons": []}
-    first = sandbox_job._fitted(_Counted(), None, kept, facts)
+    first = job._fitted(_Counted(), None, kept, facts)
     assert _Counted.fits == 1 and kept.is_file() and "fit_reused" not in facts
-    again = sandbox_job._fitted(_Counted(), None, kept, facts := {"invalid_reasons": []})
+    again = job._fitted(_Counted(), None, kept, facts := {"invalid_reasons": []})
     assert _Counted.fits == 1 and facts["fit_reused"] is True
     np.testing.assert_array_equal(first.weights_, again.weights_)
     with kept.open("rb") as f:
         assert pickle.load(f)["fit_seconds"] == facts["fit_seconds"]
-    monkeypatch.setattr(sandbox_job, "MAX_KEPT_FIT", 1 << 10)
+    monkeypatch.setattr(job, "MAX_KEPT_FIT", 1 << 10)
     big = tmp_path / "fitted-big.pickle"
-    sandbox_job._fitted(_Counted(payload=4096), None, big, {"invalid_reasons": []})
+    job._fitted(_Counted(payload=4096), None, big, {"invalid_reasons": []})
     assert not big.exists() and big.with_suffix(".too-large").exists()
     assert not list(tmp_path.glob(".*partial"))
     assert not kept.exists()  # a new fit's keep replaces the older code's

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from conftest import load_benchmark
 
-from leaderboard import report_sections
+from leaderboard.present import sections
 
 kernel_floors = load_benchmark("kernel_floors")
 
@@ -50,7 +50,7 @@ def test_the_measured_floors_are_the_stores_points(real_store):
 
 def test_the_report_shows_the_floors_and_the_widest_spread(tmp_path):
     path = tmp_path / "floors.json"
-    assert "No benchmark result" in "\n".join(report_sections.kernel_floors(path))
+    assert "No benchmark result" in "\n".join(sections.kernel_floors(path))
     rows = [{"gpu": "b200_sxm", "vllm": v, "in_vidur": v == "0.19.0", "attention_us": a,
              "ours_attention_us": 9.93, "allreduce_us": None, "ours_allreduce_us": 5.5}
             for v, a in (("0.19.0", 6.0), ("0.24.0", 9.0))]
@@ -58,7 +58,7 @@ def test_the_report_shows_the_floors_and_the_widest_spread(tmp_path):
         "attention": {"batch": 1, "kv_len": 63, "num_heads": 8, "num_kv_heads": 2,
                       "head_dim": 128}, "allreduce": kernel_floors.ALLREDUCE,
         "code_version": "abc", "date": "today", "rows": rows}))
-    text = "\n".join(report_sections.kernel_floors(path))
+    text = "\n".join(sections.kernel_floors(path))
     assert "| b200_sxm | 0.19.0 | yes | 6.0 | 9.9 | — | 5.5 |" in text
     assert "the decode-attention floor moves by up to 50 % (b200_sxm)" in text
     assert "all-reduce floor moves" not in text  # measured at one version at most

@@ -11,8 +11,8 @@ import pytest
 from conftest import SHARED, load_benchmark
 
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
-from leaderboard.serving.report_kv_write import kv_write, kv_write_measured
-from leaderboard.serving.report_unknowns import unknowns_measured
+from leaderboard.present.serving_kv_write import kv_write, kv_write_measured
+from leaderboard.present.serving_unknowns import unknowns_measured
 from leaderboard_core.specs import load_models
 
 

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 from conftest import load_benchmark
 
-from leaderboard.serving.report_light import light_kernels, light_kernels_measured
-from leaderboard.serving.report_unknowns import unknowns_measured
+from leaderboard.present.serving_light import light_kernels, light_kernels_measured
+from leaderboard.present.serving_unknowns import unknowns_measured
 from leaderboard_core.specs import load_models
 
 OPS = ("input_layernorm", "post_attention_layernorm", "add", "attn_rope", "mlp_act")

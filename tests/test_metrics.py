@@ -7,8 +7,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import cli, metrics
-from leaderboard.metrics import Metric, register_metric
+from leaderboard import cli
+from leaderboard.score import metrics
+from leaderboard.score.metrics import Metric, register_metric
 
 
 def test_summary_keys_and_values_recomputed_from_the_errors():

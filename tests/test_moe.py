@@ -18,7 +18,7 @@ from test_rooflines import cells as _moe_cells
 
 from leaderboard.cells import memory
 from leaderboard.cells.vidur_method import CONFIG
-from leaderboard.run_inputs import require_card_scope
+from leaderboard.run.run_inputs import require_card_scope
 from leaderboard_core import specs
 from leaderboard_core.contract import NotSupported, PredictorCard
 from leaderboard_core.specs import load_models
@@ -255,7 +255,7 @@ def _silicon_row(**change) -> dict:
      "32 attention heads, which TP 3 does not divide"),
 ])
 def test_which_moe_serving_runs_are_replayed(change, says):
-    from leaderboard.serving.datasets import exclusion
+    from leaderboard.cells.serving_targets import exclusion
     from leaderboard_core.specs import load_gpu_specs
 
     why = exclusion(_silicon_row(**change), load_gpu_specs(), load_models())
@@ -299,7 +299,7 @@ def _run(predictor, dataset, family, split, mape=None, why=None):
 
 
 def test_the_moe_section_tables_each_family_and_names_who_declines():
-    from leaderboard import report_moe
+    from leaderboard.present import moe as report_moe
 
     runs = pl.DataFrame([
         _run("ours", "h100_vidur_moe", "vidur_moe", "home_heldout", 12.0),

@@ -15,7 +15,7 @@ from test_cells_vidur import AIC, _cells, _one, _raw, attention_and_allreduce
 from test_rooflines import cells as _cells_of
 
 from leaderboard.cells.vidur_method import CONFIG
-from leaderboard.run_inputs import require_card_scope
+from leaderboard.run.run_inputs import require_card_scope
 from leaderboard_core.contract import NotSupported, PredictorCard, expert_groups
 from leaderboard_core.specs import load_gpu_specs, load_models
 from predictors._roofline import point_seconds
@@ -215,7 +215,7 @@ def test_an_expert_parallel_serving_run_replays_steps_that_say_so():
 
 
 def test_a_learner_is_not_supported_where_home_and_target_place_the_experts_differently():
-    from leaderboard.run_inputs import require_card_scope as scope
+    from leaderboard.run.run_inputs import require_card_scope as scope
 
     split = pl.DataFrame({"model": ["mixtral-8x7b"], "tp": [2], "gemm_dtype": ["bf16"],
                           "moe_ep": pl.Series([None], dtype=pl.Int64)})

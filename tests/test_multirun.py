@@ -75,7 +75,7 @@ def test_the_rerun_through_submitits_local_executor_scores_as_the_pool_does(tmp_
     """rerun.launcher=local sends each run as a submitit array task (the path launcher=slurm
     takes to a cluster); its numbers are those of the same runs made here."""
     from leaderboard import rerun
-    from leaderboard.evaluate import RunSpec, run
+    from leaderboard.run.evaluate import RunSpec, run
 
     specs = [RunSpec("llm_viewer", d, {}, runs_dir=tmp_path / "jobs") for d in
              ("h100_vidur", "l40s_vidur")]

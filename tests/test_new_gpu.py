@@ -10,9 +10,12 @@ import shutil
 import pytest
 import yaml
 
-from leaderboard import config, data, sources, store
-from leaderboard.evaluate import RunSpec, run
+from leaderboard import data
+from leaderboard.ingest import sources
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
+from leaderboard.run import config
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.store import database
 from leaderboard_core import paths
 
 # A small real sources root: the two homes' and one measured GPU's tables (the new GPU is the
@@ -41,7 +44,7 @@ def new_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "load_pins", lambda *args, **kwargs: [])
     monkeypatch.setenv("LEADERBOARD_SOURCES", str(root))
     monkeypatch.setenv("LEADERBOARD_GPU_SPECS", str(specs))
-    store.build(quiet=True)
+    database.build(quiet=True)
     return root, specs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from leaderboard import op_atlas, results
+from leaderboard.score import op_atlas, results
 
 
 def test_per_op_table_by_hand():

@@ -66,7 +66,7 @@ def test_a_module_that_reaches_for_the_store_when_imported_stops_the_commands(st
     then reach every run): that child is sealed and watched as a run's child, so a module that
     tries the store, by a plain open (the audit hook) or through the suite (the seal), and
     swallows the refusal is named, and nothing runs."""
-    from leaderboard import predictor_index  # noqa: PLC0415 - the harness side of describing
+    from leaderboard.seal import predictor_index  # noqa: PLC0415 - the harness side of describing
 
     folder = tmp_path / "sly"
     folder.mkdir()
@@ -80,7 +80,7 @@ def test_a_module_that_reaches_for_the_store_when_imported_stops_the_commands(st
 
 
 def test_a_predictors_path_in_or_around_the_measurements_is_refused(store_home, tmp_path):
-    from leaderboard import predictor_index  # noqa: PLC0415 - the harness side
+    from leaderboard.seal import predictor_index  # noqa: PLC0415 - the harness side
 
     for folder in (store_home.home / "mine", store_home.home.parent):
         with pytest.raises(ValueError, match="where measurements lie"):

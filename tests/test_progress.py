@@ -11,7 +11,7 @@ import pytest
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.model_selection import GridSearchCV
 
-from leaderboard import store
+from leaderboard.store import database
 from leaderboard_core import paths, progress
 from predictors import rf
 from predictors.rf import VidurRandomForest
@@ -52,7 +52,7 @@ def test_waiting_on_another_build_says_so(capfd):
         got_lock = threading.Event()
 
         def wait_for_build():
-            with store._build_lock():
+            with database._build_lock():
                 got_lock.set()
 
         waiter = threading.Thread(target=wait_for_build)

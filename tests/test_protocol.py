@@ -115,7 +115,7 @@ def test_op_level_contract(name, real_store, real_home):
     import duckdb
 
     from leaderboard.cells.ops import op_points
-    from leaderboard.op_level import MEASURED, with_ids
+    from leaderboard.run.op_level import MEASURED, with_ids
 
     with duckdb.connect(str(real_store.path), read_only=True) as con:
         points = with_ids(op_points(con, "h200_sxm_ops")).rename({"latency_ms": "gt_ms"})

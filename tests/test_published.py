@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from leaderboard import published
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
 
 
 @pytest.mark.slow

@@ -9,15 +9,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import (
-    atlas,
-    predictor_index,
-    ranking,
-    report,
-    report_headline,
-    report_leaderboard,
-    results,
-)
+from leaderboard import report
+from leaderboard.present import headline as report_headline
+from leaderboard.present import leaderboard_table as report_leaderboard
+from leaderboard.score import atlas, ranking, results
+from leaderboard.seal import predictor_index
 from leaderboard_core import paths
 from leaderboard_core.contract import PredictorCard
 from leaderboard_core.report_tables import PhaseMapes
@@ -262,7 +258,7 @@ def test_rows_equal_to_the_printed_digit_keep_their_name_order(tmp_path, monkeyp
 def two_specs(tmp_path, monkeypatch):
     """Two leaderboard runs expected (tiny on h100 and h200); only the h100 one is written."""
     from leaderboard import rerun
-    from leaderboard.evaluate import RunSpec
+    from leaderboard.run.evaluate import RunSpec
 
     monkeypatch.setattr(results, "store_versions", lambda: VERSIONS)
     monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: [
@@ -324,7 +320,7 @@ def test_composed_cells_are_left_out_of_the_ranking_and_the_places():
 
 
 def test_the_seal_cost_section_shows_each_run_and_the_target(tmp_path):
-    from leaderboard import report_sections
+    from leaderboard.present import sections
 
     bench = {"repeats": 3, "target_ratio": 1.3, "code_version": "abc", "date": "2026-12-01",
              "results": [{"predictor": "ours", "dataset": "h100_vidur", "walled_s": 2.6,
@@ -332,10 +328,10 @@ def test_the_seal_cost_section_shows_each_run_and_the_target(tmp_path):
                           "bare_sandbox": "landlock", "ratio": 2.6 / 1.9, "met": False}]}
     path = tmp_path / "seal.json"
     path.write_text(json.dumps(bench))
-    text = "\n".join(report_sections.seal_overhead(path))
+    text = "\n".join(sections.seal_overhead(path))
     assert "| ours | h100_vidur | 2.60 | namespaces+landlock | 1.90 | landlock | 1.37 | **NO** |" in text
     assert "target walled / bare ≤ 1.3" in text
-    assert "No benchmark result" in "\n".join(report_sections.seal_overhead(tmp_path / "none"))
+    assert "No benchmark result" in "\n".join(sections.seal_overhead(tmp_path / "none"))
 
 
 def test_headline_is_the_gpu_mean_of_each_kind_recomputed_by_hand(tmp_path, monkeypatch):
@@ -387,7 +383,7 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
     """A serving run fitted on its own GPU is the oracle: never a leaderboard row, always the
     report's oracle row; the rerun's oracle spec (a home named as one string) counts as present."""
     from leaderboard import rerun
-    from leaderboard.evaluate import RunSpec
+    from leaderboard.run.evaluate import RunSpec
 
     monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
     monkeypatch.setitem(VERSIONS, "h100_silicon", "vsil")
@@ -403,7 +399,7 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
                                   "home_points: every_shape (default full_grid)"])
     current = results.current(results.load_runs(tmp_path), versions).pl()
     assert set(current["run_id"]) == {"ranked", "oracle"}
-    from leaderboard import report_leaderboard as board
+    from leaderboard.present import leaderboard_table as board
 
     ranked = board.leaderboard_runs(current, ["h100_silicon"])
     assert ranked["run_id"].to_list() == ["ranked"]
@@ -425,7 +421,7 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
 
 
 def test_ttft_within_the_oracles_error_of_the_best_is_a_tie():
-    from leaderboard.serving.report import ttft_ties
+    from leaderboard.present.serving_section import ttft_ties
 
     def runs(rows):
         return pl.DataFrame([{"predictor": p, "dataset": d, "valid": True,
@@ -441,13 +437,13 @@ def test_ttft_within_the_oracles_error_of_the_best_is_a_tie():
 
 
 def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):
-    from leaderboard import report_protocols
-    from leaderboard.homes import leave_one_gpu_out
+    from leaderboard.present import protocols
+    from leaderboard.run.homes import leave_one_gpu_out
 
     rows = {n: {"name": n, "kind": "cells", "sku": SKUS[n]} for n in VERSIONS}
     rows["h100_sxm_ops"] = {"name": "h100_sxm_ops", "kind": "ops", "sku": "h100_sxm"}
     assert leave_one_gpu_out("a100_vidur", rows) == ["h100_vidur", "h200_vidur"]
-    from leaderboard.homes import homes_of
+    from leaderboard.run.homes import homes_of
 
     assert homes_of("h200_vidur", "logo", rows) == ["a100_vidur", "h100_vidur"]
     monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
@@ -460,9 +456,9 @@ def test_leave_one_gpu_out_runs_are_found_and_tabled(tmp_path, monkeypatch):
     current = results.current(results.load_runs(tmp_path), VERSIONS).pl()
     one_home = report_leaderboard.leaderboard_runs(current, sorted(VERSIONS))
     assert "logo-a100" not in set(one_home["run_id"])  # five (here two) homes: not the one-home table
-    left_out = report_protocols.leave_one_out_runs(current, one_home)
+    left_out = protocols.leave_one_out_runs(current, one_home)
     assert left_out["run_id"].to_list() == ["logo-a100"]
-    lines = report_protocols.leave_one_out_leaderboard(left_out)
+    lines = protocols.leave_one_out_leaderboard(left_out)
     assert any(line.startswith("| tiny | 12.5 |") for line in lines), lines
 
 
@@ -471,7 +467,8 @@ def test_the_home_out_of_sample_sits_beside_the_default_home_and_off_the_leaderb
     """The table sets the held-out-shapes run beside the default run, over all its cells and
     over the held-out configurations' cells only (recomputed here: 30 % on qwen3-8b TP2); a
     run of another seed is not a second row, and a failed run shows its reason."""
-    from leaderboard import report_leaderboard, report_protocols
+    from leaderboard.present import leaderboard_table as report_leaderboard
+    from leaderboard.present import protocols
 
     def predictions(rows):
         return pl.DataFrame([{"cell_id": f"c{i}", "model": m, "tp": tp, "composed": composed,
@@ -495,19 +492,19 @@ def test_the_home_out_of_sample_sits_beside_the_default_home_and_off_the_leaderb
     current = results.current(results.load_runs(tmp_path), VERSIONS).pl()
     one_home = report_leaderboard.leaderboard_runs(current, sorted(VERSIONS))
     assert sorted(one_home["run_id"]) == ["default", "other-default"]
-    lines = report_protocols.home_out_of_sample(current, one_home)
+    lines = protocols.home_out_of_sample(current, one_home)
     assert "| tiny | 3.0 | 30.0 | 21.5 | — | 25.0 | 40 |" in lines, lines
     assert sum(line.startswith("| tiny |") for line in lines) == 1
     assert any(line.startswith("| other |") and "INVALID: NotSupported: fitted per configuration"
                in line for line in lines), lines
     assert "(here: qwen3-8b TP2)" in " ".join(lines)
-    assert report_protocols.home_out_of_sample(current.filter(pl.col("run_id") == "default"),
+    assert protocols.home_out_of_sample(current.filter(pl.col("run_id") == "default"),
                                                one_home) == []
 
 
 def test_a_run_on_another_home_is_not_a_second_leaderboard_row():
-    from leaderboard import predictor_index
-    from leaderboard.split import default_split
+    from leaderboard.run.split import default_split
+    from leaderboard.seal import predictor_index
 
     split, defaults = default_split(), predictor_index.index()["ours"]["defaults"]
 
@@ -554,10 +551,11 @@ def test_a_rerun_redoes_only_stale_or_missing_runs_and_lists_them_dry(two_specs,
                                                                         capsys):
     """tiny on h100 has a current run, tiny on h200 none: a dry run lists the h200 run only;
     ``rerun.all=true`` lists both; ``predictor=`` filters, an unknown one names the fix."""
-    from leaderboard import rerun, store
-    from leaderboard.inputs import InputError
+    from leaderboard import rerun
+    from leaderboard.run.inputs import InputError
+    from leaderboard.store import database
 
-    monkeypatch.setattr(store, "ensure", lambda: None)
+    monkeypatch.setattr(database, "ensure", lambda: None)
     monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
     assert rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true"]) == 0
     out = capsys.readouterr()
@@ -576,7 +574,7 @@ def test_a_bundle_merges_only_current_rankable_runs_of_its_own_predictors(tmp_pa
     another dataset version, an unrankable run, a run whose id names another, and a bundle of
     another harness or claiming a predictor of the suite's own are refused, with the reason
     (the second hostile review forged such a bundle and hid an honest llm_viewer run)."""
-    from leaderboard import bundles
+    from leaderboard.present import bundles
     from leaderboard_core.versioning import harness_hash
 
     sent = tmp_path / "sent"
@@ -614,7 +612,7 @@ def test_a_bundle_merges_only_current_rankable_runs_of_its_own_predictors(tmp_pa
 def test_a_bundle_carries_its_predictors_code_for_the_maintainer_to_rerun(tmp_path):
     import tarfile
 
-    from leaderboard import bundles
+    from leaderboard.present import bundles
 
     folder = tmp_path / "mine"
     folder.mkdir()
@@ -632,7 +630,8 @@ def test_a_bundle_carries_its_predictors_code_for_the_maintainer_to_rerun(tmp_pa
 def test_only_the_suites_own_predictors_add_sections(monkeypatch):
     """A predictors_path module's report_sections hook could print a table that reads as the
     leaderboard's: only sections headed with a built-in predictor's name are kept."""
-    from leaderboard import predictor_index, report_sections
+    from leaderboard.present import sections
+    from leaderboard.seal import predictor_index
 
     monkeypatch.setattr(predictor_index, "report_sections", lambda runs: [
         "## ours: the ladder", "| ours | 1 |", "## Leaderboard: MAPE % per phase (vidur)",
@@ -641,5 +640,5 @@ def test_only_the_suites_own_predictors_add_sections(monkeypatch):
         "ours": {"module": "predictors.ours"}, "hooky": {"module": "hooky"}})
     monkeypatch.setattr(predictor_index, "folder_of", lambda module: "/x" if module == "hooky"
                         else None)
-    assert report_sections.predictor_sections(pl.DataFrame()) == [
+    assert sections.predictor_sections(pl.DataFrame()) == [
         "## ours: the ladder", "| ours | 1 |", "## ours", "y"]

@@ -13,10 +13,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from leaderboard import homes
-from leaderboard.catalog import StoreCatalog
-from leaderboard.evaluate import RunSpec, run
-from leaderboard.split import split
+from leaderboard.run import homes
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.run.split import split
+from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core.contract import Home, NotSupported
 from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models
 from predictors import _model_cache

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from leaderboard import sandbox_talk
-from leaderboard.sandbox_talk import Channel, PipeLines
+from leaderboard.seal import talk as sandbox_talk
+from leaderboard.seal.talk import Channel, PipeLines
 
 
 def _lines_of(chunks: list[bytes], limit: int, count: int) -> list[bytes]:

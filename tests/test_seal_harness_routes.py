@@ -18,10 +18,12 @@ import polars as pl
 import pytest
 from outside_source import toy
 
-from leaderboard import config, predictor_index, rankable, sandbox, sandbox_job, seal_scan
-from leaderboard.evaluate import RunSpec, run
-from leaderboard.inputs import InputError
-from leaderboard.seal_walls import SealRefused
+from leaderboard.run import config, rankable
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.run.inputs import InputError
+from leaderboard.seal import job as sandbox_job
+from leaderboard.seal import predictor_index, sandbox, scan
+from leaderboard.seal.walls import SealRefused
 from leaderboard_core import paths
 
 
@@ -164,7 +166,7 @@ def test_raised_reading_caps_are_not_rankable(store_home, tmp_path):
 
 def test_the_rankable_rules(store_home):
     """Worked by hand on one run's inputs: each rule alone makes the run unrankable."""
-    from leaderboard.run_inputs import load_inputs
+    from leaderboard.run.run_inputs import load_inputs
 
     spec = RunSpec("ours", "h200_vidur", {})
     inputs = load_inputs(spec)
@@ -230,12 +232,12 @@ def fake_store(tmp_path, monkeypatch):
     with duckdb.connect(str(home / "store" / "leaderboard.duckdb")) as con:
         con.execute("CREATE TABLE cells AS SELECT 'c' AS cell_id, 1.5 AS gt_ms")
     monkeypatch.setenv("LEADERBOARD_HOME", str(home))
-    seal_scan.measurement_copies.cache_clear()
+    scan.measurement_copies.cache_clear()
     return home / "store" / "leaderboard.duckdb"
 
 
 def _refused(folder) -> str:
-    seal_scan.measurement_copies.cache_clear()
+    scan.measurement_copies.cache_clear()
     with pytest.raises(SealRefused) as refused:
         sandbox.checked_code([str(folder)])
     return str(refused.value)
@@ -267,12 +269,12 @@ def test_a_table_named_as_one_is_found_in_the_installation_too(fake_store, tmp_p
     site = tmp_path / "site-packages" / "share"
     site.mkdir(parents=True)
     pl.DataFrame({"cell_id": ["c"], "gt_ms": [1.5]}).write_parquet(site / "cells.parquet")
-    found = seal_scan.measurement_copies((str(tmp_path / "site-packages"),), (), ())
+    found = scan.measurement_copies((str(tmp_path / "site-packages"),), (), ())
     assert found == [(str(site / "cells.parquet"), "a table with measured times (gt_ms)")]
 
 
 def test_a_hub_export_into_a_folder_a_child_reads_is_refused(store_home):
-    from leaderboard import hub_export
+    from leaderboard.present import hub_export
 
     inside = Path(sys.prefix) / "share" / "lb-export"
     with pytest.raises(ValueError, match="which a predictor's child may read"):
@@ -281,7 +283,7 @@ def test_a_hub_export_into_a_folder_a_child_reads_is_refused(store_home):
 
 
 def test_a_datasheet_from_elsewhere_is_not_rankable(store_home, tmp_path):
-    from leaderboard.run_inputs import load_inputs
+    from leaderboard.run.run_inputs import load_inputs
 
     specs = tmp_path / "specs"
     specs.mkdir()
@@ -294,7 +296,7 @@ def test_a_datasheet_from_elsewhere_is_not_rankable(store_home, tmp_path):
 
 def test_a_table_without_measured_times_is_readable(fake_store, folder):
     pl.DataFrame({"n": [1], "k": [2]}).write_parquet(folder / "shapes.parquet")
-    seal_scan.measurement_copies.cache_clear()
+    scan.measurement_copies.cache_clear()
     sandbox.checked_code([str(folder)])
 
 
@@ -349,7 +351,7 @@ def test_an_answer_too_large_or_too_deep_is_an_error(folder, monkeypatch):
 def test_a_prediction_file_larger_than_the_run_needs_is_not_read(tmp_path):
     import numpy as np
 
-    from leaderboard import child_files
+    from leaderboard.seal import child_files
     np.save(tmp_path / "pred.npy", np.ones(10_000))
     assert len(child_files.load_array(tmp_path / "pred.npy", 10_000)) == 10_000
     with pytest.raises(FileNotFoundError, match="too big"):
@@ -363,7 +365,7 @@ def test_a_prediction_file_larger_than_the_run_needs_is_not_read(tmp_path):
 def test_an_op_level_run_has_no_reading_budget(store_home, tmp_path):
     metrics = run(RunSpec("llm_viewer", "h200_sxm_ops", {}, runs_dir=tmp_path / "runs")).metrics
     assert metrics["reading_cap"] == 0
-    from leaderboard import readings
+    from leaderboard.run import readings
     from leaderboard_core.contract import ReadingRefused
 
     supplier = readings.Supplier(pl.DataFrame({"cell_id": ["a"]}), pl.DataFrame(), 0)

@@ -20,8 +20,9 @@ import pytest
 import seal_probes
 from conftest import SHARED, requires_shared
 
-from leaderboard import predictor_index, sandbox, seal_scan, seal_walls
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.seal import predictor_index, sandbox, scan
+from leaderboard.seal import walls as seal_walls
 from leaderboard_core import paths
 from predictors import registry
 
@@ -83,7 +84,7 @@ def test_a_copy_of_a_pinned_measurement_in_a_read_root_is_refused(tmp_path, monk
     seal_walls.check_readable([str(other)], [])
     (other / "copy.csv").write_bytes((SHARED / pin.rel).read_bytes())  # added later: seen
     with pytest.raises(seal_walls.SealRefused, match="copy.csv"):
-        seal_scan.measurement_copies.cache_clear()
+        scan.measurement_copies.cache_clear()
         seal_walls.check_readable([str(other)], [])
 
 
@@ -250,7 +251,7 @@ def test_an_unsealed_run_says_so_and_is_not_ranked(seal_probe_runs, monkeypatch,
 
 
 def test_a_cache_is_copied_without_following_links_or_opening_fifos(tmp_path):
-    from leaderboard import child_files
+    from leaderboard.seal import child_files
 
     secret, cache = tmp_path / "secret.bin", tmp_path / "cache"
     secret.write_bytes(b"ground truth")
@@ -320,7 +321,7 @@ def test_a_message_the_harness_does_not_expect_is_invalid_and_undoes_the_cache(
 def test_a_cache_built_to_break_the_walk_is_still_put_back(tmp_path, monkeypatch):
     """Too many entries, or folders nested too deep: the comparison gives up (changed), the
     cache is renamed away and the snapshot put back; no traceback, no descriptor left open."""
-    from leaderboard import child_files, sandbox_talk
+    from leaderboard.seal import child_files, talk
 
     monkeypatch.setattr(child_files, "MAX_ENTRIES", 50)
     cache, snapshot = tmp_path / "cache", tmp_path / "snap"
@@ -338,14 +339,14 @@ def test_a_cache_built_to_break_the_walk_is_still_put_back(tmp_path, monkeypatch
     with pytest.raises(child_files.TooLarge):
         child_files.state(cache)
     assert len(os.listdir("/proc/self/fd")) == open_before
-    reasons = sandbox_talk.put_back(cache, snapshot, before)
+    reasons = talk.put_back(cache, snapshot, before)
     assert reasons and "put back" in reasons[0]
     assert sorted(p.name for p in cache.iterdir()) == ["forest.bin"]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".trash")]
 
 
 def test_child_outputs_that_would_hang_or_exhaust_the_harness_are_refused(tmp_path):
-    from leaderboard import child_files, sandbox_talk
+    from leaderboard.seal import child_files, talk
 
     os.mkfifo(tmp_path / "pred.npy")  # np.load would block on it forever
     with pytest.raises(FileNotFoundError):
@@ -356,7 +357,7 @@ def test_child_outputs_that_would_hang_or_exhaust_the_harness_are_refused(tmp_pa
         child_files.load_array(tmp_path / "huge.npy")
     assert child_files.read_file(tmp_path / "missing") is None
     import io
-    channel = sandbox_talk.Channel(io.BytesIO(b"[" * 200_000 + b"\n"), io.BytesIO())
+    channel = talk.Channel(io.BytesIO(b"[" * 200_000 + b"\n"), io.BytesIO())
     assert channel.receive() is None and "malformed" in channel.problems[0]
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from leaderboard import debris
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
+from leaderboard.store import debris
 from leaderboard_core import guard, paths
 from leaderboard_core.specs import SpecError, load_gpu_specs
 from predictors import registry
@@ -107,7 +107,7 @@ def test_the_child_imports_the_suite_from_this_tree_before_any_installed_copy(tm
     """A virtual environment installed from another checkout points its site-packages there,
     which the child may not read: the child's path must name this tree before them, and the
     suite it imports must be this one."""
-    from leaderboard import sandbox  # noqa: PLC0415 - the harness side, as a run uses it
+    from leaderboard.seal import sandbox  # noqa: PLC0415 - the harness side, as a run uses it
 
     probe = ("import json, sys, sysconfig, leaderboard; print(leaderboard.__file__); "
              "print(json.dumps([sysconfig.get_path('purelib'), sysconfig.get_path('platlib')]));"

@@ -15,13 +15,13 @@ from conftest import SHARED, requires_shared
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leaderboard.evaluate import RunSpec, run
 from leaderboard.ingest.base import IngestContext
 from leaderboard.ingest.silicon import MalformedRow, ingest, parse_row
+from leaderboard.ingest.sources import SourceFile
+from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.serving import simulate
 from leaderboard.serving.replay import closed_loop, recorded_arrivals, step_cells, step_times
 from leaderboard.serving.scheduler import Engine, Policy, StepLog
-from leaderboard.sources import SourceFile
 from leaderboard_core.specs import load_gpu_specs, load_models, model_by_alias
 from predictors import registry
 
@@ -507,7 +507,7 @@ def test_the_oracle_fits_on_the_same_gpus_kernels_of_the_sets_precision():
     """The oracle's home is the same GPU's step set of the serving set's precision, read at that
     set's own version (not only the ``_ops`` set's): a GPU with no op grid, or no step set of
     that precision, has none."""
-    from leaderboard.serving.oracle import oracle_home
+    from leaderboard.run.oracle import oracle_home
 
     def row(kind, sku, version):
         return {"kind": kind, "sku": sku, "backend_versions": [version]}
@@ -553,7 +553,7 @@ def test_every_shape_reads_the_homes_own_version_and_full_grid_the_grids():
     """``full_grid`` reads the points of the ``_ops`` set's version only; ``every_shape`` (the
     oracle's) those of the home's own version, as the store holds them, at every precision and
     with the fused-MoE points, an MoE family's home included."""
-    from leaderboard import home_grid, homes
+    from leaderboard.run import home_grid, homes
 
     calls = []
 
@@ -785,7 +785,7 @@ def test_an_fp8_serving_set_replays_fp8_steps_and_a_bf16_only_predictor_declines
 def test_the_slope_artefact_is_a_ttft_that_falls_with_load_and_a_growing_one_is_not():
     import polars as pl
 
-    from leaderboard.serving import artefacts
+    from leaderboard.cells import serving_artefacts
 
     def group(tp: int, b: float, growth: float = 0.0, osls=(128, 256, 512)) -> list[dict]:
         return [{"row": 100 * tp + i, "sku": "h100_sxm", "model_path": "m", "backend": "trtllm",
@@ -801,7 +801,7 @@ def test_the_slope_artefact_is_a_ttft_that_falls_with_load_and_a_growing_one_is_
                         + group(3, 0.85, osls=(512,))  # one output length: no evidence
                         + group(5, 0.3, growth=-0.5)  # falls, but b too small to be a wait
                         + [{**r, "why": "left out already"} for r in group(4, 0.85)])
-    found = artefacts.slope_artefacts(runs)
+    found = serving_artefacts.slope_artefacts(runs)
     # the TP1 group's rows at 1 < c <= 32 only: i = osl index * 5 + c index
     assert sorted(found) == [100 + 5 * o + k for o in range(3) for k in (1, 2, 3)]
     a, b, r2 = found[101]
@@ -838,7 +838,7 @@ TOY_MODEL = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads":
 def test_a_decode_floor_is_the_bytes_a_step_reads_over_the_datasheet_bandwidth():
     """A small dense model, its floor recomputed from the shapes by hand, at TP 2 and at TP 4
     (fewer KV heads than GPUs: each GPU keeps one); the premise is the full length's KV."""
-    from leaderboard.serving import artefacts
+    from leaderboard.cells import serving_artefacts
     from leaderboard_core.specs import GpuSpec
 
     gpu = GpuSpec("toy", {"mem_bw_gbs": 1.0, "mem_gb": 1}, Path("toy.yaml"))
@@ -847,31 +847,31 @@ def test_a_decode_floor_is_the_bytes_a_step_reads_over_the_datasheet_bandwidth()
     weights = 2 * (64 * 64 + 64 * 32 + 128 * 64 + 64 * 64) + 1000 * 64 // 2 * 2
     # 3 requests at 100 + 40 / 2 tokens; per token 2 layers x K and V x 1 head x 16 x 2 bytes
     kv = 3 * (100 + 20) * 2 * 2 * 1 * 16 * 2
-    floor = artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 3, 100, 40, gpu)
+    floor = serving_artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 3, 100, 40, gpu)
     assert floor == pytest.approx((weights + kv) / 1e9 * 1e3)
     # TP 4: qkv (4 / 4 + 2 x 1) x 16 x 64 (each GPU keeps one of the 2 KV heads whole, as
     # vLLM's QKV projection does), the others a quarter, LM head 1000 x 64 / 4 x 2; the KV the
     # same, one head per GPU
     quarter = 2 * (64 * 48 + 64 * 16 + 64 * 64 + 64 * 32) + 1000 * 64 // 4 * 2
-    assert artefacts.decode_floor_ms(TOY_MODEL, 4, "fp8", 3, 100, 40, gpu) == pytest.approx(
+    assert serving_artefacts.decode_floor_ms(TOY_MODEL, 4, "fp8", 3, 100, 40, gpu) == pytest.approx(
         (quarter + kv) / 1e6)
     # 0.9 GiB less weights (layers, LM head and embedding) holds N tokens of 128 bytes; the
     # premise counts isl + osl, so a load whose mean context fits and whose full one does not
     # gets no verdict
     tokens = (0.9 * 2**30 - (weights + 1000 * 64 // 2 * 2)) // 128
-    assert artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 100, 99, gpu)
-    assert artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 60, 99, gpu) is None
+    assert serving_artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 100, 99, gpu)
+    assert serving_artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 1, int(tokens) - 60, 99, gpu) is None
 
 
 def test_runs_well_below_their_floor_take_their_campaign_out():
     """A TPOT under 95 % of its floor is found, one at 96 % is not, a load with no room gets
     no verdict, and a row left out already is not read; the campaign of a found row (its GPU,
     checkpoint, backend version and precision) goes with it, whatever its own TPOT."""
-    from leaderboard.serving import artefacts
+    from leaderboard.cells import serving_artefacts
     from leaderboard_core.specs import GpuSpec
 
     gpu = GpuSpec("toy", {"mem_bw_gbs": 1.0, "mem_gb": 1}, Path("toy.yaml"))
-    floor = artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 3, 100, 40, gpu)
+    floor = serving_artefacts.decode_floor_ms(TOY_MODEL, 2, "fp8", 3, 100, 40, gpu)
 
     def row(n: int, tpot: float, isl: int = 100, why: str | None = None,
             version: str = "1") -> dict:
@@ -882,13 +882,13 @@ def test_runs_well_below_their_floor_take_their_campaign_out():
     runs = pl.DataFrame([row(1, 0.94 * floor), row(2, 0.96 * floor), row(3, 1e-6, isl=10**7),
                          row(4, 0.5 * floor, why="left out already"),
                          row(5, 2 * floor, version="2"), row(6, 0.0, version="3")])
-    found = artefacts.below_decode_floor(runs, {"toy": gpu}, {"toy": TOY_MODEL})
+    found = serving_artefacts.below_decode_floor(runs, {"toy": gpu}, {"toy": TOY_MODEL})
     assert list(found) == [1] and found[1] == pytest.approx(floor)  # a TPOT of 0 records none
-    assert sorted(artefacts.campaign_rows(runs, list(found))) == [1, 2, 3]
+    assert sorted(serving_artefacts.campaign_rows(runs, list(found))) == [1, 2, 3]
 
 
 def test_an_moe_floor_counts_the_top_k_experts_only_where_every_gpu_holds_them():
-    from leaderboard.serving import artefacts
+    from leaderboard.cells import serving_artefacts
 
     models = load_models()
     dense, moe = models["qwen3-32b"], next(m for m in models.values() if "num_experts" in m)
@@ -896,7 +896,7 @@ def test_an_moe_floor_counts_the_top_k_experts_only_where_every_gpu_holds_them()
     # weight bytes and a BF16 LM head of 151936 x 5120
     expected = 64 * (10240 * 5120 + 5120 * 8192 + 51200 * 5120 + 5120 * 25600) \
         + 151936 * 5120 * 2
-    assert artefacts.streamed_weight_bytes(dense, 1, "fp8") == expected
+    assert serving_artefacts.streamed_weight_bytes(dense, 1, "fp8") == expected
     h, hd, tp = moe["hidden_size"], moe["head_dim"], 2
     two_dense = {**moe, "dense_layers": 2, "intermediate_size": 1024, "gated_mlp": True}
     attention = ((moe["num_heads"] + 2 * moe["num_kv_heads"]) * hd * h + h * moe["num_heads"] * hd) / tp
@@ -905,10 +905,10 @@ def test_an_moe_floor_counts_the_top_k_experts_only_where_every_gpu_holds_them()
         moe["moe_intermediate_size"] // tp)
     head = moe["vocab_size"] * h * 2 / tp
     layers = moe["num_layers"]
-    assert artefacts.streamed_weight_bytes(two_dense, tp, "bf16") == pytest.approx(
+    assert serving_artefacts.streamed_weight_bytes(two_dense, tp, "bf16") == pytest.approx(
         2 * (layers * attention + 2 * ffn + (layers - 2) * experts) + head)
     # experts spread whole over the GPUs: none counted
-    assert artefacts.streamed_weight_bytes(two_dense, tp, "bf16", moe_ep=2) == pytest.approx(
+    assert serving_artefacts.streamed_weight_bytes(two_dense, tp, "bf16", moe_ep=2) == pytest.approx(
         2 * (layers * attention + 2 * ffn) + head)
 
 
@@ -918,7 +918,7 @@ def test_the_campaign_below_the_decode_floor_is_left_out_of_its_set(real_store):
     c = 48), and no target holds any run of their campaign."""
     import duckdb
 
-    from leaderboard.serving import datasets
+    from leaderboard.cells import serving_targets
 
     gpus, models = load_gpu_specs(), load_models()
     with duckdb.connect(str(real_store.path), read_only=True) as con:
@@ -926,7 +926,7 @@ def test_the_campaign_below_the_decode_floor_is_left_out_of_its_set(real_store):
     targets = {r[0] for r in real_store.sql("SELECT target_id FROM serving_targets")}
     below = []
     for r in rows:
-        if datasets.exclusion(r, gpus, models) is not None or not r["tpot_ms"] or r["osl"] < 2:
+        if serving_targets.exclusion(r, gpus, models) is not None or not r["tpot_ms"] or r["osl"] < 2:
             continue
         m, gpu, c, tp = models[r["model"]], gpus[r["sku"]], r["batch_size"], r["tp"]
         if "num_experts" in m:
@@ -960,7 +960,7 @@ def test_the_campaign_below_the_decode_floor_is_left_out_of_its_set(real_store):
 def test_the_bracket_split_adds_up_to_the_headline_ttft_mape():
     """Three closed loops, one inside the bracket, one above, one below: each side's points
     of MAPE and distance, by hand."""
-    from leaderboard.serving import report_oracle
+    from leaderboard.present import serving_oracle as report_oracle
 
     ends = {"in": (100.0, 150.0, 80.0), "up": (200.0, 150.0, 100.0), "down": (50.0, 100.0, 80.0)}
     rows = pl.DataFrame([{"dataset": "d", "workload_id": w, "gt_ms": gt, "phase": phase,
@@ -977,7 +977,7 @@ def test_the_bracket_split_adds_up_to_the_headline_ttft_mape():
 def test_what_stops_the_oracle_reads_the_missing_tpot_per_client_and_the_misses(tmp_path):
     """Synthetic oracle rows: the engine's TPOT is the oracle's plus 0.1 ms per client (100 µs a
     client), its TTFT 20 % above: the table reads that back and names both goals missed."""
-    from leaderboard.serving import report_oracle
+    from leaderboard.present import serving_oracle as report_oracle
 
     def what_stops_the_oracle(rows):  # without the benchmarks' files
         return report_oracle.what_stops_the_oracle(rows, tmp_path / "no", tmp_path / "no",
@@ -1022,7 +1022,7 @@ def test_a_recorded_arrivals_oracle_is_read_without_loads_and_with_its_service_t
     """Recorded arrivals (no concurrency, a prompt length per request): no gap by load, and the
     verdict gives the service time's error, here 20 % and 40 % short: mean 30, median -30; with
     the light-kernel benchmark's JSON, the line ends with what its own GPU's kernels give."""
-    from leaderboard.serving import report_oracle
+    from leaderboard.present import serving_oracle as report_oracle
 
     rows = pl.DataFrame({
         "dataset": "rtx4090_serving", "backend": "vllm", "model": "llama-3.1-8b", "tp": 1,
@@ -1060,7 +1060,7 @@ def test_the_bracket_counts_measured_ttfts_between_lockstep_and_steady_state():
     """Three closed-loop targets with both bounds (lockstep 8, steady 5 ms): measured 6 lies
     between them, 9 above, 4 below: one in three, off the bracket by 0, 1/9 and 1/4 of the
     measured. A target without its steady row is not counted."""
-    from leaderboard.serving.report_oracle import inside_bracket
+    from leaderboard.present.serving_oracle import inside_bracket
 
     rows = pl.DataFrame({
         "dataset": "h200_silicon_fp8", "workload_id": ["a", "b", "c", "a", "b", "c", "d"],
@@ -1081,7 +1081,7 @@ def test_the_closed_loop_lengths_table_shows_each_length_and_the_best_per_set(tm
     """Two sets, lengths (4, 0) (4, 2) (10, 0) (10, 2): a length the benchmark did not replay
     shows as a dash; the best length per set is the lowest TTFT MAPE over every backend
     together, the shorter loop on a tie, and is within the goal only at 12 % or less."""
-    from leaderboard.serving.report_unknowns import closed_loop_lengths
+    from leaderboard.present.serving_unknowns import closed_loop_lengths
 
     def row(dataset, backend, waves, dropped, ttft, tpot=5.0, n=3):
         return {"dataset": dataset, "backend": backend, "waves": waves, "dropped": dropped,
@@ -1197,7 +1197,7 @@ def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():
     precision, TP and load on B200 pairs with nothing (another engine), nor does an
     expert-parallel run beside a split one. Measured B200 faster; one predictor says so (correct),
     the other says H200 (wrong)."""
-    from leaderboard.serving.report import sku_ranking
+    from leaderboard.present.serving_section import sku_ranking
 
     load = {"model": "llama-3.1-70b", "precision": "fp8", "tp": 2, "isl": 1024, "osl": 1024,
             "concurrency": 8, "phase": "tpot", "valid": True, "split": "unseen"}
@@ -1226,7 +1226,7 @@ def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():
 def test_every_shape_is_refused_to_any_predictor_but_the_oracles():
     """``every_shape`` pools every precision of a GPU's tables; a predictor that does not key
     them by dtype would fit bf16 and FP8 kernels as one, so the run is refused up front."""
-    from leaderboard.run_inputs import load_inputs
+    from leaderboard.run.run_inputs import load_inputs
 
     with pytest.raises(ValueError, match="every_shape is the serving oracle's .*run predictor=rf "
                                          "with split.home_points=full_grid"):
@@ -1236,7 +1236,7 @@ def test_every_shape_is_refused_to_any_predictor_but_the_oracles():
 def test_the_frontend_reading_adds_the_sourced_time_to_vllm_closed_loops_only():
     """vLLM closed loops: lockstep 100 and steady 80 ms against a measured 110; the reading adds
     8.4 and 12.2 ms to each. An SGLang load and a run of recorded arrivals stay out of it."""
-    from leaderboard.serving.report_oracle import FRONTEND_MS, frontend_reading
+    from leaderboard.present.serving_oracle import FRONTEND_MS, frontend_reading
 
     assert FRONTEND_MS == (8.4, 12.2)
     rows = pl.DataFrame({

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from leaderboard import site
-from leaderboard.evaluate import RunSpec, run
+from leaderboard.run.evaluate import RunSpec, run
 from leaderboard_core.report_tables import fmt
 
 RUNS = [("ours", "a100_vidur"), ("ours", "h200_vidur"), ("llm_viewer", "h200_vidur")]
@@ -118,7 +118,7 @@ def test_the_site_in_a_real_browser(built):
 
 @pytest.mark.slow
 def test_the_hub_export_carries_the_results_table_with_its_columns(built, store_home, tmp_path):
-    from leaderboard import hub_export
+    from leaderboard.present import hub_export
 
     out, _, metrics = built
     export = tmp_path / "export"
@@ -133,7 +133,7 @@ def test_the_hub_export_carries_the_results_table_with_its_columns(built, store_
 def test_markdown_from_runs_cannot_inject_script():
     """The second hostile review's payload (an INVALID reason carrying an image whose URL
     closes the attribute) and a javascript: link stay text."""
-    from leaderboard.site_pages import inline, markdown
+    from leaderboard.present.site_pages import inline, markdown
 
     forged = inline('see ![x](nope.png" onerror="throw onerror=alert,document.domain)')
     assert "<img" not in forged and "onerror=&quot;" in forged

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import SHARED, requires_shared
 
-from leaderboard import data, sources
-from leaderboard.ingest import ADAPTERS
-from leaderboard.sources import SourceError
+from leaderboard import data
+from leaderboard.ingest import ADAPTERS, sources
+from leaderboard.ingest.sources import SourceError
 from leaderboard_core import paths
 
 PIN_FIELDS = ("repo", "commit", "path", "sha256", "bytes", "license")

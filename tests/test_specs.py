@@ -8,8 +8,8 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from leaderboard.config import load_config
 from leaderboard.ingest import aiconfigurator, distserve, llmservingsim, neusight, splitwise, vidur
+from leaderboard.run.config import load_config
 from leaderboard_core import paths, specs
 
 GPU_FILES = sorted((paths.CONF_DIR / "gpu").glob("*.yaml"))

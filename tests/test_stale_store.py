@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from leaderboard import store
+from leaderboard.store import database
 from leaderboard_core import paths
 
 ROW = {"m": 8, "n": 1024, "k": 1024, "gemm_dtype": "bfloat16", "latency": 1.0}
@@ -16,19 +16,19 @@ def stale(tiny):
     tiny.gemm([ROW])
     tiny.build(["aiconfigurator"])
     tiny.gemm([ROW, {**ROW, "m": 16, "latency": 2.0}])  # the inputs change after the build
-    assert not store.is_fresh()
+    assert not database.is_fresh()
     return tiny
 
 
 def test_a_refused_stale_store_names_the_build_command(stale, monkeypatch):
-    monkeypatch.setenv(store.STALE_ENV, "refuse")
+    monkeypatch.setenv(database.STALE_ENV, "refuse")
     before = paths.store_path().stat().st_mtime_ns
-    with pytest.raises(store.StaleStore, match="is stale.*python -m leaderboard.data build"):
-        store.ensure()
+    with pytest.raises(database.StaleStore, match="is stale.*python -m leaderboard.data build"):
+        database.ensure()
     assert paths.store_path().stat().st_mtime_ns == before
 
 
 def test_a_stale_store_is_announced_then_built(stale, capsys):
-    store.ensure()
+    database.ensure()
     assert "is stale (its inputs changed): building it now" in capsys.readouterr().err
-    assert store.is_fresh()
+    assert database.is_fresh()

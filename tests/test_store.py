@@ -8,9 +8,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from leaderboard import data, sources, store
-from leaderboard.ingest import ADAPTERS
-from leaderboard.tables import TABLES
+from leaderboard import data
+from leaderboard.ingest import ADAPTERS, sources
+from leaderboard.ingest.tables import TABLES
+from leaderboard.store import database
 from leaderboard_core import paths
 from leaderboard_core.specs import load_gpu_specs
 
@@ -167,8 +168,8 @@ def test_faster_than_dram_rows_kept_and_flagged(real_store):
 
 
 def test_versions_are_stored(real_store):
-    meta = store.read_meta(real_store.path)
-    assert meta["builder_version"] == store.BUILDER_VERSION
+    meta = database.read_meta(real_store.path)
+    assert meta["builder_version"] == database.BUILDER_VERSION
     assert len(meta["store_version"]) == 16 and len(meta["inputs_fingerprint"]) == 16
     versions = dict(real_store.sql("SELECT table_name, version FROM table_versions"))
     assert set(versions) == set(TABLES) and all(len(v) == 16 for v in versions.values())
@@ -185,9 +186,9 @@ def test_rebuild_gives_identical_versions(real_store, tmp_path, monkeypatch, cap
     for query in ("SELECT name, version, rows FROM datasets ORDER BY name",
                   "SELECT table_name, version, rows FROM table_versions ORDER BY 1"):
         assert _sql(second, query) == real_store.sql(query)
-    assert store.read_meta(second)["store_version"] == store.read_meta(
+    assert database.read_meta(second)["store_version"] == database.read_meta(
         real_store.path)["store_version"]
-    assert store.is_fresh()
+    assert database.is_fresh()
 
 
 def _sql(path: Path, query: str) -> list[tuple]:
@@ -197,8 +198,8 @@ def _sql(path: Path, query: str) -> list[tuple]:
 
 def test_store_is_reused_when_fresh(store_home):
     before = store_home.path.stat().st_mtime_ns
-    assert store.is_fresh()
-    assert store.ensure() == store_home.path
+    assert database.is_fresh()
+    assert database.ensure() == store_home.path
     assert store_home.path.stat().st_mtime_ns == before
 
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from leaderboard import results
+from leaderboard.score import results
 from leaderboard_core import paths
 
 EXTERNAL = '''

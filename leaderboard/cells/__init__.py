@@ -7,7 +7,7 @@ import json
 import duckdb
 import polars as pl
 
-from leaderboard import families
+from leaderboard.cells import families
 from leaderboard.cells.ops import op_datasets
 from leaderboard.cells.schema import CELL_SCHEMA, LINEAGE_SCHEMA, CellSet
 from leaderboard.cells.vidur_method import CONFIG

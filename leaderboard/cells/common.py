@@ -9,7 +9,7 @@ import duckdb
 import polars as pl
 
 from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive
-from leaderboard.tables import TABLES
+from leaderboard.ingest.tables import TABLES
 from leaderboard_core import paths
 
 PHASES = ("prefill", "decode", "mixed")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from leaderboard import families
-from leaderboard.cells import fp8_check, memory
+from leaderboard.cells import families, fp8_check, memory
 from leaderboard.cells.common import PHASES, family_configs, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid

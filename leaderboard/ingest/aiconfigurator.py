@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard.ingest.base import Adapter, BuildError, IngestContext, provenance, read_table
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.sources import SourceFile
 from leaderboard_core.specs import KV_CACHE_BYTES
 
 ROOT = "ai-dynamo__aiconfigurator/aic-core/src/aiconfigurator_core/systems/data"

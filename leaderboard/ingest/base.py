@@ -9,8 +9,8 @@ from typing import Any
 
 import polars as pl
 
-from leaderboard.quarantine import Quarantine
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.quarantine import Quarantine
+from leaderboard.ingest.sources import SourceFile
 from leaderboard_core.specs import GpuSpec, require_gpu, resolve_model
 
 

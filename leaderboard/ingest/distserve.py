@@ -12,7 +12,7 @@ import json
 import polars as pl
 
 from leaderboard.ingest.base import Adapter, BuildError, IngestContext, provenance, read_json
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.sources import SourceFile
 
 SOURCE = "distserve"
 ROOT = "LLMServe__DistServe/simdistserve/estimators/profile_data"

@@ -30,7 +30,7 @@ from leaderboard.ingest.base import (
     read_json,
     read_table,
 )
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.sources import SourceFile
 from leaderboard_core import yaml_io
 
 ROOT = "casys-kaist__LLMServingSim"

@@ -3,7 +3,7 @@
 Each row is one deployment (backend and version, model, precision, aggregated or disaggregated,
 TP/PP/EP) under one closed-loop load (isl, osl, concurrency) and its measured mean TTFT and TPOT.
 Every row enters ``serving_runs`` with its provenance; which rows a ``<sku>_silicon`` dataset can
-score is decided later (``leaderboard.serving.datasets``), so nothing is dropped here.
+score is decided later (``leaderboard.cells.serving_targets``), so nothing is dropped here.
 
 A row that cannot be read (a missing or non-numeric field the row needs) stops the build with
 its line number and id: a silently skipped run would bias the coverage table.
@@ -17,7 +17,7 @@ import re
 import polars as pl
 
 from leaderboard.ingest.base import Adapter, BuildError, IngestContext, provenance, read_table
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.sources import SourceFile
 from leaderboard_core.specs import model_by_alias
 
 SOURCE = "aiconfigurator_silicon"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard.ingest.base import Adapter, BuildError, IngestContext, provenance, read_table
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.sources import SourceFile
 
 SOURCE = "splitwise"
 PATTERN = "Mutinifni__splitwise-sim/data/perf_model.csv"

@@ -12,7 +12,7 @@ from fnmatch import fnmatch
 import polars as pl
 
 from leaderboard.ingest.base import Adapter, IngestContext, provenance, read_table
-from leaderboard.sources import SourceFile
+from leaderboard.ingest.sources import SourceFile
 
 ROOT = "microsoft__vidur/data"
 SOURCE = "vidur"

@@ -3,7 +3,7 @@ steady-state TTFT, or a recorded run's service time) like cells on phases.
 
 The predictor is fitted on its home's training cells exactly as for a step-level run, then
 times every step the replay schedules (``predict(cells, gpu)``). Fit runs in the sandboxed
-child (``leaderboard.sandbox``); the replay runs in the harness, which sends the child each
+child (``leaderboard.seal.sandbox``); the replay runs in the harness, which sends the child each
 batch of steps to price, so a predictor can neither see the measured TTFT/TPOT nor replace the
 replay.
 Each target gives one ``ttft`` and one ``tpot`` prediction row (and, for a closed loop, a
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import polars as pl
 
-from leaderboard import families
+from leaderboard.cells import families
 from leaderboard.serving.simulate import predict_targets
 
 # What the replay predicts, in predict_targets' order.

@@ -191,7 +191,7 @@ class Ours(Predictor):
         c, sw = self.constants_, self.switches
         col = lambda name: points[name].fill_null(1).to_numpy().astype(np.float64)  # noqa: E731
         gemm = (points["op_family"] == "gemm").to_numpy()
-        # The harness names op phases attn_prefill / attn_decode (leaderboard.op_level).
+        # The harness names op phases attn_prefill / attn_decode (leaderboard.run.op_level).
         prefill = points["phase"].str.ends_with("prefill").to_numpy() & ~gemm
         b, heads, kv_heads, d = col("batch"), col("num_heads"), col("num_kv_heads"), col("head_dim")
         seconds = np.where(gemm, ops.gemm(col("m"), col("n"), col("k"), dev, c, sw)["seconds"], 0.0)
