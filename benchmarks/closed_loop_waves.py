@@ -36,6 +36,7 @@ from leaderboard.run.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard.run.run_inputs import RunSpec, load_inputs
 from leaderboard.serving import simulate
 from leaderboard.serving.replay import closed_loop
+from leaderboard.store import database
 from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core.specs import load_models
 from leaderboard_core.versioning import code_version
@@ -48,6 +49,7 @@ DROPPED = (0, 2)  # waves left out of the mean: none, or a warm-up of 2 x concur
 def oracle_timer(dataset: str, home: str):
     """The oracle's step timer for ``dataset`` (no seal: a benchmark, not a scored run), and
     the run's inputs."""
+    database.ensure()
     inputs = load_inputs(RunSpec(ORACLE, dataset, {}, home=home, home_points=ORACLE_POINTS))
     registry.discover()
     fitted = registry.get(ORACLE)().fit(inputs.home)

@@ -38,6 +38,7 @@ from build_store import cpu_model  # noqa: E402 - the sibling benchmark, on sys.
 
 from leaderboard.run import readings, run_inputs  # noqa: E402
 from leaderboard.run.evaluate import RunSpec  # noqa: E402
+from leaderboard.store import database  # noqa: E402
 from leaderboard_core import guard  # noqa: E402
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS  # noqa: E402
 from leaderboard_core.versioning import code_hash, code_version  # noqa: E402
@@ -52,6 +53,7 @@ TARGET_BY_NAME = {"distserve": 1e6, "distserve_scaled": 1e6, "rf_verbatim": 1e5,
 def load_inputs(target: str):
     """(home, target cells with ground truth, their lineage, target GPU spec), exactly as a
     default run loads them."""
+    database.ensure()
     inputs = run_inputs.load_inputs(RunSpec(predictor="", dataset=target, params={}))
     return inputs.home, inputs.target, inputs.target_lineage, inputs.gpu
 

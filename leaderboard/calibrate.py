@@ -14,6 +14,7 @@ import sys
 from leaderboard.run.config import command_config
 from leaderboard.run.inputs import InputError, guarded
 from leaderboard.run.run_inputs import RunSpec, load_inputs
+from leaderboard.store import database
 from predictors import registry
 
 
@@ -23,6 +24,7 @@ def calibrate(name: str) -> dict:
     if wanted is None:
         raise InputError(f"predictor '{name}' has no frozen constants to calibrate; "
                          "ours has (predictor=ours)")
+    database.ensure()
     homes = {role: load_inputs(RunSpec(name, fields["dataset"], {}, **{
         k: v for k, v in fields.items() if k != "dataset"})).home
         for role, fields in wanted.items()}

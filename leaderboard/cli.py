@@ -28,6 +28,7 @@ from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.run.inputs import InputError
 from leaderboard.score.metrics import registered as registered_metrics
 from leaderboard.seal import predictor_index
+from leaderboard.store import database
 from leaderboard_core import paths
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.specs import SpecError
@@ -126,6 +127,8 @@ def run_task(cfg: DictConfig) -> None:
         _fail(str(exc))
     spec = RunSpec.from_config(cfg)
     try:
+        if not spec.hub_repo:  # built here, at first need: a run itself never builds it
+            database.ensure(spec.sources_root, spec.gpu_specs)
         result = run(spec)
     except (SourceError, SpecError, BuildError, NotSupported, ValueError) as exc:
         if _in_multirun():  # the sweep goes on; its closing table names the reason

@@ -214,8 +214,10 @@ def _rerun_differs(files: dict[str, bytes], runs: list[dict], scratch: Path,
 def _reruns_differ(runs: list[dict], code: Path, scratch: Path, sample: int) -> str | None:
     from leaderboard.run.evaluate import RunSpec, run
     from leaderboard.seal import predictor_index
+    from leaderboard.store import database
     from leaderboard_core.versioning import predictor_code_hash
 
+    database.ensure()  # the reruns read it; a run never builds it
     for claimed in sorted(runs, key=lambda m: m["run_id"])[:sample]:
         described = predictor_index.get(claimed["predictor"])
         if predictor_code_hash(described["module"], str(code)) != claimed["code_hash"]:

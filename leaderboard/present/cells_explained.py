@@ -18,6 +18,7 @@ from leaderboard.run.inputs import InputError
 from leaderboard.run.run_inputs import RunInputs, RunSpec, load_inputs, require_card_scope
 from leaderboard.score import metrics
 from leaderboard.seal import predictor_index, sandbox
+from leaderboard.store import database
 from leaderboard_core.contract import GROUND_TRUTH_COLUMNS, NotSupported
 
 
@@ -40,6 +41,7 @@ def load(predictor: str, dataset: str) -> tuple[dict, RunInputs]:
         raise InputError(f"predictor '{predictor}' offers no explain; its prediction only is "
                          "scored (a predictor offers one by overriding Predictor.explain); "
                          "ours and its rungs have one")
+    database.ensure()
     inputs = load_inputs(RunSpec(predictor, dataset, {}))
     if inputs.level != "step":
         raise InputError(f"explain takes a step dataset (cells with their measured ops); "
@@ -58,12 +60,12 @@ def sealed(described: dict, inputs: RunInputs, cell_ids=None) -> Explained:
     explain the given ones."""
     budget = readings.cap(len(inputs.target))
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
+    code = predictor_index.code_of(described)
     pred, _, facts = sandbox.fit_and_predict(
         described, described["defaults"], inputs.home, inputs.target.drop(GROUND_TRUTH_COLUMNS),
         inputs.gpu, "step" if cell_ids is None else "explain", budget, supplier,
-        inputs.data_roots, predictor_index.folders(described),
-        predictor_index.child_folders(described), explain=cell_ids or (),
-        code_hash=predictor_index.code_hash_of(described["name"]))
+        inputs.data_roots, code.readable, code.registered, explain=cell_ids or (),
+        code_hash=code.code_hash)
     if facts["invalid_reasons"]:
         raise InputError(f"{described['name']} could not be explained: "
                          f"{'; '.join(facts['invalid_reasons'])}")

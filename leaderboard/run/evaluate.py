@@ -23,6 +23,7 @@ from leaderboard.run import rankable, readings
 from leaderboard.run.run_inputs import RunInputs, RunSpec, load_inputs, require_card_scope
 from leaderboard.score import atlas, decisions, metrics
 from leaderboard.seal import predictor_index, sandbox, walls
+from leaderboard.seal.predictor_index import PredictorCode
 from leaderboard.serving import scoring as serving_api
 from leaderboard.store import debris
 from leaderboard_core.contract import BY_OP_PREFIX, GROUND_TRUTH_COLUMNS, NotSupported
@@ -41,8 +42,8 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: int,
-                     spec: RunSpec) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
+def _fit_and_predict(described: dict, code: PredictorCode, params: dict, inputs: RunInputs,
+                     budget: int, spec: RunSpec) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
     """Predictions (or None), the target rows they score, and the timing/validity facts.
 
     Construct, fit, reading and predict run in a child process that gets the home bundle and
@@ -54,9 +55,8 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
-        supplier, inputs.data_roots, predictor_index.folders(described),
-        predictor_index.child_folders(described), spec.stage_seconds,
-        code_hash=predictor_index.code_hash_of(spec.predictor))
+        supplier, inputs.data_roots, code.readable, code.registered, spec.stage_seconds,
+        code_hash=code.code_hash)
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
     if pred is None:
@@ -73,16 +73,16 @@ def _fit_and_predict(described: dict, params: dict, inputs: RunInputs, budget: i
     return pred, target, facts
 
 
-def _simulate(described: dict, params: dict, inputs: RunInputs, spec: RunSpec) -> tuple[pl.DataFrame, dict]:
+def _simulate(described: dict, code: PredictorCode, params: dict, inputs: RunInputs,
+              spec: RunSpec) -> tuple[pl.DataFrame, dict]:
     """Serving targets: the sandboxed child fits the predictor and prices the steps this
     process's replay schedules (no deploy reading); this process keeps the measured TTFT/TPOT
     and builds the scored rows."""
     refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
     pred, _, facts = sandbox.fit_and_predict(
         described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
-        "serving", 0, refuse_all, inputs.data_roots, predictor_index.folders(described),
-        predictor_index.child_folders(described), spec.stage_seconds,
-        code_hash=predictor_index.code_hash_of(spec.predictor))
+        "serving", 0, refuse_all, inputs.data_roots, code.readable, code.registered,
+        spec.stage_seconds, code_hash=code.code_hash)
     if facts.get("not_supported"):
         raise NotSupported(facts["not_supported"])
     facts["deploy_row_ids"], facts["target_rows"] = [], 0
@@ -91,12 +91,6 @@ def _simulate(described: dict, params: dict, inputs: RunInputs, spec: RunSpec) -
     predicted = {m: pred[i] if pred is not None else nan
                  for i, m in enumerate(serving_api.METRICS) if m in scored}
     return serving_api.prediction_rows(inputs.target, predicted), facts
-
-
-def _folder_name(described: dict) -> str | None:
-    """The name of the ``predictors_path`` folder the predictor comes from (None: the suite's)."""
-    folder = predictor_index.folder_of(described["module"])
-    return Path(folder).name if folder else None
 
 
 def split_of(dataset: str, sku: str, home_rows: list[dict]) -> str:
@@ -113,12 +107,15 @@ def run(spec: RunSpec) -> RunResult:
     described = predictor_index.get(spec.predictor)
     predictor_index.check_params(spec.predictor, spec.params)
     params = {**described["defaults"], **spec.params}
-    debris.sweep(spec.runs_dir)
+    code = predictor_index.code_of(described)
     inputs = load_inputs(spec)
     if inputs.op_level:
         op_level_api.require_op_predictor(described)
     card = described["card"]
     require_card_scope(spec.predictor, card, inputs)
+    # what the run read, as it read it: the GPU and model specs and the rows
+    read = {"spec_hash": spec_hash(inputs.gpu, inputs.home.models),
+            "inputs_digest": rankable.inputs_digest(inputs)}
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
@@ -127,10 +124,10 @@ def run(spec: RunSpec) -> RunResult:
     budget = (readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
               if inputs.level == "step" else 0)
     if inputs.serving:  # a row per target and metric; the steps timed are the replay's
-        predictions, facts = _simulate(described, params, inputs, spec)
+        predictions, facts = _simulate(described, code, params, inputs, spec)
         target, pred = predictions, None if facts["invalid_reasons"] else predictions["pred_ms"]
     else:
-        pred, target, facts = _fit_and_predict(described, params, inputs, budget, spec)
+        pred, target, facts = _fit_and_predict(described, code, params, inputs, budget, spec)
         columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
         predictions = target.select(columns).with_columns(
             pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
@@ -153,8 +150,8 @@ def run(spec: RunSpec) -> RunResult:
         "home_points_used": inputs.home_points,
         "split_seed": spec.seed, "test_fraction": spec.test_fraction,
         "dataset_version": target_row["version"], "home_dataset_version": home_row["version"],
-        "code_version": code_version(), "code_hash": predictor_index.code_hash_of(spec.predictor),
-        "harness_hash": harness_hash(), "predictor_folder": _folder_name(described),
+        "code_version": code_version(), "code_hash": code.code_hash,
+        "harness_hash": harness_hash(), "predictor_folder": code.folder_name,
         "valid": not facts["invalid_reasons"],
         "invalid_reasons": facts["invalid_reasons"], "fit_seconds": facts.get("fit_seconds"),
         "fit_reused": facts.get("fit_reused", False),
@@ -163,7 +160,7 @@ def run(spec: RunSpec) -> RunResult:
         # ranked only when sealed: without namespaces and Landlock nothing but the predictor's
         # discipline keeps it from the store
         "sealed": facts.get("sandbox") == walls.SEALED,
-        "spec_hash": spec_hash(inputs.gpu, inputs.home.models),
+        "spec_hash": read["spec_hash"],
         # target rows read (deploy reading), against the cap; home rows fit read are apart
         "profiled_rows": facts["target_rows"], "reading_cap": budget,
         "home_profiled_rows": facts.get("home_profiled_rows", 0),
@@ -177,7 +174,7 @@ def run(spec: RunSpec) -> RunResult:
                       if inputs.level == "step" and pred is not None else {}),
         "reading_max_points": spec.reading_max_points,
         "reading_max_fraction": spec.reading_max_fraction,
-        "inputs_digest": rankable.inputs_digest(inputs),
+        "inputs_digest": read["inputs_digest"],
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     result["unrankable_because"] = [
@@ -205,6 +202,7 @@ def _write(spec: RunSpec, result: dict, predictions: pl.DataFrame, lineage: pl.D
         os.replace(partial, final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+    debris.sweep(spec.runs_dir)  # the partial folders of writers that died
     if spec.output_json:
         out = Path(spec.output_json)
         out.parent.mkdir(parents=True, exist_ok=True)

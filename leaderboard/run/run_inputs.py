@@ -90,20 +90,24 @@ class RunInputs:
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
-    """The home (training rows only) and the target of a run, from the store or a hub export."""
+    """The home (training rows only) and the target of a run, from the store or a hub export.
+    A missing or stale store is refused, never built here: the command that asks builds it
+    first (``database.ensure``)."""
     if spec.home_points == ORACLE_POINTS and spec.predictor != ORACLE:
         raise ValueError(f"split.home_points={ORACLE_POINTS} is the serving oracle's (predictor="
                          f"{ORACLE}): it gives every precision of the GPU's tables at once, "
                          f"which only {ORACLE} keys by dtype; run predictor={spec.predictor} "
                          "with split.home_points=full_grid or behind_cells")
     catalog = (HubCatalog(spec.hub_repo, spec.hub_revision) if spec.hub_repo
-               else StoreCatalog(spec.sources_root, spec.gpu_specs))
+               else StoreCatalog.current(spec.sources_root, spec.gpu_specs))
     with catalog:
         rows = catalog.datasets()
         target_row = homes.require_dataset(rows, spec.dataset)
         op_level = target_row["kind"] == "ops"
         serving = target_row["kind"] == "serving"
         home_rows = [rows[n] for n in homes.homes_of(spec.dataset, spec.home, rows)]
+        home_points = ("split_by_point" if op_level else
+                       homes.points_of(spec.home_points, home_rows, rows))
         for home_row in home_rows:
             if (home_row["kind"] == "ops") != op_level:
                 raise ValueError(f"home '{home_row['name']}' is a {home_row['kind']} dataset but "
@@ -124,9 +128,7 @@ def load_inputs(spec: RunSpec) -> RunInputs:
                 target = catalog.serving_targets(spec.dataset)
         lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
     return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
-                     "split_by_point" if op_level else homes.points_of(spec.home_points, home_rows,
-                                                                        rows), serving,
-                     _data_roots(spec), _default_homes(spec.dataset, rows))
+                     home_points, serving, _data_roots(spec), _default_homes(spec.dataset, rows))
 
 
 def _default_homes(name: str, rows: dict[str, dict]) -> list[str]:

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,26 @@ def code_hash_of(name: str) -> str:
     if described is None:
         return code_hash()
     return predictor_code_hash(described["module"], folder_of(described["module"]))
+
+
+@dataclass(frozen=True)
+class PredictorCode:
+    """Where a predictor's code lives, as a run needs it: the folders its child may read
+    (``folders``) and register (``child_folders``), its code hash, and the name of its
+    ``predictors_path`` folder (None: the suite's own)."""
+
+    readable: tuple[str, ...]
+    registered: tuple[str, ...]
+    code_hash: str
+    folder_name: str | None
+
+
+def code_of(described: dict[str, Any]) -> PredictorCode:
+    """The described predictor's ``PredictorCode``, found in one pass."""
+    folder = folder_of(described["module"])
+    return PredictorCode(folders(described), child_folders(described),
+                         predictor_code_hash(described["module"], folder),
+                         Path(folder).name if folder else None)
 
 
 def child_folders(described: dict[str, Any]) -> tuple[str, ...]:

@@ -24,6 +24,15 @@ class StoreCatalog:
     def __init__(self, sources_root: str | None = None, gpu_specs: str | None = None):
         self._con: duckdb.DuckDBPyConnection = database.connect(sources_root, gpu_specs)
 
+    @classmethod
+    def current(cls, sources_root: str | None = None, gpu_specs: str | None = None
+                ) -> StoreCatalog:
+        """The store as it stands, never built here: ``StaleStore`` where it is missing or
+        stale (a run's reads; its command built the store first)."""
+        catalog = cls.__new__(cls)
+        catalog._con = database.open_read_only(database.require_fresh(sources_root, gpu_specs))
+        return catalog
+
     def __enter__(self) -> StoreCatalog:
         return self
 

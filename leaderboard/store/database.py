@@ -75,8 +75,8 @@ def _selected(only: list[str] | None):
 
 def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     """What a store was built from, short of hashing the upstream files themselves."""
-    spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
     root = sources.explicit_root(sources_root)
+    spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
     cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "cells").glob("*.yaml"),
                                                   *(paths.DATASETS_DIR / "cards").glob("*.md")])
                    if p.name != "hf_readme.md"]  # the export's template shapes no cell
@@ -257,27 +257,41 @@ class StaleStore(BuildError):
     """The store is missing or stale and building it here was refused."""
 
 
+def _state() -> str:
+    return "stale (its inputs changed)" if paths.store_path().exists() else "missing"
+
+
+def require_fresh(sources_root: str | None = None, gpu_specs: str | None = None,
+                  why: str = "reading a run's inputs never builds it") -> Path:
+    """The store's path, where it is built and fresh; ``StaleStore`` naming the command that
+    builds it otherwise. Where building is refused (``LEADERBOARD_STALE_STORE=refuse``: the
+    rerun's workers, whose parent ensured the store before starting them) a store found fresh is
+    taken as fresh for the rest of the process: its fingerprint hashes every input (0.2 s a
+    run)."""
+    key = (str(paths.store_path()), sources_root, gpu_specs)
+    if not (os.environ.get(STALE_ENV) == "refuse" and key in _FOUND_FRESH):
+        if not is_fresh(sources_root, gpu_specs):
+            raise StaleStore(f"the store {paths.store_path()} is {_state()} and {why}; run "
+                             f"`{BUILD_COMMAND}` first")
+        _FOUND_FRESH.add(key)
+    return paths.store_path()
+
+
 def ensure(sources_root: str | None = None, gpu_specs: str | None = None) -> Path:
     """The store's path. A missing or stale store is never rebuilt silently: it is announced on
     stderr and built with its progress bar, or, with ``LEADERBOARD_STALE_STORE=refuse``,
-    refused with the command that builds it. Where building is refused (the rerun's workers,
-    whose parent ensured the store before starting them) a store found fresh is taken as fresh
-    for the rest of the process: its fingerprint hashes every input (0.2 s a run)."""
-    key = (str(paths.store_path()), sources_root, gpu_specs)
-    if os.environ.get(STALE_ENV) == "refuse" and key in _FOUND_FRESH:
-        return paths.store_path()
+    refused with the command that builds it (``require_fresh``). The commands ensure the store
+    before they read a run's inputs."""
+    if os.environ.get(STALE_ENV) == "refuse":
+        return require_fresh(sources_root, gpu_specs, f"{STALE_ENV}=refuse forbids building it here")
     if not is_fresh(sources_root, gpu_specs):
         with _build_lock():  # another process may be building it right now: wait, then look again
             fresh = is_fresh(sources_root, gpu_specs)
         if not fresh:
-            state = "stale (its inputs changed)" if paths.store_path().exists() else "missing"
-            if os.environ.get(STALE_ENV) == "refuse":
-                raise StaleStore(f"the store {paths.store_path()} is {state} and {STALE_ENV}="
-                                 f"refuse forbids building it here; run `{BUILD_COMMAND}` first")
-            stderr.print(f"[bold]the store {paths.store_path()} is {state}:[/] building it now "
+            stderr.print(f"[bold]the store {paths.store_path()} is {_state()}:[/] building it now "
                          f"(`{BUILD_COMMAND}` does this ahead of a run)", highlight=False)
             build(sources_root, gpu_specs)
-    _FOUND_FRESH.add(key)
+    _FOUND_FRESH.add((str(paths.store_path()), sources_root, gpu_specs))
     return paths.store_path()
 
 
@@ -285,5 +299,10 @@ _FOUND_FRESH: set[tuple] = set()
 
 
 def connect(sources_root: str | None = None, gpu_specs: str | None = None):
+    """The store, read-only, built first where missing or stale."""
+    return open_read_only(ensure(sources_root, gpu_specs))
+
+
+def open_read_only(path: Path):
     guard.check("open the store")
-    return duckdb.connect(str(ensure(sources_root, gpu_specs)), read_only=True)
+    return duckdb.connect(str(path), read_only=True)
