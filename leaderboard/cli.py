@@ -42,9 +42,10 @@ def check_choices(argv: list[str]) -> None:
     try:
         config.refuse_config_doors(argv)
         check_names(argv)
-        for value in (a.partition("=")[2] for a in argv if a.startswith("runs_dir=")):
-            for folder in value.split(","):  # before Hydra makes its log folder there
-                inputs.check_writable_folder(paths.from_user(folder), "runs_dir")
+        given = [folder for a in argv if a.startswith("runs_dir=")
+                 for folder in a.partition("=")[2].split(",")]  # a sweep's, each
+        for folder in given or [load_config().runs_dir]:  # before Hydra logs there
+            inputs.check_writable_folder(paths.from_user(folder), "runs_dir")
     except InputError as exc:
         _fail(str(exc))
     check_parameters(argv)

@@ -74,16 +74,14 @@ def card(name: str, runs_dir: str | None = None, **where) -> str:
     """The dataset's card; a serving set's ends with the replay's own error as its current
     oracle run in ``runs_dir`` measured it (the card itself is built with the store, before
     any run)."""
-    with database.connect(**where) as con:
-        found = dict(con.execute("SELECT name, card FROM datasets").fetchall())
+    with StoreCatalog(where["sources_root"], where["gpu_specs"]) as catalog:
+        found, rows = catalog.cards(), catalog.datasets()
     if name not in found:
         raise InputError(f"no dataset '{name}' in the store; {suggestion(name, sorted(found))}")
     text = found[name] or f"{name} has no card"
     fam = families.of(name)
     if runs_dir is None or fam is None or fam.level != "serving":
         return text
-    with StoreCatalog(where["sources_root"], where["gpu_specs"]) as catalog:
-        rows = catalog.datasets()
     return text.rstrip() + "\n\n" + "\n".join(serving_oracle.for_card(name, Path(runs_dir), rows))
 
 

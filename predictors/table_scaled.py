@@ -123,6 +123,11 @@ def _nearest_key(table: pl.DataFrame, wanted: dict) -> dict:
     return min(table.select(list(wanted)).unique().to_dicts(), key=distance)
 
 
+# Query points kept per triangulation: a long replay asks for many, and an unbounded memory of
+# them grew without limit (about 100 bytes an entry).
+MAX_ANSWERED = 500_000
+
+
 def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
                  prepared: dict | None = None, key=None):
     """Log-log interpolation in the axes that vary among ``known``; nearest point outside.
@@ -153,6 +158,8 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
         outside = (at < grid[0]) | (at > grid[-1])
         return np.exp(np.interp(at, grid, values[order])), outside
     unique, back = np.unique(q, axis=0, return_inverse=True)
+    if len(answered) + len(unique) > MAX_ANSWERED:
+        answered.clear()  # answers are recomputed alike: the bound changes no prediction
     new = np.array([tuple(point) not in answered for point in unique], bool)
     if new.any():
         fresh = unique[new]

@@ -247,7 +247,8 @@ def test_the_fp8_check_on_a_table_by_hand():
     assert dict(checks.select("backend_version", "passes").iter_rows()) == {
         "1.0": True, "2.0": False, "3.0": False}
     quarantine = Quarantine()
-    left = fp8_check.quarantine_failing(gemm, gpus, quarantine)
+    left, recorded = fp8_check.quarantine_failing(gemm, gpus, quarantine)
+    assert recorded.equals(checks)  # the store keeps the checks the build made, for the cards
     assert sorted(set(left.filter(pl.col("dtype") == "fp8")["backend_version"])) == ["1.0"]
     assert len(left.filter(pl.col("dtype") == "bfloat16")) == 6  # bf16 rows always stay
     assert len(quarantine.table()) == 6 and "median FP8/bf16 GEMM time 1.00" in quarantine.table()[

@@ -236,6 +236,10 @@ def test_a_home_keeps_which_points_it_holds_through_the_sandbox_and_a_merge(tmp_
     h100 = Home(sku="h100_sxm", gpu=load_gpu_specs()["h100_sxm"], dataset="other",
                 cells=pl.DataFrame({"model": ["m"]}), points="held_out_shapes")
     assert homes.merge([home, h100]).points == "held_out_shapes"
+    full = Home(sku="h100_sxm", gpu=load_gpu_specs()["h100_sxm"], dataset="other",
+                cells=pl.DataFrame({"model": ["m"]}), points="full_grid")
+    with pytest.raises(ValueError, match="different op points"):
+        homes.merge([home, full])
 
 
 def test_a_bundle_frame_is_the_same_bytes_whatever_memory_lay_under_its_nulls(tmp_path):

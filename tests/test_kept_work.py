@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +89,21 @@ def test_a_fit_reused_on_another_target_of_the_home_scores_as_a_cold_fit(store_h
             kept.unlink()
     cold = one("h100_vidur")
     assert cold["fit_reused"] is False and cold["phases"] == warm["phases"]
+
+
+def test_a_predictor_cache_unused_for_two_weeks_goes_and_one_in_use_stays(tmp_path, monkeypatch):
+    from leaderboard.seal import sandbox
+
+    monkeypatch.setenv("LEADERBOARD_HOME", str(tmp_path / "home"))
+    root = paths.home() / "predictor-cache"
+    old, recent = root / "rf-old", root / "rf-recent"
+    for folder, days in ((old, sandbox.UNUSED_CACHE_DAYS + 1), (recent, 1)):
+        (folder / "forest").mkdir(parents=True)
+        when = time.time() - days * 86400
+        os.utime(folder, (when, when))
+    home = tmp_path / "bundle"
+    home.mkdir()
+    (home / "cells.arrow").write_bytes(b"rows")
+    in_use = sandbox.predictor_cache("rf", {}, home)
+    assert not old.exists() and recent.is_dir() and in_use.is_dir()
+    assert time.time() - in_use.stat().st_mtime < 60

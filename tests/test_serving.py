@@ -1192,6 +1192,29 @@ def test_a_step_pays_host_time_unless_its_engine_overlaps_it(backend, version, h
     assert host_time_added(backend, version) is (host == "added")
 
 
+
+def test_a_home_of_wall_clock_steps_gets_no_host_time_from_the_replay(monkeypatch):
+    """A predictor fitted on wall-clock steps predicts the host's time with the GPU's: the
+    replay adds the engine's host time only to a home of GPU-block times, never twice."""
+    from leaderboard.serving import simulate
+    from leaderboard.serving.scoring import home_times_host
+
+    assert home_times_host(pl.DataFrame({"gt_kind": ["wall_clock"] * 2}))
+    assert not home_times_host(pl.DataFrame({"gt_kind": ["gpu_block", "wall_clock"]}))
+    assert not home_times_host(pl.DataFrame())
+    monkeypatch.setattr(simulate, "policy_for", lambda *args: None)
+    first = {"load": "recorded", "backend": "vllm", "backend_version": "0.12.0", "run": "r",
+             "model": "m", "tp": 1, "gemm_dtype": "bf16"}
+    cells = pl.DataFrame({"num_requests": np.array([1, 64])})
+
+    def gpu_ms(c):
+        return np.full(len(c), 10.0)
+
+    _, block_home = simulate.run_engine(first, {"m": {}}, None, gpu_ms)
+    _, wall_home = simulate.run_engine(first, {"m": {}}, None, gpu_ms, host_in_steps=True)
+    np.testing.assert_allclose(block_home(cells), 10.0 + 1.422 + 0.0416 * np.array([1, 64]))
+    np.testing.assert_allclose(wall_home(cells), 10.0)
+
 def test_the_serving_ranking_pairs_one_deployment_on_two_gpus_only():
     """A load measured with vLLM on H200 and B200 is one pair; TRT-LLM's run of the same model,
     precision, TP and load on B200 pairs with nothing (another engine), nor does an

@@ -80,6 +80,28 @@ def test_a_cached_lookup_answers_as_a_fresh_one_across_batches():
     assert 0 < sum(o for _, o in fresh) < len(asked)  # both inside and outside the grid were asked
 
 
+
+def test_the_kept_answers_are_bounded_and_the_bound_changes_no_answer(monkeypatch):
+    import predictors.table_scaled as table_scaled
+
+    rng = np.random.default_rng(5)
+    grid = [(b, kv) for b in (1, 2, 4, 8) for kv in (64, 128, 256, 512)]
+    table = pl.DataFrame({"batch": [b for b, _ in grid], "kv_len": [kv for _, kv in grid],
+                          "num_heads": 8, "num_kv_heads": 8, "head_dim": 128,
+                          "latency_ms": rng.uniform(0.01, 0.1, len(grid))})
+    batches = [pl.DataFrame({"batch": rng.integers(1, 12, 9), "kv_len": rng.integers(40, 700, 9),
+                             "num_heads": 8, "num_kv_heads": 8, "head_dim": 128})
+               for _ in range(6)]
+    unbounded: dict = {}
+    want = [lookup(table, "attn_decode", b, {}, unbounded)[0] for b in batches]
+    monkeypatch.setattr(table_scaled, "MAX_ANSWERED", 12)
+    bounded: dict = {}
+    for batch, expected in zip(batches, want, strict=True):
+        assert lookup(table, "attn_decode", batch, {}, bounded)[0] == pytest.approx(expected,
+                                                                                     rel=1e-12)
+        assert all(len(kept[-1]) <= 12 for kept in bounded.values())
+    assert max(len(kept[-1]) for kept in unbounded.values()) > 12  # the bound was reached
+
 def _tiny_home(model: str, tp: int, tokens: int, ctx: int, batch: int) -> tuple[Home, dict]:
     """A home that measured exactly the points one decode step of ``batch`` requests at
     ``ctx`` reads, each at a made-up time."""

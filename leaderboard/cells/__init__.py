@@ -1,4 +1,5 @@
-"""Step-level ground truth: cells (one forward step each) built from the store's op tables."""
+"""Ground truth: cells (one forward step each) built from the store's op tables, the dataset families
+that name them, and the serving targets."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ LARGE = 8192
 TOLERANCE = 0.20
 SOURCE = "aiconfigurator"
 REASON = "fp8_off_its_peak"
+TABLE = "fp8_checks"  # the store's record of every check the build made
 # The gemm table's dtype names of the two precisions compared.
 BF16, FP8 = "bfloat16", "fp8"
 
@@ -50,15 +51,18 @@ def detail(row: dict) -> str:
             f"within {TOLERANCE:.0%})")
 
 
-def quarantine_failing(gemm: pl.DataFrame, gpus: dict[str, GpuSpec], quarantine) -> pl.DataFrame:
-    """``gemm`` without the FP8 rows of every table that fails the check; those go to
-    ``quarantine`` with the measured ratio."""
-    for row in table_checks(gemm, gpus).filter(~pl.col("passes")).iter_rows(named=True):
+def quarantine_failing(gemm: pl.DataFrame, gpus: dict[str, GpuSpec], quarantine
+                       ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``gemm`` without the FP8 rows of every table that fails the check (those go to
+    ``quarantine`` with the measured ratio), and every table's check (``table_checks``), which
+    the store keeps as ``TABLE`` for the cards."""
+    checks = table_checks(gemm, gpus)
+    for row in checks.filter(~pl.col("passes")).iter_rows(named=True):
         mine = ((pl.col("source") == SOURCE) & (pl.col("sku") == row["sku"])
                 & (pl.col("backend_version") == row["backend_version"]) & (pl.col("dtype") == FP8))
         quarantine.add("gemm", gemm.filter(mine), "suspect", REASON, detail(row))
         gemm = gemm.filter(~mine)
-    return gemm
+    return gemm, checks
 
 
 def block_ratios(con, sku: str) -> str:

@@ -10,6 +10,7 @@ from leaderboard.cells import families, fp8_check, memory
 from leaderboard.cells.common import PHASES, family_configs, phase_counts, render_card, source_lines
 from leaderboard.cells.distortion import Tally
 from leaderboard.cells.grid import Grid
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.layer_work import light_kernel_elements, routed_experts
 from leaderboard_core.specs import GpuSpec, is_moe, kv_heads_per_gpu, moe_shapes, tp_shapes
 from leaderboard_core.versioning import release
@@ -36,7 +37,7 @@ def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, mis
         warm_cells=len(warm), warm_mean=f"{sum(c['warm_share'] for c in cells) / max(len(cells), 1):.1%}",
         warm_gt=f"{sum(c['gt_ms'] * c['warm_share'] for c in cells) / gt:.1%}",
         files=source_lines(con, grid.files),
-        fp8_checks=_fp8_checks(con, gpus) if fam.get("gemm_dtype") == "fp8" else None,
+        fp8_checks=_fp8_checks(con) if fam.get("gemm_dtype") == "fp8" else None,
         too_big=too_big, memory_limit=f"{memory.UTILIZATION:.0%} of {gpu['mem_gb']} GiB",
         lm_head=_lm_head(family_configs(cfg, fam), models, fam.get("gemm_dtype", "bf16")),
         light_kernels=light_kernel_table(cells, models, fam.get("gemm_dtype", "bf16")),
@@ -46,26 +47,10 @@ def render(con, name, grid: Grid, cells: list[dict], cfg, fam, tally: Tally, mis
 
 
 def _placement(expert_parallel: bool) -> dict[str, str]:
-    """How the MoE card describes the experts' placement over the TP group."""
-    if expert_parallel:
-        return {"placement": "whole experts spread over the TP group (each GPU holds experts / TP "
-                              "of them and runs the tokens routed to those)",
-                "moe_rows": "`moe_tp = 1`, `moe_ep` = TP",
-                "placement_note": (
-                    "expert parallel (`moe_ep` = TP, each cell's `moe_ep` column), as vLLM runs "
-                    "an MoE model with `--enable-expert-parallel` and no data-parallel attention. "
-                    "Every GPU then holds whole experts and the tokens stay on every GPU (attention "
-                    "is tensor-parallel), so no all-to-all runs: vLLM's `FusedMoE` sums the "
-                    "experts' outputs over the group with the same all-reduce as without expert "
-                    "parallelism (its forward reduces when `tp_size > 1 or ep_size > 1`). An "
-                    "all-to-all dispatch appears only with data-parallel attention, which no "
-                    "family composes.")}
-    return {"placement": "each expert's width split over the TP group",
-            "moe_rows": "`moe_ep = 1`",
-            "placement_note": (
-                "tensor parallel, vLLM's default: every GPU holds every expert, each split over "
-                "the TP group (`moe_ep = 1`). The expert-parallel placement of the same "
-                "workloads is the `_vidur_moe_ep` family.")}
+    """How the MoE card describes the experts' placement over the TP group
+    (``datasets/cards/moe_placement.yaml``)."""
+    text = (paths.DATASETS_DIR / "cards" / "moe_placement.yaml").read_text()
+    return yaml_io.safe_load(text)["expert_parallel" if expert_parallel else "tensor_parallel"]
 
 
 def _load_phrase(scales: list[float]) -> str:
@@ -133,18 +118,13 @@ def light_kernel_table(cells: list[dict], models: dict, dtype: str) -> str:
     return "\n".join(rows)
 
 
-def _fp8_checks(con, gpus: dict[str, GpuSpec]) -> str:
-    """Markdown: every FP8 table the build checked (``fp8_check``), kept or quarantined. The
-    store holds the kept tables' FP8 rows only, so the check rerun on it gives those."""
-    gemm = con.sql(f"""SELECT source, sku, backend_version, dtype, m, n, k, latency_ms FROM gemm
-                           WHERE source = '{fp8_check.SOURCE}' AND m >= {fp8_check.LARGE}
-                           AND n >= {fp8_check.LARGE} AND k >= {fp8_check.LARGE}""").pl()
-    kept = [(r["sku"], r["backend_version"], "kept", fp8_check.detail(r))
-            for r in fp8_check.table_checks(gemm, gpus).iter_rows(named=True)]
-    dropped = con.execute("SELECT DISTINCT sku, json_extract_string(row, '$.backend_version'), "
-                          "'quarantined', detail FROM quarantine WHERE reason = ?",
-                          [fp8_check.REASON]).fetchall()
-    rows = sorted(kept + dropped, key=lambda r: (r[0], release(r[1])))
+def _fp8_checks(con) -> str:
+    """Markdown: every FP8 table the build checked (``fp8_check``, kept in the store as it was
+    checked), kept or quarantined."""
+    checks = con.sql(f"SELECT * FROM {fp8_check.TABLE}").pl()
+    rows = sorted(((r["sku"], r["backend_version"], "kept" if r["passes"] else "quarantined",
+                    fp8_check.detail(r)) for r in checks.iter_rows(named=True)),
+                  key=lambda r: (r[0], release(r[1])))
     return "\n".join(["| GPU | vLLM | verdict | measured |", "|---|---|---|---|",
                       *(f"| {sku} | {v} | {verdict} | {what} |" for sku, v, verdict, what in rows)])
 

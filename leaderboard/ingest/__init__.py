@@ -1,4 +1,5 @@
-"""Adapters from each upstream project's file formats to the store's normalized tables."""
+"""Adapters from each upstream project's file formats to the store's normalized tables, with the
+pinned sources they read, the tables' schemas and the quarantine of bad rows."""
 
 from leaderboard.ingest import (
     aiconfigurator,

@@ -164,10 +164,14 @@ def build_home(catalog, row: dict, train: pl.DataFrame, gpu, models,
 
 
 def merge(parts: list[Home]) -> Home:
-    """One home of several: rows concatenated, every home GPU's datasheet in ``gpus``."""
+    """One home of several: rows concatenated, every home GPU's datasheet in ``gpus``. Every
+    part must give the same op points (``points_of`` over all the homes)."""
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
+    if len({p.points for p in parts}) > 1:
+        raise ValueError(f"homes {[p.dataset for p in parts]} give different op points "
+                         f"{[p.points for p in parts]}; build each with the points of them all")
     ops = {op: pl.concat([p.ops[op] for p in parts if op in p.ops], how="diagonal_relaxed")
            for op in sorted({op for p in parts for op in p.ops})}
     return Home(sku=first.sku, gpu=first.gpu, dataset="+".join(p.dataset for p in parts),

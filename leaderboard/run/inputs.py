@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from leaderboard.run.home_grid import HOME_POINTS
-from leaderboard_core import paths
 
 HYDRA_INPUT_ERRORS = (OverrideParseException, MissingConfigException, ConfigCompositionException,
                       OmegaConfBaseException)
@@ -83,11 +82,10 @@ def check_config(cfg: DictConfig) -> None:
 
 
 def check_run_inputs(cfg: DictConfig) -> None:
-    """Everything a leaderboard run takes from its config: the root values, the predictor's
-    fields and a ``runs_dir`` that can hold run folders."""
+    """Everything a leaderboard run takes from its config: the root values and the predictor's
+    fields (its ``runs_dir`` was checked before Hydra started, ``cli.check_choices``)."""
     check_config(cfg)
     check_predictor(cfg)
-    check_writable_folder(paths.from_user(cfg.runs_dir), "runs_dir")
 
 
 def check_writable_folder(folder: Path, key: str) -> None:

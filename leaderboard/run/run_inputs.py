@@ -79,7 +79,6 @@ class RunInputs:
     op_level: bool
     target_lineage: pl.DataFrame  # the measured points behind each target cell (empty for ops)
     home_rows: list[dict] = field(default_factory=list)  # every home, the first one included
-    home_points: str = "behind_cells"  # what the home's op points are (``homes.points_of``)
     serving: bool = False  # a serving dataset: targets are TTFT/TPOT of replayed loads
     data_roots: tuple[str, ...] = ()  # where this run's measurements come from or go
     default_homes: list[str] = field(default_factory=list)  # the homes of the default run
@@ -87,6 +86,11 @@ class RunInputs:
     @property
     def level(self) -> str:
         return "serving" if self.serving else "op" if self.op_level else "step"
+
+    @property
+    def home_points(self) -> str:
+        """What the home's op points are (``Home.points``); an op-level home is split by point."""
+        return "split_by_point" if self.op_level else self.home.points
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
@@ -106,8 +110,7 @@ def load_inputs(spec: RunSpec) -> RunInputs:
         op_level = target_row["kind"] == "ops"
         serving = target_row["kind"] == "serving"
         home_rows = [rows[n] for n in homes.homes_of(spec.dataset, spec.home, rows)]
-        home_points = ("split_by_point" if op_level else
-                       homes.points_of(spec.home_points, home_rows, rows))
+        home_points = None if op_level else homes.points_of(spec.home_points, home_rows, rows)
         for home_row in home_rows:
             if (home_row["kind"] == "ops") != op_level:
                 raise ValueError(f"home '{home_row['name']}' is a {home_row['kind']} dataset but "
@@ -123,12 +126,12 @@ def load_inputs(spec: RunSpec) -> RunInputs:
                 catalog, home_rows[0], spec.dataset, home_gpus[0], load_models(), spec.seed,
                 spec.test_fraction)
         else:
-            home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, rows)
+            home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, home_points)
             if serving:
                 target = catalog.serving_targets(spec.dataset)
         lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
     return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
-                     home_points, serving, _data_roots(spec), _default_homes(spec.dataset, rows))
+                     serving, _data_roots(spec), _default_homes(spec.dataset, rows))
 
 
 def _default_homes(name: str, rows: dict[str, dict]) -> list[str]:
@@ -149,14 +152,14 @@ def _data_roots(spec: RunSpec) -> tuple[str, ...]:
 
 
 def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
-                          rows: dict[str, dict]) -> tuple[Home, pl.DataFrame]:
-    """Each home's training split (and op points), merged; the target is a home's held-out
-    cells when it is one of the homes (a home is never scored as unseen), else all its cells.
-    Under ``held_out_shapes`` the one home is the target, split by (model, TP) configuration."""
+                          points: str) -> tuple[Home, pl.DataFrame]:
+    """Each home's training split (and its op points: ``points``, what every home gives),
+    merged; the target is a home's held-out cells when it is one of the homes (a home is never
+    scored as unseen), else all its cells. Under ``held_out_shapes`` the one home is the target,
+    split by (model, TP) configuration."""
     parts, target = [], None
     by_config = spec.home_points == home_grid.HELD_OUT_SHAPES
     for row, home_gpu in zip(home_rows, home_gpus, strict=True):
-        points = homes.points_of(spec.home_points, [row], rows)
         if by_config:
             _require_one_home_with_a_grid(spec, home_rows, points)
         cells = catalog.cells(row["name"])

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -53,6 +54,10 @@ FACT_TYPES = {"fit_seconds": (int, float, type(None)), "fit_reused": bool,
               "invalid_reasons": list, "home_profiled_rows": int, "not_supported": str,
               "by_op_names": list, "by_op_error": str, "sandbox": str, "explained": dict}
 MAX_FACTS = 16 << 20
+# A predictor cache unused this long is removed: each (predictor, parameters, home bundle) has
+# its own, so a rebuilt store or a new home leaves the old ones behind for good (4.8 GB on one
+# machine before this bound).
+UNUSED_CACHE_DAYS = 14
 MAX_OP_PARTS = 64  # a step's per-op split: its op kinds, many times over
 PSEUDO_FS = ("/proc", "/sys", "/dev")  # kernel files: no one can put a measurement there
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/etc", "/dev/urandom", "/sys/fs/cgroup",
@@ -80,7 +85,21 @@ def predictor_cache(name: str, params: dict, home_folder: Path) -> Path:
                                                                        cache.name):
         raise ValueError(f"the predictor cache {cache} is a link or lies under one; remove it "
                          f"(the cache must be a folder of its own under {root})")
+    os.utime(cache)  # in use: kept by prune_unused_caches
+    prune_unused_caches(root)
     return cache
+
+
+@functools.cache
+def prune_unused_caches(root: Path) -> int:
+    """Remove, once per process, the predictor caches under ``root`` unused for
+    ``UNUSED_CACHE_DAYS`` (a cache is touched each time a run takes it); how many went."""
+    cutoff, removed = time.time() - UNUSED_CACHE_DAYS * 86400, 0
+    for folder in root.iterdir():
+        if folder.is_dir() and not folder.is_symlink() and folder.stat().st_mtime < cutoff:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import polars as pl
 
 from leaderboard.seal import child_files, walls
 from leaderboard.seal.bundle import write_frame, write_reading
-from leaderboard.serving.scoring import replay_priced
+from leaderboard.serving.scoring import home_times_host, replay_priced
 from leaderboard_core.contract import Home, NotSupported, ReadingRefused, ReadingRequest
 from leaderboard_core.specs import GpuSpec
 
@@ -168,7 +168,8 @@ def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: 
         return ms, seconds
 
     try:
-        served["pred"] = np.stack(replay_priced(blind, home.models, gpu, price, served))
+        served["pred"] = np.stack(replay_priced(blind, home.models, gpu, price, served,
+                                                home_times_host(home.cells)))
     except NotSupported as exc:
         served["not_supported"] = str(exc)
         served["invalid_reasons"] = [f"NotSupported: {exc}"]

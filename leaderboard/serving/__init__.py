@@ -1,3 +1,4 @@
-"""Serving-level ground truth and scoring: measured TTFT and TPOT against a replay of each
-deployment's load whose every step a predictor times (``datasets``, ``scheduler``, ``replay``,
-``simulate``, ``scoring``)."""
+"""The serving replay: a deployment's measured load scheduled step by step as its engine would
+(``scheduler``, ``sglang_kv``, ``replay``, ``simulate``), each step timed by a predictor, and the
+replayed TTFT and TPOT set beside the measured ones (``scoring``). The serving targets themselves
+are cells' work (``leaderboard.cells.serving_targets``)."""

@@ -39,12 +39,12 @@ def phases_of(dataset: str) -> tuple[str, ...]:
     return families.of(dataset).phases
 
 
-def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict
-           ) -> tuple[np.ndarray, ...]:
+def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict,
+                  host_in_steps: bool = False) -> tuple[np.ndarray, ...]:
     """Predicted TTFT, TPOT, service time and steady-state TTFT per target (``METRICS``). The
     replay (scheduling, timing) runs here, in the harness; ``price`` asks the predictor's
     sandboxed child for the time of each step it schedules, and nothing else. ``facts`` gains
-    ``predict_seconds`` (the child's) and ``steps``."""
+    ``predict_seconds`` (the child's) and ``steps``. ``host_in_steps``: ``home_times_host``."""
     facts.update(predict_seconds=0.0, steps=0)
 
     def timer(cells: pl.DataFrame) -> np.ndarray:
@@ -58,7 +58,14 @@ def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: 
                              "predictions are not finite and positive")
         return ms
 
-    return predict_targets(targets, models, gpu, timer)
+    return predict_targets(targets, models, gpu, timer, host_in_steps=host_in_steps)
+
+
+def home_times_host(cells: pl.DataFrame) -> bool:
+    """Whether a home's step times hold the host's own time: every cell wall-clock ground truth
+    (a predictor fitted on them predicts it, so the replay adds no host time of its own)."""
+    return len(cells) > 0 and "gt_kind" in cells.columns and bool(
+        (cells["gt_kind"] == "wall_clock").all())
 
 
 def prediction_rows(targets: pl.DataFrame, predicted: dict[str, np.ndarray]) -> pl.DataFrame:

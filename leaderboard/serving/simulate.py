@@ -105,15 +105,18 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                   _from_version(version, b.get("whole_sequence_admission")))
 
 
-def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer
-               ) -> tuple[Policy, StepTimer]:
+def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,
+               host_in_steps: bool = False) -> tuple[Policy, StepTimer]:
     """The scheduler of the run of a target row ``first``, and ``timer`` as that run's steps
     are priced: with its backend's host time at its version (added, or overlapped with the
-    step), its experts' placement and its KV cache's dtype."""
+    step; none where ``host_in_steps``: the predictor's step times already hold the host's, as
+    a predictor fitted on wall-clock steps gives them), its experts' placement and its KV
+    cache's dtype."""
     closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
     policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
                         gpu, first["gemm_dtype"], first["backend_version"], closed)
-    timed = with_host_time(timer, first["backend"], first["backend_version"])
+    timed = timer if host_in_steps else with_host_time(timer, first["backend"],
+                                                       first["backend_version"])
     placed = with_expert_placement(timed, first.get("moe_ep"))
     return policy, with_kv_cache(placed, kv_cache_dtype(load_conf()))
 
@@ -162,7 +165,8 @@ def with_kv_cache(timer: StepTimer, kv_dtype: str) -> StepTimer:
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
-                    progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                    progress=None, host_in_steps: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Predicted TTFT, TPOT, service time and steady-state TTFT (ms) per target row, in the
     rows' order (service time, first token minus first scheduled, for recorded arrivals only;
     steady-state TTFT, the closed loop's other bound, for closed loops only)."""
@@ -172,7 +176,7 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     for (_, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
-        policy, timed = run_engine(first, models, gpu, timer)
+        policy, timed = run_engine(first, models, gpu, timer, host_in_steps)
         rows = group["_i"].to_numpy()
         if load == "closed":
             c = first["concurrency"]

@@ -30,7 +30,7 @@ class StoreCatalog:
         """The store as it stands, never built here: ``StaleStore`` where it is missing or
         stale (a run's reads; its command built the store first)."""
         catalog = cls.__new__(cls)
-        catalog._con = database.open_read_only(database.require_fresh(sources_root, gpu_specs))
+        catalog._con = database.connect_current(sources_root, gpu_specs)
         return catalog
 
     def __enter__(self) -> StoreCatalog:
@@ -38,6 +38,10 @@ class StoreCatalog:
 
     def __exit__(self, *exc) -> None:
         self._con.close()
+
+    def cards(self) -> dict[str, str | None]:
+        """Every dataset's card, by name (those ``datasets`` leaves out included)."""
+        return dict(self._con.execute("SELECT name, card FROM datasets").fetchall())
 
     def datasets(self) -> dict[str, dict]:
         rows = self._con.execute(

@@ -78,7 +78,8 @@ def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     root = sources.explicit_root(sources_root)
     spec_texts = {s.sku: s.path.read_text() for s in load_gpu_specs(gpu_specs).values()}
     cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "cells").glob("*.yaml"),
-                                                  *(paths.DATASETS_DIR / "cards").glob("*.md")])
+                                                  *(paths.DATASETS_DIR / "cards").glob("*.md"),
+                                                  *(paths.DATASETS_DIR / "cards").glob("*.yaml")])
                    if p.name != "hf_readme.md"]  # the export's template shapes no cell
     return content_hash(BUILDER_VERSION, sources.PINS_FILE.read_text(), spec_texts, load_models(),
                         cell_inputs, str(root), sorted(only or ADAPTERS))
@@ -155,6 +156,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started,
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     rows, summaries, table_versions = {}, [], []
+    fp8_checks = fp8_check.table_checks(pl.DataFrame(schema=TABLES["gemm"].schema), ctx.gpus)
     con = duckdb.connect(str(tmp), config={"memory_limit": "512MB", "threads": 2})
     try:
         for name in list(chunks):
@@ -164,7 +166,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started,
             del frames
             df = validate(df, name, ctx.quarantine)
             if name == "gemm":  # FP8 tables that do not time FP8 never reach a dataset
-                df = fp8_check.quarantine_failing(df, ctx.gpus, ctx.quarantine)
+                df, fp8_checks = fp8_check.quarantine_failing(df, ctx.gpus, ctx.quarantine)
             _store_table(con, name, df)
             rows[name] = len(df)
             if len(df):
@@ -175,6 +177,7 @@ def _write(chunks, ctx: IngestContext, files, fingerprint: str, started,
             bar.advance()
         quarantine = ctx.quarantine.table()
         _store_table(con, "quarantine", quarantine)
+        _store_table(con, fp8_check.TABLE, fp8_checks)
         _store_table(con, "skipped_files", pl.DataFrame(
             ctx.skipped, schema={"rel": pl.String, "reason": pl.String}, orient="row"))
         _store_table(con, "sources", pl.DataFrame([
@@ -300,9 +303,15 @@ _FOUND_FRESH: set[tuple] = set()
 
 def connect(sources_root: str | None = None, gpu_specs: str | None = None):
     """The store, read-only, built first where missing or stale."""
-    return open_read_only(ensure(sources_root, gpu_specs))
-
-
-def open_read_only(path: Path):
     guard.check("open the store")
+    return _open_read_only(ensure(sources_root, gpu_specs))
+
+
+def connect_current(sources_root: str | None = None, gpu_specs: str | None = None):
+    """The store, read-only, as it stands: ``StaleStore`` where it is missing or stale."""
+    guard.check("open the store")
+    return _open_read_only(require_fresh(sources_root, gpu_specs))
+
+
+def _open_read_only(path: Path):
     return duckdb.connect(str(path), read_only=True)

@@ -97,7 +97,7 @@ class Ours(Predictor):
         self.home_gpus_ = tuple(home.gpus)
         # The GPU each frozen set of constants was fitted on (none: refitted on this home).
         self.frozen_from_ = {"home": None if refit else self.constants_["home"]["sku"],
-                             "fp8": self.constants_["fp8"]["home_sku"]}
+                             "fp8": self.constants_["fp8"]["sku"]}
         # Every point the constants in use were fitted on: the BF16 home's and the FP8 home's.
         self.profiled_rows_ = int(self.constants_["home"]["op_rows"] + self.constants_["fp8"]["op_rows"])
         self.host_floor_, self.alpha_ = (0.0, 0.0), 1.0
@@ -136,7 +136,7 @@ class Ours(Predictor):
         if hit:
             c = self.constants_
             what = " and ".join({"home": "home", "fp8": "FP8"}[s] for s in hit)
-            datasets = ", ".join(c[s]["dataset" if s == "home" else "home_dataset"] for s in hit)
+            datasets = ", ".join(c[s]["dataset"] for s in hit)
             fixes = ("run it as the home, or predictor.fp8=false" if hit == ["fp8"] else
                      "run it as the home, or with several homes, on whose points they are refitted")
             raise NotSupported(f"ours's {what} constants were fitted on {gpu.sku} ({datasets}); "
@@ -251,7 +251,7 @@ class Ours(Predictor):
         # The points behind the training cells: the protocol the frozen constants were fitted under.
         c = config.load_constants()
         return {"home": {"dataset": c["home"]["dataset"], "home_points": "behind_cells"},
-                "fp8": {"dataset": c["fp8"]["home_dataset"], "home_points": "behind_cells"}}
+                "fp8": {"dataset": c["fp8"]["dataset"], "home_points": "behind_cells"}}
 
     @classmethod
     def calibrate_constants(cls, homes: dict[str, Home]) -> dict:
