@@ -34,9 +34,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from leaderboard.run import roster
 from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.run.inputs import InputError
-from leaderboard.run.roster import TIMING_FILE, pending, run_specs
 from leaderboard.seal import predictor_index
 from leaderboard.store import database
 from leaderboard_core import paths, progress
@@ -159,15 +159,15 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
     """Run every leaderboard run (of ``predictors`` only, where given) that is stale or missing
     (``everything``: all of them), ``jobs`` processes at a time; ``dry_run`` lists them and
     runs none; ``launcher``: one of ``LAUNCHERS`` (``in_workers`` here, or ``in_jobs``).
-    Records the wall time and each outcome in ``TIMING_FILE``, an earlier rerun's outcomes kept
-    for the runs not redone."""
+    Records the wall time and each outcome in ``roster.TIMING_FILE``, an earlier rerun's
+    outcomes kept for the runs not redone."""
     if launcher not in LAUNCHERS:
         raise InputError(f"rerun.launcher={launcher} is not one of {', '.join(LAUNCHERS)}")
     Console(stderr=True).print("rerun: checking the store (built first if stale)", highlight=False)
     database.ensure()  # build once here rather than racing for the build lock in every worker
     started = time.perf_counter()
-    every = [s for s in run_specs(runs_dir) if predictors is None or s.predictor in predictors]
-    specs = every if everything else pending(every, runs_dir)
+    every = [s for s in roster.run_specs(runs_dir) if predictors is None or s.predictor in predictors]
+    specs = every if everything else roster.pending(every, runs_dir)
     Console(stderr=True).print(f"rerun: {len(specs)} of {len(every)} runs are stale or missing"
                                f"{' (rerun.all=true: running all)' if everything else ''}",
                                highlight=False)
@@ -194,10 +194,10 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
 
 def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,
             full: bool) -> None:
-    """``TIMING_FILE``: this rerun's time, and every outcome, an earlier one's kept for the
+    """``roster.TIMING_FILE``: this rerun's time, and every outcome, an earlier one's kept for the
     (predictor, dataset) pairs not rerun; ``full_rerun`` only for a rerun of every run."""
     runs_dir.mkdir(parents=True, exist_ok=True)
-    path = runs_dir / TIMING_FILE
+    path = runs_dir / roster.TIMING_FILE
     earlier = json.loads(path.read_text()) if path.is_file() else {}
     redone = {(o.predictor, o.dataset) for o in outcomes}
     kept = [o for o in earlier.get("outcomes", []) if (o["predictor"], o["dataset"]) not in redone]

@@ -126,7 +126,8 @@ def test_a_run_scores_the_same_from_the_export(exported, store_home, tmp_path, m
     registry.register("hub_probe")(Probe)
     spec = evaluate.RunSpec("hub_probe", "h200_vidur", {}, runs_dir=tmp_path)
     local, local_home = evaluate.run(spec), run_inputs.load_inputs(spec).home
-    monkeypatch.setattr(run_inputs, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
+    monkeypatch.setattr(run_inputs.StoreCatalog, "current",
+                        classmethod(lambda cls, *args: HubCatalog(str(exported))))
     from_hub, hub_home = evaluate.run(spec), run_inputs.load_inputs(spec).home
     assert list(hub_home.ops) == list(local_home.ops) and len(hub_home.ops) > 3
     assert all(hub_home.ops[op].equals(local_home.ops[op]) for op in local_home.ops)
@@ -255,7 +256,8 @@ def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp
                                                        monkeypatch):
     spec = evaluate.RunSpec("ours", "gb200_silicon", {}, runs_dir=tmp_path)
     local = evaluate.run(spec)
-    monkeypatch.setattr(run_inputs, "StoreCatalog", lambda *args: HubCatalog(str(exported)))
+    monkeypatch.setattr(run_inputs.StoreCatalog, "current",
+                        classmethod(lambda cls, *args: HubCatalog(str(exported))))
     from_hub = evaluate.run(spec)
     assert from_hub.metrics["valid"] and from_hub.metrics["level"] == "serving"
     assert from_hub.metrics["dataset_version"] == local.metrics["dataset_version"]

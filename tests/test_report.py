@@ -257,11 +257,11 @@ def test_rows_equal_to_the_printed_digit_keep_their_name_order(tmp_path, monkeyp
 @pytest.fixture
 def two_specs(tmp_path, monkeypatch):
     """Two leaderboard runs expected (tiny on h100 and h200); only the h100 one is written."""
-    from leaderboard import rerun
+    from leaderboard.run import roster
     from leaderboard.run.evaluate import RunSpec
 
     monkeypatch.setattr(results, "store_versions", lambda: VERSIONS)
-    monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: [
+    monkeypatch.setattr(roster, "run_specs", lambda runs_dir: [
         RunSpec(predictor="tiny", dataset=d, params={}, runs_dir=runs_dir)
         for d in ("h100_vidur", "h200_vidur")])
     monkeypatch.setattr(report, "render", lambda runs_dir, out, atlas_dir, merged=None,
@@ -382,7 +382,7 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
                                                                                    monkeypatch):
     """A serving run fitted on its own GPU is the oracle: never a leaderboard row, always the
     report's oracle row; the rerun's oracle spec (a home named as one string) counts as present."""
-    from leaderboard import rerun
+    from leaderboard.run import roster
     from leaderboard.run.evaluate import RunSpec
 
     monkeypatch.setitem(registry._REGISTRY, "tiny", TinyPredictor)
@@ -416,7 +416,7 @@ def test_the_serving_oracle_is_kept_out_of_the_leaderboard_and_found_by_the_repo
              RunSpec("table_scaled", "h100_silicon", {}, runs_dir=tmp_path, home="h100_vidur",
                      home_points="every_shape"),
              RunSpec("tiny", "h100_silicon", {}, runs_dir=tmp_path, home="h200_vidur")]
-    monkeypatch.setattr(rerun, "run_specs", lambda runs_dir: specs)
+    monkeypatch.setattr(roster, "run_specs", lambda runs_dir: specs)
     assert report.missing_runs(tmp_path, versions) == ["tiny on h100_silicon (home h200_vidur)"]
 
 

@@ -205,11 +205,13 @@ def test_rows_digest_ignores_order_and_sees_one_changed_value():
 def test_report_sections_and_explain_import_no_predictor_module(store_home):
     script = textwrap.dedent('''
         import sys, tempfile
-        from leaderboard import cells_explained, evaluate, homes, report_sections, results
+        from leaderboard.present import cells_explained, sections
+        from leaderboard.run import evaluate, homes
+        from leaderboard.score import results
         runs_dir = tempfile.mkdtemp()
         evaluate.run(evaluate.RunSpec("ours", "h200_vidur", {}, runs_dir=runs_dir))
         runs = homes.with_family(results.load_runs(runs_dir).pl())
-        assert any("ours" in line for line in report_sections.predictor_sections(runs))
+        assert any("ours" in line for line in sections.predictor_sections(runs))
         model, chosen = cells_explained.explained_cells("ours", "h200_vidur")
         assert model.explained[chosen[0]]["pred"] > 0
         loaded = sorted(m for m in sys.modules if m.startswith("predictors.")

@@ -24,7 +24,7 @@ def test_marked_modules_leave_the_code_hash_alone(tmp_path, monkeypatch):
     report = tmp_path / "leaderboard" / "report.py"
     report.write_text(report.read_text() + "\n# a presentation edit\n")
     assert _hash_of(tmp_path, monkeypatch) == before
-    metrics = tmp_path / "leaderboard" / "metrics.py"
+    metrics = tmp_path / "leaderboard" / "score" / "metrics.py"
     metrics.write_text(metrics.read_text() + "\n# an edit that may change numbers\n")
     assert _hash_of(tmp_path, monkeypatch) != before
 

@@ -208,7 +208,7 @@ def check(name: str) -> dict:
 
 
 def _ask(folders: tuple[str, ...], extra: dict, readable=()) -> dict:
-    """One sealed child's answer (``sandbox_child --describe``): it registers every predictor
+    """One sealed child's answer (``child --describe``): it registers every predictor
     (those of ``folders`` too) confined and watched as a run's child is, then answers as one
     JSON object, read here within ``MAX_ANSWER`` bytes and ``DESCRIBE_SECONDS``."""
     # A scratch folder of its own, not under the suite's home: describing writes nothing there.

@@ -29,14 +29,8 @@ import numpy as np
 import polars as pl
 
 from leaderboard.ingest import sources
-from leaderboard.seal import child_files, landlock
-from leaderboard.seal import walls as seal_walls
-from leaderboard.seal.bundle import (
-    gpu_json,
-    tree_digest,
-    write_frame,
-    write_home,
-)
+from leaderboard.seal import child_files, landlock, walls
+from leaderboard.seal.bundle import gpu_json, tree_digest, write_frame, write_home
 from leaderboard.seal.talk import serve, talk
 from leaderboard_core import guard, paths, progress
 from leaderboard_core.contract import Home, Reading, ReadingRequest
@@ -171,12 +165,12 @@ def submitted_code(predictor_dirs) -> list[str]:
 
 
 def checked_code(predictor_dirs, data_roots=()) -> list[str]:
-    """``readable_code``, refused (``seal_walls.check_readable``) if a folder where measurements
+    """``readable_code``, refused (``walls.check_readable``) if a folder where measurements
     lie is inside it or a copy of measurements is in it. The job's own folder is not scanned: it
     changes every run (which would defeat the scan's cache) and holds only what the parent
     wrote."""
     read = readable_code(predictor_dirs)
-    seal_walls.check_readable([r for r in read if not r.startswith(PSEUDO_FS)],
+    walls.check_readable([r for r in read if not r.startswith(PSEUDO_FS)],
                               watched(data_roots), submitted_code(predictor_dirs))
     return read
 
@@ -247,7 +241,7 @@ def job(described: dict, params: dict, level: str, budget: int, folder: Path,
     folders the child registers before it looks the predictor up by name."""
     read = [*checked_code(predictor_dirs, data_roots), str(folder / "in")]
     write = [str(folder / "out"), str(cache), "/dev/null"]
-    namespaced = ["/proc"] if seal_walls.namespaces_available() else []  # its own PIDs only
+    namespaced = ["/proc"] if walls.namespaces_available() else []  # its own PIDs only
     return {"predictor": {k: described[k] for k in ("module", "qualname", "name")},
             "include": list(include), "explain": list(explain), "params": params,
             "level": level, "budget": budget, "fitted": fitted and str(cache / fitted),
@@ -321,9 +315,9 @@ def _child_facts(path: Path) -> dict | None:
 def _sandbox_label(child_said) -> str:
     """How the child ran: the namespaces are this process's doing, Landlock the child's (which
     it cannot have had where the kernel has none)."""
-    walls = [*(["namespaces"] if seal_walls.namespaces_available() else []),
-             *(["landlock"] if child_said == "landlock" and landlock.abi_version() else [])]
-    return "+".join(walls) or "process"
+    layers = [*(["namespaces"] if walls.namespaces_available() else []),
+              *(["landlock"] if child_said == "landlock" and landlock.abi_version() else [])]
+    return "+".join(layers) or "process"
 
 
 def _load_by_op(path: Path, rows: int, facts: dict) -> None:

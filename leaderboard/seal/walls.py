@@ -81,7 +81,7 @@ def leftover_processes() -> list[int]:
 
 def check_readable(read_roots: list[str], data_roots: list[str], inspect=()) -> None:
     """Refuse, before the child starts, a readable root that holds measurements (``inspect``:
-    the roots whose every file is opened to tell a derived table, ``seal_scan``)."""
+    the roots whose every file is opened to tell a derived table, ``scan``)."""
     for data in map(Path, data_roots):
         for root in map(Path, read_roots):
             if data.is_relative_to(root):
