@@ -1,7 +1,7 @@
 """Report sections about the protocol: the two-home table, the leave-one-GPU-out table and each
 baseline's strength.
 
-The one-home leaderboard (``report_leaderboard.main_leaderboard``) fits on the A100 alone. The two-home
+The one-home leaderboard (``leaderboard_table.main_leaderboard``) fits on the A100 alone. The two-home
 table fits every predictor on the A100 and the H100 (``dataset.home=[a100_vidur,h100_vidur]``);
 both homes are scored on their held-out cells only. The leave-one-GPU-out table fits every
 predictor on the five other ``_vidur`` GPUs and scores the one left out, the protocol learned

@@ -257,7 +257,7 @@ def fit_and_predict(described: dict, params: dict, home: Home, blind: pl.DataFra
     replay run here), the cells its reading took out of the score, and the facts it measured
     (fit seconds, predict seconds, sandbox, INVALID reasons, and the per-op split ``by_op`` of
     the predictions where the predictor offers one). ``code_hash``: the predictor's, which
-    with the harness's names the fit a later run may reuse (``sandbox_job._fitted``); none,
+    with the harness's names the fit a later run may reuse (``job._fitted``); none,
     no fit is kept or reused."""
     with job_folder() as folder:
         write_home(home, folder / "in" / "home")
