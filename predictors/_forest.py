@@ -112,7 +112,7 @@ def cv_scores(x: np.ndarray, y: np.ndarray, candidates: dict, random_state: int,
       size holds the trees of every other depth and split size: stop where those would have.
       With two varying features the per-tree random feature order breaks ties, so each (depth,
       split size) is grown on its own.
-    ``tests/test_rf.py`` checks the choice and the scores against GridSearchCV itself."""
+    ``tests/predictors/test_rf.py`` checks the choice and the scores against GridSearchCV itself."""
     x = np.asarray(x, dtype=np.float64)
     folds = 10 if len(y) >= 10 else 2
     grown_by = ("n_estimators", "max_depth", "min_samples_split")

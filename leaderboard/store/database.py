@@ -73,6 +73,10 @@ def _selected(only: list[str] | None):
     return [ADAPTERS[name] for name in only]
 
 
+# The hub export's card template and column dictionary: they shape no cell.
+EXPORT_ONLY = ("hf_readme.md", "columns.yaml")
+
+
 def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     """What a store was built from, short of hashing the upstream files themselves."""
     root = sources.explicit_root(sources_root)
@@ -80,7 +84,7 @@ def inputs_fingerprint(sources_root=None, gpu_specs=None, only=None) -> str:
     cell_inputs = [p.read_text() for p in sorted([*(paths.CONF_DIR / "cells").glob("*.yaml"),
                                                   *(paths.DATASETS_DIR / "cards").glob("*.md"),
                                                   *(paths.DATASETS_DIR / "cards").glob("*.yaml")])
-                   if p.name != "hf_readme.md"]  # the export's template shapes no cell
+                   if p.name not in EXPORT_ONLY]
     return content_hash(BUILDER_VERSION, sources.PINS_FILE.read_text(), spec_texts, load_models(),
                         cell_inputs, str(root), sorted(only or ADAPTERS))
 

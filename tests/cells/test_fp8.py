@@ -159,7 +159,7 @@ def test_ours_never_scores_the_gpu_its_fp8_constants_came_from_as_unseen():
 def test_ours_never_scores_the_gpu_its_home_constants_came_from_as_unseen():
     """The frozen BF16 constants are fitted on the A100: with another GPU as the run's home, an
     A100 target is refused on steps and on op points alike (refitted on another GPU's points,
-    it is scored: tests/test_ours_calibrate.py)."""
+    it is scored: tests/predictors/test_ours_calibrate.py)."""
     gpus = load_gpu_specs()
     bf16 = _fp8_cell().with_columns(gemm_dtype=pl.lit("bf16"))
     on_h100 = Ours().fit(Home("h100_sxm", gpus["h100_sxm"], "x", pl.DataFrame(schema=CELL_SCHEMA)))

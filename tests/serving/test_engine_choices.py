@@ -203,7 +203,7 @@ def test_a_missed_set_says_what_each_unknown_was_measured_to_give(tmp_path):
     mine = pl.concat([rows("h200_silicon_fp8", [80.0, 125.0], [100.0, 100.0], [60.0, 60.0]),
                       rows("h100_silicon", [100.0, 100.0], [105.0, 95.0], [90.0, 90.0])])
     waves, choices = tmp_path / "waves.json", tmp_path / "choices.json"
-    # none: tests/test_light_kernels.py and tests/test_kv_cache_write.py read their clauses
+    # none: tests/present/test_light_kernels.py and tests/present/test_kv_cache_write.py read their clauses
     light = kv_write = tmp_path / "none.json"
     only_bracket = "\n".join(what_stops_the_oracle(mine, waves, choices, light, kv_write))
     waves.write_text(json.dumps({"rows": [

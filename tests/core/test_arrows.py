@@ -191,7 +191,7 @@ def test_every_harness_module_stands_in_a_stage_and_the_top_holds_only_commands(
             continue
         assert 'if __name__ == "__main__":' in path.read_text(), (
             f"{path.relative_to(paths.REPO_ROOT)} stands at the top of leaderboard/ but is no "
-            "command: move it into the stage that matches what it imports (tests/test_arrows.py "
+            "command: move it into the stage that matches what it imports (tests/core/test_arrows.py "
             "STAGES)")
 
 

@@ -15,7 +15,7 @@ from leaderboard_core.contract import Home
 from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes
 from predictors import registry
 from predictors.rf import in_first_home_units
-from tests.test_rooflines import MIXED_STEPS, cells
+from tests.predictors.test_rooflines import MIXED_STEPS, cells
 
 GPUS = load_gpu_specs()
 A100, H100 = GPUS["a100_sxm"], GPUS["h100_sxm"]

@@ -12,7 +12,6 @@ import pytest
 import yaml
 from conftest import requires_shared
 from test_cells_vidur import AIC, _cells, _one, _raw, attention_and_allreduce
-from test_rooflines import cells as _cells_of
 
 from leaderboard.cells.vidur_method import CONFIG
 from leaderboard.run.run_inputs import require_card_scope
@@ -20,6 +19,7 @@ from leaderboard_core.contract import NotSupported, PredictorCard, expert_groups
 from leaderboard_core.specs import load_gpu_specs, load_models
 from predictors._roofline import point_seconds
 from predictors.steps import Steps
+from tests.predictors.test_rooflines import cells as _cells_of
 
 EP_SETS = ["h100_vidur_moe_ep", "h200_vidur_moe_ep", "b200_vidur_moe_ep", "gb200_vidur_moe_ep"]
 

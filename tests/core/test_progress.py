@@ -15,7 +15,7 @@ from leaderboard.store import database
 from leaderboard_core import paths, progress
 from predictors import rf
 from predictors.rf import VidurRandomForest
-from tests.test_rf import synthetic_home
+from tests.predictors.test_rf import synthetic_home
 
 TICK = 0.05
 

@@ -14,7 +14,6 @@ import pytest
 import yaml
 from conftest import requires_shared
 from test_cells_vidur import AIC, _cells, _one, _raw, attention_and_allreduce
-from test_rooflines import cells as _moe_cells
 
 from leaderboard.cells import memory
 from leaderboard.cells.vidur_method import CONFIG
@@ -22,6 +21,7 @@ from leaderboard.run.run_inputs import require_card_scope
 from leaderboard_core import specs
 from leaderboard_core.contract import NotSupported, PredictorCard
 from leaderboard_core.specs import load_models
+from tests.predictors.test_rooflines import cells as _moe_cells
 
 MOE_SETS = ["h100_vidur_moe", "h200_vidur_moe", "b200_vidur_moe", "gb200_vidur_moe"]
 POWER_LAW_SETS = ["a100_vidur_moe_powerlaw", "h100_vidur_moe_powerlaw", "l40s_vidur_moe_powerlaw"]

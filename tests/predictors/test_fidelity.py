@@ -25,7 +25,7 @@ from leaderboard.ingest import sources
 from leaderboard_core.specs import load_gpu_specs
 from predictors import registry
 from predictors.rf import GRIDS, TOKEN_ROUNDING, fit_forest
-from tests.test_rooflines import cells
+from tests.predictors.test_rooflines import cells
 
 pytestmark = pytest.mark.slow
 MLP_CSV = "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv"

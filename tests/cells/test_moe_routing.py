@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from test_rooflines import cells as _cells
 
 from leaderboard.cells.schema import CELL_SCHEMA
 from leaderboard_core.contract import Home
@@ -14,6 +13,7 @@ from leaderboard_core.specs import load_gpu_specs
 from predictors.ours import Ours
 from predictors.ours.config import load_constants
 from predictors.ours.factors import power_law_loads
+from tests.predictors.test_rooflines import cells as _cells
 
 SPAN = {"many_lo": 1.0, "many_hi_share": 0.8, "few_lo": 0.01, "few_hi": 2.0}
 
