@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from leaderboard.present import aiconfigurator_section
 from leaderboard.present.serving_kv_write import kv_write
 from leaderboard.present.serving_light import light_kernels
 from leaderboard.present.serving_oracle import oracle_section
@@ -211,7 +212,8 @@ def section(runs: pl.DataFrame, step_runs: pl.DataFrame, runs_dir: Path,
              "dataset cards.", ""]
     oracle = oracle if oracle is not None else runs.clear()
     predictions = results.load_predictions(pl.concat([runs, oracle], how="diagonal_relaxed"))
-    lines += (oracle_section(oracle, predictions) + closed_loop_lengths() + engine_choices()
+    lines += (oracle_section(oracle, predictions) + aiconfigurator_section.section(oracle, predictions)
+              + closed_loop_lengths() + engine_choices()
               + light_kernels() + kv_write())
     lines += ["### TTFT and TPOT per predictor", "",
               "Service time (recorded arrivals only): first token minus the first step that "
