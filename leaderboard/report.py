@@ -357,7 +357,9 @@ def main(argv: list[str] | None = None) -> None:
     block = render(runs_dir, out, atlas_dir, merged=merged, published_dir=from_clone)
     kept, pages = report_pages.part(block.splitlines()[1:-1], PAGES_DIR)
     written = report_pages.write(pages, out.parent / PAGES_DIR)
-    block = "\n".join([BEGIN, "", *kept, *report_pages.index(PAGES_DIR), END])
+    stamp = (f"Written from runs current at code hash `{code_hash()}`, harness hash "
+             f"`{harness_hash()}` (details: the provenance page).")
+    block = "\n".join([BEGIN, "", *kept, *report_pages.index(PAGES_DIR), "", stamp, END])
     existing = out.read_text() if out.exists() else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(splice(existing, block))
