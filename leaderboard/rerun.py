@@ -47,11 +47,12 @@ from leaderboard_core.naming import suggestion
 # pool a process kept about 2.1 GB more after each h200_silicon_moe run (ours: 2.3, 4.4, 6.6 GB
 # resident after one, two, three runs; with one thread 2.2, 2.4, 2.4); workers reached 13 GB
 # and were killed for memory on a 24 GB machine. A run is Python-bound and the rerun already
-# runs one per core. A fresh worker costs about 3 s of imports, so 10 adds about 3 % to a rerun.
+# runs one per core. A fresh worker costs about 3 s of imports.
 # Most of that growth was the serving replay's reference cycle (mended in 079ad0b): the rerun
 # after it peaked at 2.2 GB in use on the machine, its largest worker at 0.7 GB (sampled every
-# 20 s), against 21.4 and 12.4 GB before. The replacement stays, as a cheap bound.
-RUNS_PER_WORKER = 10
+# 20 s), against 21.4 and 12.4 GB before. The replacement stays, as a cheap bound: every 40
+# runs, so the imports cost under 1 % of a rerun.
+RUNS_PER_WORKER = 40
 POLARS_THREADS = "POLARS_MAX_THREADS"  # read once, when a worker imports Polars
 
 

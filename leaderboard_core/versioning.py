@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 import subprocess
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from leaderboard_core import paths
@@ -101,9 +101,16 @@ def _module_file(name: str, root: Path) -> Path | None:
     return None
 
 
-def imported_modules(path: Path, name: str) -> set[str]:
+def imported_modules(path: Path, name: str) -> frozenset[str]:
     """Every module ``path`` (module ``name``) imports, anywhere in it (inside functions too),
-    relative imports made absolute; ``from a import b`` names both ``a`` and ``a.b``."""
+    relative imports made absolute; ``from a import b`` names both ``a`` and ``a.b``. Parsed
+    once per process for each version of the file (a rerun worker asks for every run)."""
+    stat = path.stat()
+    return _imports(path, name, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4096)
+def _imports(path: Path, name: str, mtime_ns: int, size: int) -> frozenset[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -114,7 +121,7 @@ def imported_modules(path: Path, name: str) -> set[str]:
             base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
             module = ".".join(p for p in (base, node.module or "") if p)
             found |= {module, *(f"{module}.{alias.name}" for alias in node.names)}
-    return found
+    return frozenset(found)
 
 
 def module_files(module: str, roots: list[Path]) -> list[Path]:

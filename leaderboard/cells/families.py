@@ -28,6 +28,9 @@ COLD = "all_cold"
 # produced (weight > 0; the measured uniform batches that fill thin phases have weight 0), and
 # those same cells counted as often as the replay produced them (the traffic a server sees).
 REPLAYED, TRAFFIC = "replayed", "traffic"
+# The main step family: every predictor has runs on the same unseen GPUs of it, so the site's
+# pages compare like with like there, and the rerun draws run atlases for it alone.
+MAIN = "vidur"
 # "all" and "all_cold" leave out the cells labelled ``composed``: ground truth whose points may
 # stand in for fewer calls than the engine makes (``_vidur``'s mixed steps). Their own phase
 # still scores them.

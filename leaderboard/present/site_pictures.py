@@ -13,7 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
-MAIN = "vidur"
+from leaderboard.cells.families import MAIN
+
 PHASES = (("prefill", "o"), ("decode", "s"), ("mixed", "^"))
 
 

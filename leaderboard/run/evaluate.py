@@ -42,55 +42,51 @@ class RunResult:
     predictions: pl.DataFrame
 
 
-def _fit_and_predict(described: dict, code: PredictorCode, params: dict, inputs: RunInputs,
-                     budget: int, spec: RunSpec) -> tuple[np.ndarray | None, pl.DataFrame, dict]:
-    """Predictions (or None), the target rows they score, and the timing/validity facts.
+def _priced(described: dict, code: PredictorCode, params: dict, inputs: RunInputs,
+            budget: int, spec: RunSpec) -> tuple[pl.DataFrame, np.ndarray | None, dict]:
+    """The scored rows, their predictions (or None) and the timing/validity facts.
 
     Construct, fit, reading and predict run in a child process that gets the home bundle and
     the blind target only (``leaderboard.seal.sandbox``); this process keeps the ground truth. A
     predictor's exception is an INVALID reason, not a crash of the harness. Cells a deploy
-    reading touched are removed from the scored target.
+    reading touched are removed from the scored target. On serving targets the child prices the
+    steps this process's replay schedules (no deploy reading), and the rows are one per target
+    and metric, scored against the measured TTFT/TPOT this process keeps.
     """
-    hidden = op_level_api.MEASURED if inputs.op_level else GROUND_TRUTH_COLUMNS
-    supplier = readings.Supplier(inputs.target, inputs.target_lineage, budget)
+    serving = inputs.serving
+    hidden = (serving_api.GROUND_TRUTH if serving else
+              op_level_api.MEASURED if inputs.op_level else GROUND_TRUTH_COLUMNS)
+    supplier = readings.Supplier(inputs.target, pl.DataFrame() if serving else
+                                 inputs.target_lineage, budget)
     pred, unscored, facts = sandbox.fit_and_predict(
-        described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level, budget,
-        supplier, inputs.data_roots, code.readable, code.registered, spec.stage_seconds,
+        described, params, inputs.home, inputs.target.drop(hidden), inputs.gpu, inputs.level,
+        budget, supplier, inputs.data_roots, code.readable, code.registered, spec.stage_seconds,
         code_hash=code.code_hash)
+    if serving:
+        if facts.get("not_supported"):
+            raise NotSupported(facts["not_supported"])
+        facts["deploy_row_ids"], facts["target_rows"] = [], 0
+        nan = np.full(len(inputs.target), np.nan)
+        scored = serving_api.phases_of(inputs.target_row["name"])
+        rows = serving_api.prediction_rows(inputs.target, {
+            m: pred[i] if pred is not None else nan
+            for i, m in enumerate(serving_api.METRICS) if m in scored})
+        return rows, None if facts["invalid_reasons"] else rows["pred_ms"], facts
     facts["deploy_row_ids"], facts["target_rows"] = unscored, supplier.rows_used
     target = supplier.scored()
-    if pred is None:
-        return None, target, facts
-    if pred.shape != (len(target),):
+    if pred is not None and pred.shape != (len(target),):
         facts["invalid_reasons"].append(f"predict returned shape {pred.shape}, expected "
                                         f"({len(target)},)")
         facts.pop("by_op", None)
-        return None, target, facts
-    bad = ~(np.isfinite(pred) & (pred > 0))
-    if bad.any():
+        pred = None
+    elif pred is not None and (bad := ~(np.isfinite(pred) & (pred > 0))).any():
         facts["invalid_reasons"].append(f"{int(bad.sum())} of {len(pred)} predictions are not "
                                         "finite and positive")
-    return pred, target, facts
-
-
-def _simulate(described: dict, code: PredictorCode, params: dict, inputs: RunInputs,
-              spec: RunSpec) -> tuple[pl.DataFrame, dict]:
-    """Serving targets: the sandboxed child fits the predictor and prices the steps this
-    process's replay schedules (no deploy reading); this process keeps the measured TTFT/TPOT
-    and builds the scored rows."""
-    refuse_all = readings.Supplier(inputs.target, pl.DataFrame(), 0)
-    pred, _, facts = sandbox.fit_and_predict(
-        described, params, inputs.home, inputs.target.drop(serving_api.GROUND_TRUTH), inputs.gpu,
-        "serving", 0, refuse_all, inputs.data_roots, code.readable, code.registered,
-        spec.stage_seconds, code_hash=code.code_hash)
-    if facts.get("not_supported"):
-        raise NotSupported(facts["not_supported"])
-    facts["deploy_row_ids"], facts["target_rows"] = [], 0
-    nan = np.full(len(inputs.target), np.nan)
-    scored = serving_api.phases_of(inputs.target_row["name"])
-    predicted = {m: pred[i] if pred is not None else nan
-                 for i, m in enumerate(serving_api.METRICS) if m in scored}
-    return serving_api.prediction_rows(inputs.target, predicted), facts
+    columns = op_level_api.PREDICTION_COLUMNS if inputs.op_level else PREDICTION_COLUMNS
+    rows = target.select(columns).with_columns(
+        pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
+        **{f"{BY_OP_PREFIX}{op}": pl.Series(ms) for op, ms in facts.pop("by_op", {}).items()})
+    return rows, pred, facts
 
 
 def split_of(dataset: str, sku: str, home_rows: list[dict]) -> str:
@@ -115,7 +111,7 @@ def run(spec: RunSpec) -> RunResult:
     require_card_scope(spec.predictor, card, inputs)
     # what the run read, as it read it: the GPU and model specs and the rows
     read = {"spec_hash": spec_hash(inputs.gpu, inputs.home.models),
-            "inputs_digest": rankable.inputs_digest(inputs)}
+            "inputs_digest": inputs.digest()}
     target_row, home_row, home_name = inputs.target_row, inputs.home_row, inputs.home_row["name"]
     home_names = [r["name"] for r in inputs.home_rows]
     op_level = inputs.op_level
@@ -123,16 +119,7 @@ def run(spec: RunSpec) -> RunResult:
     # child that asks anyway is refused, and its run INVALID
     budget = (readings.cap(len(inputs.target), spec.reading_max_points, spec.reading_max_fraction)
               if inputs.level == "step" else 0)
-    if inputs.serving:  # a row per target and metric; the steps timed are the replay's
-        predictions, facts = _simulate(described, code, params, inputs, spec)
-        target, pred = predictions, None if facts["invalid_reasons"] else predictions["pred_ms"]
-    else:
-        pred, target, facts = _fit_and_predict(described, code, params, inputs, budget, spec)
-        columns = op_level_api.PREDICTION_COLUMNS if op_level else PREDICTION_COLUMNS
-        predictions = target.select(columns).with_columns(
-            pred_ms=pl.Series(pred if pred is not None else np.full(len(target), np.nan)),
-            **{f"{BY_OP_PREFIX}{op}": pl.Series(ms)
-               for op, ms in facts.pop("by_op", {}).items()})
+    predictions, pred, facts = _priced(described, code, params, inputs, budget, spec)
     predictions = predictions.with_columns(
         signed_pct=metrics.errors(pl.col("pred_ms"), pl.col("gt_ms")))
     phases = (serving_api.phases_of(spec.dataset) if inputs.serving else
@@ -165,7 +152,7 @@ def run(spec: RunSpec) -> RunResult:
         "profiled_rows": facts["target_rows"], "reading_cap": budget,
         "home_profiled_rows": facts.get("home_profiled_rows", 0),
         "deploy_rows": len(facts["deploy_row_ids"]), "deploy_row_ids": facts["deploy_row_ids"],
-        "predict_cells_per_s": (facts.get("steps", len(target)) / facts["predict_seconds"]
+        "predict_cells_per_s": (facts.get("steps", len(predictions)) / facts["predict_seconds"]
                                 if facts.get("predict_seconds") else None),
         "level": inputs.level,
         "phases": metrics.by_phase(predictions, phases, inputs.level) if pred is not None else {},

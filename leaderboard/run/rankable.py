@@ -11,38 +11,17 @@ their protocol (``PROTOCOL_PARTS``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from leaderboard.run import readings
-from leaderboard.run.run_inputs import RunInputs, RunSpec, load_inputs
+from leaderboard.run.run_inputs import RunInputs, RunSpec, load_inputs, rows_digest
 from leaderboard.run.split import default_split
 from leaderboard_core import paths
 
 # What a protocol run may change and still be scored in its protocol's table
 PROTOCOL_PARTS = ("home", "home_points", "split")
-
-
-def rows_digest(frame: pl.DataFrame) -> str:
-    """A digest of a frame's rows whatever their order and the order of its columns: what a
-    run scored, recorded so that two runs (or a run and the store) can be told apart."""
-    if frame.is_empty():
-        return hashlib.sha256(",".join(sorted(frame.columns)).encode()).hexdigest()[:16]
-    canonical = frame.select(sorted(frame.columns))
-    hashed = np.sort(canonical.hash_rows(seed=0).to_numpy())
-    header = ",".join(f"{c}:{t}" for c, t in canonical.schema.items()).encode()
-    return hashlib.sha256(header + hashed.tobytes()).hexdigest()[:16]
-
-
-def inputs_digest(inputs: RunInputs) -> str:
-    """The digest of everything a run read: its target (ground truth included), the home's
-    training cells and op points."""
-    parts = [rows_digest(inputs.target), rows_digest(inputs.home.cells),
-             *(f"{op}={rows_digest(frame)}" for op, frame in sorted(inputs.home.ops.items()))]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def _as_store(frame: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame | None:

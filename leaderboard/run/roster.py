@@ -38,8 +38,10 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
         # Op-level datasets are scored by the predictors that predict single kernels.
         names = [name for name, described in predictor_index.index().items()
                  if fam.level != "op" or described["predicts_ops"]]
-        specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir)
-                  for name in names]
+        # A run atlas is drawn only where the site shows it (a second or two of matplotlib
+        # each, a fifth of a rerun when every step run drew one).
+        specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
+                          atlas=fam.suffix == families.MAIN) for name in names]
         if fam.two_homes:  # the two-home protocol, beside the one-home one
             specs += [RunSpec(predictor=name, dataset=dataset, params={}, runs_dir=runs_dir,
                               home=list(fam.two_homes), atlas=False) for name in names]
@@ -52,7 +54,7 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
                               home_points=HELD_OUT_SHAPES, atlas=False) for name in names]
         if fam.level == "serving" and (home := oracle_home(dataset, rows)):
             specs.append(RunSpec(predictor=ORACLE, dataset=dataset, params={}, runs_dir=runs_dir,
-                                 home=home, home_points=ORACLE_POINTS))
+                                 home=home, home_points=ORACLE_POINTS, atlas=False))
     return specs
 
 

@@ -4,9 +4,11 @@ from the store or a hub export, with the checks that refuse a run before a predi
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 from omegaconf import OmegaConf
 
@@ -87,10 +89,28 @@ class RunInputs:
     def level(self) -> str:
         return "serving" if self.serving else "op" if self.op_level else "step"
 
+    def digest(self) -> str:
+        """The digest of everything the run read: its target (ground truth included), the
+        home's training cells and op points."""
+        parts = [rows_digest(self.target), rows_digest(self.home.cells),
+                 *(f"{op}={rows_digest(frame)}" for op, frame in sorted(self.home.ops.items()))]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
     @property
     def home_points(self) -> str:
         """What the home's op points are (``Home.points``); an op-level home is split by point."""
         return "split_by_point" if self.op_level else self.home.points
+
+
+def rows_digest(frame: pl.DataFrame) -> str:
+    """A digest of a frame's rows whatever their order and the order of its columns: what a
+    run scored, recorded so that two runs (or a run and the store) can be told apart."""
+    if frame.is_empty():
+        return hashlib.sha256(",".join(sorted(frame.columns)).encode()).hexdigest()[:16]
+    canonical = frame.select(sorted(frame.columns))
+    hashed = np.sort(canonical.hash_rows(seed=0).to_numpy())
+    header = ",".join(f"{c}:{t}" for c, t in canonical.schema.items()).encode()
+    return hashlib.sha256(header + hashed.tobytes()).hexdigest()[:16]
 
 
 def load_inputs(spec: RunSpec) -> RunInputs:
@@ -125,8 +145,10 @@ def load_inputs(spec: RunSpec) -> RunInputs:
             home, target = op_level_api.home_and_target(
                 catalog, home_rows[0], spec.dataset, home_gpus[0], load_models(), spec.seed,
                 spec.test_fraction)
-        else:
+        elif spec.hub_repo:
             home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, home_points)
+        else:
+            home, target = _kept_home(catalog, spec, home_rows, home_gpus, home_points)
             if serving:
                 target = catalog.serving_targets(spec.dataset)
         lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
@@ -151,12 +173,41 @@ def _data_roots(spec: RunSpec) -> tuple[str, ...]:
     return tuple(str(r) for r in (spec.sources_root, spec.runs_dir, local_hub) if r)
 
 
+# The homes this process built last, by what decides them: a rerun worker takes the runs of one
+# home in a row (every predictor on a dataset), and building a home from the store is about a
+# third of a run's own work. A home is a frozen value, the same however often it is built.
+_HOMES: dict[tuple, tuple[Home, dict[str, pl.DataFrame]]] = {}
+KEPT_HOMES = 4
+
+
+def _kept_home(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
+               points: str) -> tuple[Home, pl.DataFrame]:
+    """``_step_home_and_target`` from the store, its home kept for the next run of the same
+    homes, home points, split, home GPUs and store file (rebuilt: another key)."""
+    if spec.home_points == home_grid.HELD_OUT_SHAPES:  # a check of the target, never kept
+        _require_one_home_with_a_grid(spec, home_rows, points)
+    store = paths.store_path().stat()
+    key = (tuple((r["name"], r["version"]) for r in home_rows), points, spec.home_points,
+           spec.seed, spec.test_fraction, spec.sources_root, spec.gpu_specs,
+           str(paths.store_path()), store.st_mtime_ns, store.st_size, repr(home_gpus))
+    if key not in _HOMES:
+        heldout: dict[str, pl.DataFrame] = {}
+        home, _ = _step_home_and_target(catalog, spec, home_rows, home_gpus, points, heldout)
+        while len(_HOMES) >= KEPT_HOMES:
+            _HOMES.pop(next(iter(_HOMES)))
+        _HOMES[key] = home, heldout
+    home, heldout = _HOMES[key]
+    target = heldout.get(spec.dataset)
+    return home, target if target is not None else catalog.cells(spec.dataset)
+
+
 def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
-                          points: str) -> tuple[Home, pl.DataFrame]:
+                          points: str, heldout_of: dict | None = None
+                          ) -> tuple[Home, pl.DataFrame]:
     """Each home's training split (and its op points: ``points``, what every home gives),
     merged; the target is a home's held-out cells when it is one of the homes (a home is never
     scored as unseen), else all its cells. Under ``held_out_shapes`` the one home is the target,
-    split by (model, TP) configuration."""
+    split by (model, TP) configuration. ``heldout_of`` gains each home's held-out cells."""
     parts, target = [], None
     by_config = spec.home_points == home_grid.HELD_OUT_SHAPES
     for row, home_gpu in zip(home_rows, home_gpus, strict=True):
@@ -170,6 +221,8 @@ def _step_home_and_target(catalog, spec: RunSpec, home_rows: list[dict], home_gp
         train, heldout = train.drop("config", strict=False), heldout.drop("config", strict=False)
         parts.append(homes.build_home(catalog, row, train, home_gpu, load_models(), points,
                                       heldout))
+        if heldout_of is not None:
+            heldout_of[row["name"]] = heldout
         if row["name"] == spec.dataset:
             target = heldout
     return homes.merge(parts), target if target is not None else catalog.cells(spec.dataset)

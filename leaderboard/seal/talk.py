@@ -167,9 +167,10 @@ def serve(channel: Channel, folder: Path, blind: pl.DataFrame, home: Home, gpu: 
                              f"{type(exc).__name__}: {exc}") from exc
         return ms, seconds
 
+    host_in_steps = home_times_host(home.cells)
     try:
         served["pred"] = np.stack(replay_priced(blind, home.models, gpu, price, served,
-                                                home_times_host(home.cells)))
+                                                host_in_steps))
     except NotSupported as exc:
         served["not_supported"] = str(exc)
         served["invalid_reasons"] = [f"NotSupported: {exc}"]

@@ -190,7 +190,19 @@ class Plan:
 def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
                 model: str, tp: int, timer: StepTimer, start: str = "lockstep",
                 gemm_dtype: str = "bf16", *, idle_burst: str) -> Timeline:
-    """``requests`` fixed-length requests from ``concurrency`` clients that resend at once.
+    """``requests`` fixed-length requests from ``concurrency`` clients that resend at once
+    (``closed_loop_plan``), each step timed by ``timer``."""
+    plan, arrival_step = closed_loop_plan(policy, isl, osl, concurrency, requests, start,
+                                          idle_burst=idle_burst)
+    return closed_loop_timeline(plan, arrival_step, plan.price(model, tp, timer, gemm_dtype),
+                                osl)
+
+
+def closed_loop_plan(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
+                     start: str = "lockstep", *, idle_burst: str) -> tuple[Plan, np.ndarray]:
+    """The steps of ``requests`` fixed-length requests from ``concurrency`` clients that resend
+    at once, and the step each request was sent at: the same whatever the steps' times, so
+    scheduled once and kept (``plan_store``).
 
     ``start``: ``lockstep`` sends every client's first request at step 0 (a deterministic
     replay has no jitter to part the clients; ``idle_burst`` alone splits them); ``staggered``
@@ -205,11 +217,17 @@ def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: 
     key = [policy.__dict__, isl, osl, concurrency, requests, start, idle_burst]
     kept = plan_store.kept(key, lambda: _closed_loop_plan(
         policy, isl, osl, concurrency, requests, start, idle_burst))
-    plan, arrival_step = Plan.from_arrays(kept), kept["arrival_step"]
-    step_end = np.cumsum(plan.price(model, tp, timer, gemm_dtype))
+    return Plan.from_arrays(kept), kept["arrival_step"]
+
+
+def closed_loop_timeline(plan: Plan, arrival_step: np.ndarray, step_ms: np.ndarray,
+                         osl: int) -> Timeline:
+    """A closed loop's requests timed by its steps' times (``step_ms``, one per step)."""
+    step_end = np.cumsum(step_ms)
     start_ms = np.concatenate([[0.0], step_end])
     first, last, scheduled = plan.times(step_end, start_ms[:-1])
-    return Timeline(start_ms[arrival_step], first, last, np.full(requests, osl), scheduled)
+    return Timeline(start_ms[arrival_step], first, last, np.full(len(arrival_step), osl),
+                    scheduled)
 
 
 def _closed_loop_plan(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,

@@ -7,13 +7,20 @@ come from ``conf/serving/schedulers.yaml`` and the GPU's datasheet memory.
 
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import lru_cache
 
 import numpy as np
 import polars as pl
 
 from leaderboard.cells import memory
-from leaderboard.serving.replay import StepTimer, closed_loop, recorded_arrivals
+from leaderboard.serving.batched import SwitchedTimer, price_together
+from leaderboard.serving.replay import (
+    StepTimer,
+    closed_loop_plan,
+    closed_loop_timeline,
+    recorded_arrivals,
+    step_cells,
+)
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
 from leaderboard_core import paths, yaml_io
@@ -173,27 +180,40 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     ttft, tpot, service, steady = (np.full(len(targets), np.nan) for _ in range(4))
     indexed = targets.with_row_index("_i")
     sim = load_conf()["simulation"]
+    bound = sim["steady_state"]
+    switched = SwitchedTimer(timer)
+    loops = []  # per closed-loop target group: its rows, concurrency, and two (plan, cells)
     for (_, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
-        policy, timed = run_engine(first, models, gpu, timer, host_in_steps)
+        policy, timed = run_engine(first, models, gpu, switched, host_in_steps)
         rows = group["_i"].to_numpy()
-        if load == "closed":
+        if load == "closed":  # scheduled now, priced below with every other closed loop
             c = first["concurrency"]
-            loop = partial(closed_loop, policy, first["isl"], first["osl"], c, sim["waves"] * c,
-                           model, tp, timed, gemm_dtype=first["gemm_dtype"],
-                           idle_burst=sim["idle_burst"])
-            timeline = loop(start=sim["closed_loop_start"])
-            kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
-            ttft[rows] = np.mean(timeline.ttft[kept])
-            tpot[rows] = np.nanmean(timeline.tpot[kept])
-            bound = sim["steady_state"]
-            steady[rows] = np.mean(loop(start=bound["start"]).ttft[bound["warmup_waves"] * c:])
-        else:
-            timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
-                                         group["isl"].to_numpy(), group["osl"].to_numpy(),
-                                         model, tp, timed, first["gemm_dtype"])
-            ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
+            planned = [closed_loop_plan(policy, first["isl"], first["osl"], c, sim["waves"] * c,
+                                        start, idle_burst=sim["idle_burst"])
+                       for start in (sim["closed_loop_start"], bound["start"])]
+            loops.append((rows, c, first["osl"], timed, [
+                (plan, arrival, step_cells(plan.shapes, model, tp, first["gemm_dtype"]))
+                for plan, arrival in planned]))
+            continue
+        timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),
+                                     group["isl"].to_numpy(), group["osl"].to_numpy(),
+                                     model, tp, timed, first["gemm_dtype"])
+        ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
+        if progress is not None:
+            progress(len(rows))
+    shape_ms = iter(price_together(switched, [(timed, cells) for *_, timed, planned in loops
+                                              for _, _, cells in planned]))
+    for rows, c, osl, _, planned in loops:
+        (plan, arrival, _), (steady_plan, steady_arrival, _) = planned
+        timeline = closed_loop_timeline(plan, arrival, next(shape_ms)[plan.inverse], osl)
+        kept = slice(sim["warmup_waves"] * c, None)  # the first waves warm the engine up
+        ttft[rows] = np.mean(timeline.ttft[kept])
+        tpot[rows] = np.nanmean(timeline.tpot[kept])
+        steady_timeline = closed_loop_timeline(steady_plan, steady_arrival,
+                                               next(shape_ms)[steady_plan.inverse], osl)
+        steady[rows] = np.mean(steady_timeline.ttft[bound["warmup_waves"] * c:])
         if progress is not None:
             progress(len(rows))
     return ttft, tpot, service, steady

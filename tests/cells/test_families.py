@@ -70,6 +70,10 @@ def test_toy_family_reaches_list_homes_rerun_and_report(toy, capsys):
     specs = roster.run_specs(paths.REPO_ROOT / "unused")
     assert sorted(s.predictor for s in specs if s.dataset == "h200_toy") == registry.names()
     assert all(s.home is None for s in specs if s.dataset.endswith("_toy"))  # no two-home run
+    # run atlases only where the site shows them: the main family's default-home runs
+    assert not any(s.atlas for s in specs if s.dataset.endswith("_toy"))
+    assert all(s.atlas == (s.dataset.endswith(f"_{families.MAIN}") and s.home is None
+                           and s.home_points == "full_grid") for s in specs)
     runs = pl.DataFrame([
         {"predictor": "p", "dataset": d, "split": split, "valid": True, "profiled_rows": 0,
          "sandbox": "process", "invalid_reasons": [],

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 from outside_source import toy
 
-from leaderboard.run import config, rankable
+from leaderboard.run import config, rankable, run_inputs
 from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.run.inputs import InputError
 from leaderboard.seal import job as sandbox_job
@@ -192,10 +192,10 @@ def test_the_rankable_rules(store_home):
 def test_rows_digest_ignores_order_and_sees_one_changed_value():
     frame = pl.DataFrame({"cell_id": ["a", "b", "c"], "gt_ms": [1.0, 2.0, 3.0]})
     shuffled = frame.reverse().select("gt_ms", "cell_id")
-    assert rankable.rows_digest(frame) == rankable.rows_digest(shuffled)
+    assert run_inputs.rows_digest(frame) == run_inputs.rows_digest(shuffled)
     edited = frame.with_columns(pl.when(pl.col("cell_id") == "b").then(2.5)
                                 .otherwise(pl.col("gt_ms")).alias("gt_ms"))
-    assert rankable.rows_digest(edited) != rankable.rows_digest(frame)
+    assert run_inputs.rows_digest(edited) != run_inputs.rows_digest(frame)
 
 
 # ---------------------------------------------- 5. no command imports predictor modules
