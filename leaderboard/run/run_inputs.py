@@ -5,6 +5,7 @@ from the store or a hub export, with the checks that refuse a run before a predi
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +123,8 @@ def load_inputs(spec: RunSpec) -> RunInputs:
                          f"{ORACLE}): it gives every precision of the GPU's tables at once, "
                          f"which only {ORACLE} keys by dtype; run predictor={spec.predictor} "
                          "with split.home_points=full_grid or behind_cells")
+    # the store file as it was before it is opened: a store replaced later is another key
+    store = None if spec.hub_repo else paths.store_path().stat()
     catalog = (HubCatalog(spec.hub_repo, spec.hub_revision) if spec.hub_repo
                else StoreCatalog.current(spec.sources_root, spec.gpu_specs))
     with catalog:
@@ -148,7 +151,7 @@ def load_inputs(spec: RunSpec) -> RunInputs:
         elif spec.hub_repo:
             home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, home_points)
         else:
-            home, target = _kept_home(catalog, spec, home_rows, home_gpus, home_points)
+            home, target = _kept_home(catalog, spec, home_rows, home_gpus, home_points, store)
             if serving:
                 target = catalog.serving_targets(spec.dataset)
         lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
@@ -180,16 +183,17 @@ _HOMES: dict[tuple, tuple[Home, dict[str, pl.DataFrame]]] = {}
 KEPT_HOMES = 4
 
 
-def _kept_home(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list,
-               points: str) -> tuple[Home, pl.DataFrame]:
+def _kept_home(catalog, spec: RunSpec, home_rows: list[dict], home_gpus: list, points: str,
+               store: os.stat_result) -> tuple[Home, pl.DataFrame]:
     """``_step_home_and_target`` from the store, its home kept for the next run of the same
-    homes, home points, split, home GPUs and store file (rebuilt: another key)."""
+    homes, home points, split, home GPUs, model shapes and store file (``store``: its stat
+    before it was opened; rebuilt, another key)."""
     if spec.home_points == home_grid.HELD_OUT_SHAPES:  # a check of the target, never kept
         _require_one_home_with_a_grid(spec, home_rows, points)
-    store = paths.store_path().stat()
     key = (tuple((r["name"], r["version"]) for r in home_rows), points, spec.home_points,
            spec.seed, spec.test_fraction, spec.sources_root, spec.gpu_specs,
-           str(paths.store_path()), store.st_mtime_ns, store.st_size, repr(home_gpus))
+           str(paths.store_path()), store.st_mtime_ns, store.st_size, store.st_ino,
+           repr(home_gpus), repr(load_models()))
     if key not in _HOMES:
         heldout: dict[str, pl.DataFrame] = {}
         home, _ = _step_home_and_target(catalog, spec, home_rows, home_gpus, points, heldout)

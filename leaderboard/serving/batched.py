@@ -50,10 +50,23 @@ def price_together(switched: SwitchedTimer, jobs: list[tuple[StepTimer, pl.DataF
         switched.use(record)
         for timed, cells in jobs:
             timed(cells)
-        answers = _asked_in_batches(switched.raw, asked)
-        replies = iter(answers)
-        switched.use(lambda cells: next(replies))
-        return [timed(cells) for timed, cells in jobs]
+        replies = iter(zip(asked, _asked_in_batches(switched.raw, asked), strict=True))
+
+        def answer(cells: pl.DataFrame) -> np.ndarray:
+            # the second pass must ask exactly what the first recorded, in the same order
+            recorded, ms = next(replies, (None, None))
+            if recorded is None or recorded.schema != cells.schema or len(recorded) != len(cells):
+                raise ValueError("a step-time wrapper asked for other steps when its answers "
+                                 "came back than when they were recorded; the harness cannot "
+                                 "price its closed loops together")
+            return ms
+
+        switched.use(answer)
+        priced = [timed(cells) for timed, cells in jobs]
+        if next(replies, None) is not None:
+            raise ValueError("a step-time wrapper asked for fewer steps when its answers came "
+                             "back than when they were recorded")
+        return priced
     finally:
         switched.use(switched.raw)
 

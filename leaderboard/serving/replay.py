@@ -167,9 +167,13 @@ class Plan:
         shapes = {k.removeprefix("shape_"): v for k, v in arrays.items() if k.startswith("shape_")}
         return cls(shapes, **{f.name: arrays[f.name] for f in fields(cls) if f.name != "shapes"})
 
+    def cells(self, model: str, tp: int, gemm_dtype: str) -> pl.DataFrame:
+        """One cell per distinct step shape; ``[self.inverse]`` of their times times every step."""
+        return step_cells(self.shapes, model, tp, gemm_dtype)
+
     def price(self, model: str, tp: int, timer: StepTimer, gemm_dtype: str) -> np.ndarray:
         """Predicted ms per step."""
-        return timer(step_cells(self.shapes, model, tp, gemm_dtype))[self.inverse]
+        return timer(self.cells(model, tp, gemm_dtype))[self.inverse]
 
     def times(self, step_end: np.ndarray, step_start: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -19,7 +19,6 @@ from leaderboard.serving.replay import (
     closed_loop_plan,
     closed_loop_timeline,
     recorded_arrivals,
-    step_cells,
 )
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
@@ -194,7 +193,7 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
                                         start, idle_burst=sim["idle_burst"])
                        for start in (sim["closed_loop_start"], bound["start"])]
             loops.append((rows, c, first["osl"], timed, [
-                (plan, arrival, step_cells(plan.shapes, model, tp, first["gemm_dtype"]))
+                (plan, arrival, plan.cells(model, tp, first["gemm_dtype"]))
                 for plan, arrival in planned]))
             continue
         timeline = recorded_arrivals(policy, group["arrival_ms"].to_numpy(),

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from leaderboard.run import run_inputs
 from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.run.run_inputs import load_inputs
 from leaderboard.run.split import split
@@ -324,3 +325,24 @@ def test_a_vllm_profile_gives_gemm_and_attention_points_of_the_profiled_model():
     con.execute("DELETE FROM attention WHERE phase IN ('prefill', 'decode')")
     with pytest.raises(ValueError, match="has no prefill or decode attention rows; its GEMMs'"):
         profile_points_at(con, "rtx4090", "0.19.0", load_models())
+
+
+def test_a_worker_keeps_a_home_for_the_next_target_and_builds_another_for_another_split(
+        store_home):
+    """The rerun's workers keep the last homes they built (``run_inputs._kept_home``): a second
+    target of the same home gets the very same home, a home is never its own unseen target,
+    and another seed builds afresh, with the same rows a fresh process would build."""
+    unseen = load_inputs(RunSpec("genz", "h200_vidur", {}))
+    again = load_inputs(RunSpec("genz", "b200_vidur", {}))
+    home = load_inputs(RunSpec("genz", "a100_vidur", {}))
+    assert again.home is unseen.home is home.home
+    # the home scored on itself gets its held-out cells, never the home's training cells
+    trained = set(home.home.cells["cell_id"])
+    assert not trained & set(home.target["cell_id"])
+    assert len(unseen.target) > len(home.target)
+    other = load_inputs(RunSpec("genz", "h200_vidur", {}, seed=1))
+    assert other.home is not unseen.home
+    assert set(other.home.cells["cell_id"]) != trained
+    run_inputs._HOMES.clear()
+    fresh = load_inputs(RunSpec("genz", "h200_vidur", {}))
+    assert fresh.home is not unseen.home and fresh.digest() == unseen.digest()

@@ -35,10 +35,18 @@ def _loops():
 def test_loops_priced_together_time_every_step_as_alone_in_one_call():
     alone_calls, together_calls = [], []
     alone, switched = _row_timer(alone_calls), SwitchedTimer(_row_timer(together_calls))
-    # each loop its own wrapper, as each target's engine has: one placement, one a KV dtype
-    wrappers = [switched, with_expert_placement(switched, 2), with_kv_cache(switched, "fp8"),
-                switched]
-    wrapped_alone = [alone, with_expert_placement(alone, 2), with_kv_cache(alone, "fp8"), alone]
+    # each loop its own wrapper, as each target's engine has: a placement, a KV dtype, host
+    # time added to the step (older engines) and host time overlapped with it
+    def host_added(timer):
+        return lambda cells: timer(cells) + 0.25 * cells["num_requests"].to_numpy()
+
+    def host_overlapped(timer):
+        return lambda cells: np.maximum(timer(cells), 0.25 * cells["num_requests"].to_numpy())
+
+    wrappers = [host_added(switched), with_expert_placement(switched, 2),
+                with_kv_cache(switched, "fp8"), host_overlapped(switched)]
+    wrapped_alone = [host_added(alone), with_expert_placement(alone, 2),
+                     with_kv_cache(alone, "fp8"), host_overlapped(alone)]
     jobs = [(w, step_cells(plan.shapes, "llama-3.1-8b", 1)) for w, (plan, _) in
             zip(wrappers, _loops(), strict=True)]
     together = price_together(switched, jobs)
@@ -91,3 +99,18 @@ def test_a_failing_timer_leaves_the_switch_on_the_raw_timer():
         price_together(switched, [(switched, step_cells(plan.shapes, "llama-3.1-8b", 1))])
     with pytest.raises(ValueError, match="no"):
         switched(step_cells(plan.shapes, "llama-3.1-8b", 1))
+
+
+def test_a_wrapper_that_asks_for_other_steps_the_second_time_is_refused():
+    switched = SwitchedTimer(_row_timer([]))
+    plan, _ = _loops()[0]
+    cells = step_cells(plan.shapes, "llama-3.1-8b", 1)
+    passes = []
+
+    def fickle(steps: pl.DataFrame) -> np.ndarray:  # the second pass asks for half the steps
+        passes.append(len(steps))
+        return switched(steps if len(passes) == 1 else steps.head(len(steps) // 2))
+
+    with pytest.raises(ValueError, match="asked for other steps"):
+        price_together(switched, [(fickle, cells)])
+    np.testing.assert_array_equal(switched(cells), _row_timer([])(cells))  # raw again
