@@ -150,7 +150,7 @@ def replay_choices(dataset: str, home: str) -> tuple[list[dict], list[dict]]:
     for name, changes in CHOICES.items():
         step_timer = bf16_kv_attention(timer) if name in CAPACITY_ONLY else timer
         with engine_choice(changes), progress.track(f"{dataset}: {name}", len(targets)) as bar:
-            ttft, tpot, _, _ = simulate.predict_targets(targets, models, inputs.gpu, step_timer,
+            ttft, tpot, *_ = simulate.predict_targets(targets, models, inputs.gpu, step_timer,
                                                         progress=bar.advance)
         predicted[name] = (ttft, tpot)
     gt_ttft, gt_tpot = targets["gt_ttft_ms"].to_numpy(), targets["gt_tpot_ms"].to_numpy()

@@ -31,7 +31,15 @@ import polars as pl
 
 from leaderboard import published, rerun
 from leaderboard.cells import families
-from leaderboard.present import bundles, decisions_section, leaderboard_table, moe, protocols, sections
+from leaderboard.present import (
+    bundles,
+    decisions_section,
+    e2e_section,
+    leaderboard_table,
+    moe,
+    protocols,
+    sections,
+)
 from leaderboard.present import headline as report_headline
 from leaderboard.present import pages as report_pages
 from leaderboard.present import serving_section as serving_report
@@ -215,6 +223,8 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         current.filter(pl.col("rankable").fill_null(False)), datasets)
     is_serving = _of_families(families.suffixes(level="serving"))
     serving_runs, runs = runs.filter(is_serving), runs.filter(~is_serving)
+    is_e2e = _of_families((e2e_section.FAMILY,))
+    e2e_runs, serving_runs = serving_runs.filter(is_e2e), serving_runs.filter(~is_e2e)
     # Atlases and rankings are about steps: op-level runs have no batch or context to bucket.
     predictions = results.load_predictions(runs.filter(_of_families(families.suffixes(
         level="step", leaderboard=True))))
@@ -223,11 +233,13 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
     # homes, held-out shapes) can be NotSupported where the default run is not: a pair with a
     # leaderboard run is that run's, whatever another outcome of it said.
     ran = set(runs.select("predictor", "dataset").iter_rows()) | set(
-        serving_runs.select("predictor", "dataset").iter_rows())
+        serving_runs.select("predictor", "dataset").iter_rows()) | set(
+        e2e_runs.select("predictor", "dataset").iter_rows())
     outcomes = {(o["predictor"], o["dataset"]): o["status"]
                 for o in (timing or {}).get("outcomes", [])
                 if (o["predictor"], o["dataset"]) not in ran}
-    body = report_headline.headline(runs, predictions) + report_pages.matrix(runs)
+    body = (report_headline.headline(runs, predictions, e2e_section.headline_rows(e2e_runs))
+            + report_pages.matrix(runs))
     body += [f"Regenerate: `python -m leaderboard.report report.rerun=true` (reruns every "
              f"registered predictor on the {len(datasets)} leaderboard datasets, then writes "
              "this; `python -m leaderboard.data list` names them); without `report.rerun=true` "
@@ -248,7 +260,10 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += sections.explain_examples(runs)
     oracle = leaderboard_table.oracle_runs(current, datasets)
+    e2e_oracle, oracle = oracle.filter(_of_families((e2e_section.FAMILY,))), oracle.filter(
+        ~_of_families((e2e_section.FAMILY,)))
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir, oracle)
+    body += e2e_section.section(e2e_runs, e2e_oracle, outcomes)
     body += moe.section(runs, serving_runs, outcomes)
     body += sections.throughput() + sections.seal_overhead() + performance(runs)
     body += unranked_runs(unranked)

@@ -49,7 +49,7 @@ GPU_RANGES = {
 # treats it by its documented default or answers NotSupported with the reason.
 GPU_KNOWN = {"vendor": ("nvidia", "amd", "intel"),
              "arch": ("pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell",
-                      "cdna2", "cdna3", "cdna4", "gaudi")}
+                      "cdna2", "cdna3", "cdna4", "gaudi", "xe_hpc")}
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
 _WARNED: set[tuple[Path, str, str]] = set()
 # A mixture-of-experts model names all of these (its published config's fields, renamed);

@@ -182,6 +182,11 @@ for _fam in (
                   phases=("ttft", "tpot", "ttft_steady"), home="h100_vidur_moe"),  # the MoE family's home
     DatasetFamily("serving", "serving", "serving", "recorded serving runs",
                   phases=("ttft", "tpot", "service"), home="a100_vidur"),
+    # The A100 of these rows is a 40 GB SXM4 board; the family fits on the A100 80GB's step
+    # set (the same GA100 chip), the step cells no e2e row can give.
+    DatasetFamily("e2e", "serving", "serving",
+                  "LLM-Inference-Bench's static batches, end to end across vendors",
+                  phases=("e2e", "ttft"), home="a100_vidur"),
 ):
     register_family(_fam)
 

@@ -8,6 +8,8 @@
   expert; experts split over the TP group or spread whole over it), at BF16 or FP8.
 - ``rtx4090_serving``: one target per request of LLMServingSim's RTX4090 vLLM run, its TTFT and
   TPOT from the recorded timestamps.
+- ``<short>_e2e``: one target per LLM-Inference-Bench vLLM run, a static batch timed end to end
+  (``leaderboard.cells.static_batches``).
 
 Every silicon row is accounted for in the card's coverage table: usable, or the reason it is not.
 """
@@ -19,7 +21,7 @@ import json
 import duckdb
 import polars as pl
 
-from leaderboard.cells import memory, serving_artefacts
+from leaderboard.cells import memory, serving_artefacts, static_batches
 from leaderboard.cells.common import render_card, source_lines
 from leaderboard.cells.fp8_check import block_ratios
 from leaderboard_core.specs import GpuSpec, SpecError, is_moe, load_models, uncomposable_reason
@@ -37,7 +39,8 @@ TARGET_SCHEMA = {
     "precision": pl.String,
     "gemm_dtype": pl.String, "load": pl.String, "run": pl.String, "isl": pl.Int64, "osl": pl.Int64,
     "concurrency": pl.Int64, "arrival_ms": pl.Float64, "gt_ttft_ms": pl.Float64,
-    "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_kind": pl.String,
+    "gt_tpot_ms": pl.Float64, "gt_service_ms": pl.Float64, "gt_e2e_ms": pl.Float64,
+    "gt_kind": pl.String,
     "source": pl.String, "file": pl.String,
     "file_sha256": pl.String,
 }
@@ -191,12 +194,14 @@ def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_
               ) -> tuple[pl.DataFrame, list[dict]]:
     """All serving targets (one frame) and their ``datasets``-table entries."""
     frames, entries = [pl.DataFrame(schema=TARGET_SCHEMA)], []
-    for name, sku, targets, card in [*_silicon(con, gpus), *_recorded(con)]:
+    for name, sku, targets, card in [*_silicon(con, gpus), *_recorded(con),
+                                     *static_batches.build(con, gpus)]:
         targets = targets.with_columns(dataset=pl.lit(name), gt_kind=pl.lit("serving"))
         targets = targets.select([(pl.col(c) if c in targets.columns else pl.lit(None)).cast(t)
                                   .alias(c) for c, t in TARGET_SCHEMA.items()])
         frames.append(targets)
-        digest = targets.select("target_id", "gt_ttft_ms", "gt_tpot_ms", "gt_service_ms").sort(
+        digest = targets.select("target_id", "gt_ttft_ms", "gt_tpot_ms", "gt_service_ms",
+                                "gt_e2e_ms").sort(
             "target_id").write_csv()
         entries.append({
             "name": name, "kind": "serving", "source": targets["source"][0], "sku": sku,
@@ -205,7 +210,7 @@ def build_all(con: duckdb.DuckDBPyConnection, gpus: dict[str, GpuSpec], builder_
             "backend_versions": json.dumps(sorted(set(targets["backend_version"].drop_nulls()))),
             "files": json.dumps(sorted(set(targets["file"]))), "pinned": True,
             "phases": json.dumps({m: int(targets[f"gt_{m}_ms"].is_not_null().sum())
-                                  for m in ("ttft", "tpot", "service")
+                                  for m in ("ttft", "tpot", "service", "e2e")
                                   if targets[f"gt_{m}_ms"].is_not_null().any()}),
             "card": card,
         })

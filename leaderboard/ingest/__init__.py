@@ -4,6 +4,7 @@ pinned sources they read, the tables' schemas and the quarantine of bad rows."""
 from leaderboard.ingest import (
     aiconfigurator,
     distserve,
+    inference_bench,
     llmservingsim,
     neusight,
     silicon,
@@ -15,7 +16,8 @@ from leaderboard.ingest.base import Adapter, BuildError, IngestContext
 ADAPTERS: dict[str, Adapter] = {
     a.name: a
     for a in (aiconfigurator.ADAPTER, vidur.ADAPTER, splitwise.ADAPTER, llmservingsim.ADAPTER,
-              neusight.ADAPTER, distserve.ADAPTER, silicon.ADAPTER)
+              neusight.ADAPTER, distserve.ADAPTER, silicon.ADAPTER,
+              inference_bench.ADAPTER)
 }
 
 __all__ = ["ADAPTERS", "Adapter", "BuildError", "IngestContext"]

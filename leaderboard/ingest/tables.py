@@ -82,6 +82,10 @@ TABLES = {
             "isl": INT, "osl": INT, "concurrency": INT, "batch_size": INT, "tp": INT, "pp": INT,
             "attention_dp": INT, "moe_ep": INT, "moe_tp": INT, "measured_on": S, "ttft_ms": F, "tpot_ms": F},
             ("ttft_ms", "tpot_ms")),
+        # One static batch run end to end (LLM-Inference-Bench): its shape and whole wall time.
+        TableSpec("e2e_runs", "ops", {
+            "hardware": S, "devices": INT, "framework": S, "model_path": S, "model": S, "isl": INT,
+            "osl": INT, "batch_size": INT, "latency_ms": F}, ("latency_ms",)),
         TableSpec("request_traces", "traces", {
             "trace": S, "request_idx": INT, "arrived_at_s": F, "prefill_tokens": INT,
             "decode_tokens": INT}, ("prefill_tokens", "decode_tokens")),

@@ -62,9 +62,11 @@ def gpu_mean_ci(predictions: pl.DataFrame, samples: int = ranking.BOOTSTRAP_SAMP
     return float(np.mean(point)), float(low), float(high)
 
 
-def headline(runs: pl.DataFrame, predictions: pl.DataFrame) -> list[str]:
+def headline(runs: pl.DataFrame, predictions: pl.DataFrame,
+             serving_rows: list[list[str]] = ()) -> list[str]:
     """Per step family and kind, the predictor with the lowest GPU-mean unseen MAPE over
-    ``all`` among those with a VALID run on every unseen GPU of the family."""
+    ``all`` among those with a VALID run on every unseen GPU of the family; ``serving_rows``
+    (a serving family's, in the same columns: ``e2e_section.headline_rows``) follow."""
     rows = []
     if predictions.is_empty():
         return ["## Headline", "", "No current sealed step runs to rank yet.", ""]
@@ -94,10 +96,12 @@ def headline(runs: pl.DataFrame, predictions: pl.DataFrame) -> list[str]:
             else:
                 rows.append([fam.suffix, kind, "none with a VALID run on every unseen GPU",
                              "—", "—", str(len(unseen)), "—", ", ".join(homes)])
+    rows += serving_rows
     return ["## Headline", "",
             "Per dataset family, the best predictor of each kind by its **GPU-mean MAPE**: the "
             "mean over the family's unseen GPUs of each GPU's MAPE over `all` (the same number "
-            "as the `GPU-mean MAPE` column below), with a "
+            "as the `GPU-mean MAPE` column below; for `e2e (across vendors)` over end-to-end "
+            "latency), with a "
             f"{ranking.CONFIDENCE:.0%} percentile bootstrap CI over workloads "
             f"({ranking.BOOTSTRAP_SAMPLES} resamples, seed 0). `datasheet only`: reads no "
             "measurement of the target and fits nothing on the home's rows; `with a deploy "

@@ -27,6 +27,7 @@ TOPICS = (
      ("ours", "Kernel floors")),
     ("atlases.md", "Where the error is: atlases", ("Error atlases", "Where the error is")),
     ("serving.md", "Serving: TTFT and TPOT", ("Serving",)),
+    ("vendors.md", "Across vendors: end-to-end latency", ("Across vendors",)),
     ("moe.md", "Mixture-of-experts models", ("Mixture-of-experts",)),
     ("provenance.md", "Performance, provenance and the store",
      ("Predict throughput", "Seal cost", "Performance", "Runs not ranked", "Provenance",

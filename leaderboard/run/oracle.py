@@ -38,7 +38,7 @@ ORACLE_POINTS = "every_shape"
 # family's 0.14.0 there), else at the MoE family's (the B200's, 0.19.0).
 STEP_FAMILY = {"silicon": ("vidur",), "silicon_fp8": ("vidur_fp8",),
                "silicon_moe": ("vidur_fp8", "vidur_moe"),
-               "serving": ("vidur", "llmservingsim")}
+               "serving": ("vidur", "llmservingsim"), "e2e": ("vidur",)}
 
 
 def oracle_home(dataset: str, rows: dict[str, dict]) -> str | None:

@@ -152,8 +152,8 @@ def load_inputs(spec: RunSpec) -> RunInputs:
             home, target = _step_home_and_target(catalog, spec, home_rows, home_gpus, home_points)
         else:
             home, target = _kept_home(catalog, spec, home_rows, home_gpus, home_points, store)
-            if serving:
-                target = catalog.serving_targets(spec.dataset)
+        if serving:
+            target = catalog.serving_targets(spec.dataset)
         lineage = pl.DataFrame() if op_level or serving else catalog.lineage(spec.dataset)
     return RunInputs(home, target, gpu, target_row, home_rows[0], op_level, lineage, home_rows,
                      serving, _data_roots(spec), _default_homes(spec.dataset, rows))

@@ -8,7 +8,8 @@ batch of steps to price, so a predictor can neither see the measured TTFT/TPOT n
 replay.
 Each target gives one ``ttft`` and one ``tpot`` prediction row (and, for a closed loop, a
 ``ttft_steady`` row: the loop's steady-state TTFT, scored against the same measured TTFT, the
-bracket's other side); these play the role phases play for cells. A predictor that answers
+bracket's other side; for a static batch, an ``e2e`` row: its end-to-end latency); these play
+the role phases play for cells. A predictor that answers
 NotSupported for these steps is reported as such, not as INVALID.
 """
 
@@ -23,7 +24,7 @@ from leaderboard.cells import families
 from leaderboard.serving.simulate import predict_targets
 
 # What the replay predicts, in predict_targets' order.
-METRICS = ("ttft", "tpot", "service", "ttft_steady")
+METRICS = ("ttft", "tpot", "service", "ttft_steady", "e2e")
 MEASURED_AS = {"ttft_steady": "ttft"}  # a metric scored against another's measurement
 # What the sandboxed replay never receives.
 GROUND_TRUTH = tuple(f"gt_{m}_ms" for m in METRICS if m not in MEASURED_AS)
@@ -41,7 +42,8 @@ def phases_of(dataset: str) -> tuple[str, ...]:
 
 def replay_priced(targets: pl.DataFrame, models, gpu, price: StepPricer, facts: dict,
                   host_in_steps: bool = False) -> tuple[np.ndarray, ...]:
-    """Predicted TTFT, TPOT, service time and steady-state TTFT per target (``METRICS``). The
+    """Predicted TTFT, TPOT, service time, steady-state TTFT and end-to-end latency per
+    target (``METRICS``). The
     replay (scheduling, timing) runs here, in the harness; ``price`` asks the predictor's
     sandboxed child for the time of each step it schedules, and nothing else. ``facts`` gains
     ``predict_seconds`` (the child's) and ``steps``. ``host_in_steps``: ``home_times_host``."""

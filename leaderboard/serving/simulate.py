@@ -1,8 +1,10 @@
 """From serving targets and a step timer to predicted TTFT and TPOT per target.
 
 Each silicon target is one closed-loop run; the RTX4090 targets are the requests of one run with
-recorded arrivals, replayed together. The scheduler limits of each backend and the KV capacity
-come from ``conf/serving/schedulers.yaml`` and the GPU's datasheet memory.
+recorded arrivals, replayed together; each e2e target is one static batch run offline
+(``static_batch``), scored on its end-to-end latency or, with one output token, its TTFT. The
+scheduler limits of each backend and the KV capacity come from ``conf/serving/schedulers.yaml``
+and the GPU's datasheet memory.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from leaderboard.cells import memory
+from leaderboard.serving import static_batch
 from leaderboard.serving.batched import SwitchedTimer, price_together
 from leaderboard.serving.replay import (
     StepTimer,
@@ -111,6 +114,28 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                   _from_version(version, b.get("whole_sequence_admission")))
 
 
+def static_policy(backend: str, model_name: str, model: dict, tp: int, gpu: GpuSpec,
+                  gemm_dtype: str = "bf16") -> Policy:
+    """The scheduler of one static batch run offline by ``backend``'s V0 engine (the yaml's
+    ``offline_v0``): whole-prompt prefill steps up to max(max_model_len, 2048) tokens, or
+    512-token chunks beside the decodes where the model's length turns chunked prefill on."""
+    conf = load_conf()
+    b = conf["backends"].get(backend, {})
+    offline = b.get("offline_v0")
+    if offline is None:
+        raise ValueError(f"no offline_v0 scheduler for backend '{backend}' in {CONF}")
+    if model_name not in offline["max_model_len"]:
+        raise ValueError(f"{model_name}: no max_model_len in {CONF} backends.{backend}."
+                         "offline_v0; add the model's max_position_embeddings there")
+    max_len, chunked = offline["max_model_len"][model_name], offline["chunked"]
+    if max_len > chunked["above_max_model_len"] and gpu["vendor"] in chunked["devices"]:
+        kind, budget = chunked["policy"], chunked["token_budget"]
+    else:
+        kind, budget = offline["policy"], max(max_len, offline["min_token_budget"])
+    kv_tokens = kv_capacity(model, tp, gpu, b["memory_fraction"], conf, gemm_dtype)
+    return Policy(kind, budget, offline["max_seqs"], kv_tokens, offline["kv_rule"])
+
+
 def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,
                host_in_steps: bool = False) -> tuple[Policy, StepTimer]:
     """The scheduler of the run of a target row ``first``, and ``timer`` as that run's steps
@@ -119,8 +144,13 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,
     a predictor fitted on wall-clock steps gives them), its experts' placement and its KV
     cache's dtype."""
     closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
-    policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
-                        gpu, first["gemm_dtype"], first["backend_version"], closed)
+    if first["load"] == "static":
+        policy = static_policy(first["backend"], first["model"], models[first["model"]],
+                               int(first["tp"]), gpu, first["gemm_dtype"])
+    else:
+        policy = policy_for(first["backend"], first["run"], models[first["model"]],
+                            int(first["tp"]), gpu, first["gemm_dtype"],
+                            first["backend_version"], closed)
     timed = timer if host_in_steps else with_host_time(timer, first["backend"],
                                                        first["backend_version"])
     placed = with_expert_placement(timed, first.get("moe_ep"))
@@ -171,22 +201,29 @@ def with_kv_cache(timer: StepTimer, kv_dtype: str) -> StepTimer:
 
 
 def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: StepTimer,
-                    progress=None, host_in_steps: bool = False
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Predicted TTFT, TPOT, service time and steady-state TTFT (ms) per target row, in the
-    rows' order (service time, first token minus first scheduled, for recorded arrivals only;
-    steady-state TTFT, the closed loop's other bound, for closed loops only)."""
-    ttft, tpot, service, steady = (np.full(len(targets), np.nan) for _ in range(4))
+                    progress=None, host_in_steps: bool = False) -> tuple[np.ndarray, ...]:
+    """Predicted TTFT, TPOT, service time, steady-state TTFT and end-to-end latency (ms) per
+    target row, in the rows' order (service time, first token minus first scheduled, for
+    recorded arrivals only; steady-state TTFT, the closed loop's other bound, for closed loops
+    only; end-to-end latency, and TTFT as the batch's last first token, for static batches)."""
+    ttft, tpot, service, steady, e2e = (np.full(len(targets), np.nan) for _ in range(5))
     indexed = targets.with_row_index("_i")
     sim = load_conf()["simulation"]
     bound = sim["steady_state"]
     switched = SwitchedTimer(timer)
     loops = []  # per closed-loop target group: its rows, concurrency, and two (plan, cells)
+    statics = []  # per static batch: its rows, plan, timer and steps
     for (_, load), group in indexed.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         model, tp = first["model"], int(first["tp"])
         policy, timed = run_engine(first, models, gpu, switched, host_in_steps)
         rows = group["_i"].to_numpy()
+        if load == "static":  # scheduled now, priced below with every closed loop
+            batch_plan = static_batch.plan(policy, first["isl"], first["osl"],
+                                           first["concurrency"])
+            statics.append((rows, batch_plan, timed,
+                            batch_plan.cells(model, tp, first["gemm_dtype"])))
+            continue
         if load == "closed":  # scheduled now, priced below with every other closed loop
             c = first["concurrency"]
             planned = [closed_loop_plan(policy, first["isl"], first["osl"], c, sim["waves"] * c,
@@ -202,8 +239,9 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         ttft[rows], tpot[rows], service[rows] = timeline.ttft, timeline.tpot, timeline.service
         if progress is not None:
             progress(len(rows))
-    shape_ms = iter(price_together(switched, [(timed, cells) for *_, timed, planned in loops
-                                              for _, _, cells in planned]))
+    shape_ms = iter(price_together(switched, [
+        *[(timed, cells) for *_, timed, planned in loops for _, _, cells in planned],
+        *[(timed, cells) for *_, timed, cells in statics]]))
     for rows, c, osl, _, planned in loops:
         (plan, arrival, _), (steady_plan, steady_arrival, _) = planned
         timeline = closed_loop_timeline(plan, arrival, next(shape_ms)[plan.inverse], osl)
@@ -215,4 +253,9 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
         steady[rows] = np.mean(steady_timeline.ttft[bound["warmup_waves"] * c:])
         if progress is not None:
             progress(len(rows))
-    return ttft, tpot, service, steady
+    for rows, batch_plan, _, _ in statics:
+        ttft[rows], e2e[rows] = static_batch.times(batch_plan,
+                                                   next(shape_ms)[batch_plan.inverse])
+        if progress is not None:
+            progress(len(rows))
+    return ttft, tpot, service, steady, e2e

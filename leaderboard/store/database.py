@@ -33,7 +33,7 @@ from leaderboard_core.specs import load_gpu_specs, load_models
 from leaderboard_core.versioning import code_version, content_hash
 
 # Bump when ingestion changes what lands in the store: every version below changes with it.
-BUILDER_VERSION = "6"
+BUILDER_VERSION = "7"
 
 stderr = Console(stderr=True)
 

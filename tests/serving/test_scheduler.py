@@ -198,7 +198,7 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     from leaderboard.serving.simulate import load_conf, predict_targets
 
     target = two_clients_of_vllm("0.12.0")
-    ttft, tpot, service, steady = predict_targets(
+    ttft, tpot, service, steady, _ = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: cells["total_tokens"].to_numpy().astype(np.float64))
     host = load_conf()["backends"]["vllm"]["host_time"]
@@ -220,7 +220,7 @@ def test_a_vllm_run_from_0_14_is_replayed_with_its_host_time_overlapped():
     from leaderboard.serving.simulate import load_conf, predict_targets
 
     target = two_clients_of_vllm("0.19.0")
-    ttft, tpot, _, _ = predict_targets(
+    ttft, tpot, *_ = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: 0.25 * cells["total_tokens"].to_numpy().astype(np.float64))
     host = load_conf()["backends"]["vllm"]["host_time"]

@@ -265,6 +265,11 @@ def test_a_serving_run_scores_the_same_from_the_export(exported, store_home, tmp
         local.predictions.drop("run_id", strict=False))
     with pytest.raises(HubError, match="not a serving dataset"):
         HubCatalog(str(exported)).serving_targets("h200_vidur")
+    named = evaluate.run(evaluate.RunSpec("ours", "gb200_silicon", {}, runs_dir=tmp_path,
+                                          hub_repo=str(exported)))  # dataset=hf's own route
+    assert named.metrics["level"] == "serving", "a hub export's serving set scored as cells"
+    assert named.predictions.drop("run_id", strict=False).equals(
+        local.predictions.drop("run_id", strict=False))
 
 
 def test_a_serving_card_ends_with_its_oracle_or_says_how_to_make_one(exported):

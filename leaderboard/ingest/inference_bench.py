@@ -1,0 +1,88 @@
+"""LLM-Inference-Bench (argonne-lcf): end-to-end latency of one static batch, across vendors.
+
+Each row is one offline run: ``Batch Size`` prompts of ``Input Output Length`` random tokens,
+each generating exactly as many tokens, on ``Num of Hardware`` devices of ``Hardware`` with one
+``Framework``; ``Latency`` is the whole batch's wall time in seconds. ``Plots/All_results.csv``
+is the full set; several figure files repeat its rows (the figure CSVs are subsets with extra
+columns), so every copy of a run enters ``e2e_runs`` and the store's duplicate rule settles
+them: copies within ``quarantine.DUPLICATE_TOLERANCE`` collapse to their median and are
+counted, copies that disagree are quarantined. ``Fig_21`` times the same runs with one output
+token (time to first token). Figure files that vary another setting (KV cache off, block size,
+speculative decoding, pipeline or expert parallelism, FP8) or give another measure are not
+read; the build lists each with its reason. Every framework's rows are kept: the ``e2e``
+family reads vLLM's (``leaderboard.cells.static_batches``).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from leaderboard.ingest.base import Adapter, IngestContext, provenance, read_table
+from leaderboard.ingest.sources import SourceFile
+from leaderboard_core.specs import model_by_alias
+
+SOURCE = "inference_bench"
+ROOT = "argonne-lcf__LLM-Inference-Bench/Plots/"
+RUNS = ("All_results.csv", "Fig_10/All_results.csv", "Fig_29/All_results.csv",
+        "Fig_16_a/power_results.csv", "Fig_16_b/power_results.csv",
+        "Fig_16_a_b/power_results.csv")
+FIRST_TOKEN = "Fig_21/all_results_TTFT.csv"
+NOT_READ = {
+    "Fig_1_b/": "TensorRT-LLM input-by-output heatmap of one GPU, no hardware column",
+    "Fig_2_a/": "KV cache on and off (a setting the other rows leave at its default)",
+    "Fig_2_b/": "KV cache block sizes (a setting the other rows leave at its default)",
+    "Fig_3/": "FP8 weights and KV caches: checkpoints and dtypes the e2e family does not replay",
+    "Fig_4_b/": "speculative decoding",
+    "Fig_5_a/": "pipeline against tensor parallelism",
+    "Fig_5_b/": "expert and pipeline parallelism",
+    "Fig_18/": "SambaNova SN40L, another measure",
+    "Fig_22/": "end_latency beside an Output Length of 1: the output length it timed is unstated",
+}
+# The device each Hardware label names (conf/gpu). "Intel PVC GPU" rows run about 9x slower
+# than the "Intel Max 1550" rows of the same models at batch 1: another setup, kept unmapped.
+SKU = {"Nvidia A100 GPU": "a100_sxm40", "Nvidia H100 GPU": "h100_sxm", "Nvidia GH200 GPU": "gh200",
+       "AMD MI300X GPU": "mi300x", "AMD MI250 GPU": "mi250_gcd", "Intel Max 1550": "max1550"}
+# vLLM's version per platform, from the upstream READMEs; the NVIDIA ones pin none.
+VLLM_VERSION = {"AMD MI300X GPU": "0.6.1", "AMD MI250 GPU": "0.6.1", "Intel Max 1550": "0.5.2"}
+BASE = ["Hardware", "Num of Hardware", "Framework", "Model", "Batch Size", "Latency"]
+
+
+def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str]) -> pl.DataFrame:
+    frame = frame.drop_nulls(BASE)  # the figure files separate their groups by blank lines
+    return frame.select(
+        hardware="Hardware", devices=pl.col("Num of Hardware").cast(pl.Int64),
+        framework="Framework", model_path="Model",
+        model=pl.col("Model").str.to_lowercase().replace_strict(aliases, default=None),
+        isl=pl.col(isl).cast(pl.Int64), osl=pl.col(osl).cast(pl.Int64),
+        batch_size=pl.col("Batch Size").cast(pl.Int64), latency_ms=pl.col("Latency") * 1e3,
+        sku=pl.col("Hardware").replace_strict(SKU, default=None),
+        backend=pl.col("Framework").str.to_lowercase(),
+        backend_version=pl.when(pl.col("Framework") == "vLLM").then(
+            pl.col("Hardware").replace_strict(VLLM_VERSION, default="unknown"))
+        .otherwise(pl.lit("unknown")))
+
+
+def ingest(files: list[SourceFile], ctx: IngestContext) -> list[tuple[str, pl.DataFrame]]:
+    aliases = model_by_alias(ctx.models)
+    out = []
+    for file in files:
+        name = file.rel.removeprefix(ROOT)
+        if name in RUNS:
+            frame = _rows(read_table(file, [*BASE, "Input Output Length"]),
+                          "Input Output Length", "Input Output Length", aliases)
+        elif name == FIRST_TOKEN:
+            frame = _rows(read_table(file, [*BASE, "Input Length", "Output Length"]),
+                          "Input Length", "Output Length", aliases)
+        else:
+            why = next((w for prefix, w in NOT_READ.items() if name.startswith(prefix)), None)
+            ctx.skipped.append((file.rel, why or "not a file of end-to-end runs"))
+            continue
+        for sku in frame["sku"].drop_nulls().unique().sort():
+            ctx.gpu(sku, file)
+        per_row = frame.select("sku", "backend", "backend_version")
+        out.append(("e2e_runs", provenance(frame.drop("sku", "backend", "backend_version"), file,
+                                           SOURCE, None, "", "", "mean").with_columns(per_row)))
+    return out
+
+
+ADAPTER = Adapter(SOURCE, (f"{ROOT}*.csv",), ingest)
