@@ -1,0 +1,61 @@
+"""LLM-Inference-Bench's files: copies of one run across figure files merge or are quarantined,
+and files of another setting are listed as not read."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import polars as pl
+
+from leaderboard.ingest import inference_bench
+from leaderboard.ingest.base import IngestContext
+from leaderboard.ingest.quarantine import validate
+from leaderboard.ingest.sources import SourceFile
+from leaderboard.ingest.tables import conform
+from leaderboard_core.specs import load_gpu_specs, load_models
+
+HEADER = "Hardware,Num of Hardware,Framework,Model,Input Output Length,Batch Size,Latency,Throughput\n"
+
+
+def source(tmp_path: Path, name: str, text: str) -> SourceFile:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return SourceFile(inference_bench.ROOT + name, path, hashlib.sha256(text.encode()).hexdigest(),
+                      True, "argonne-lcf/LLM-Inference-Bench", "0" * 40, "BSD-3-Clause")
+
+
+def test_conflicting_copies_are_quarantined_and_agreeing_ones_merged(tmp_path):
+    """One H100 run in the full set and in a figure file: 2.0 s and 2.1 s agree (the median,
+    2,050 ms, is kept and counted), 3.0 s and 5.0 s (1.67x) conflict and both copies go to the
+    quarantine; a KV-cache-off file is not read, and says why."""
+    row = "Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,{isl},16,{s},1\n"
+    files = [
+        source(tmp_path, "All_results.csv",
+               HEADER + row.format(isl=128, s=2.0) + row.format(isl=256, s=3.0)),
+        source(tmp_path, "Fig_10/All_results.csv",
+               HEADER + row.format(isl=128, s=2.1) + row.format(isl=256, s=5.0)),
+        source(tmp_path, "Fig_2_a/All_results.csv", HEADER.replace("Latency", "KV Cache,Latency")),
+    ]
+    ctx = IngestContext(load_gpu_specs(), load_models())
+    frames = [conform(df, table) for table, df in inference_bench.ingest(files, ctx)]
+    kept = validate(pl.concat(frames), "e2e_runs", ctx.quarantine)
+    assert kept.select("isl", "latency_ms", "sku", "model").rows() == [
+        (128, 2050.0, "h100_sxm", "llama-2-7b")]
+    quarantined = ctx.quarantine.table()
+    assert quarantined["reason"].to_list() == ["duplicate_conflict"] * 2
+    assert ctx.quarantine.merged_duplicates == {("e2e_runs", "inference_bench", "h100_sxm"): 2}
+    assert ctx.skipped == [(files[2].rel, inference_bench.NOT_READ["Fig_2_a/"])]
+
+
+def test_first_token_rows_keep_their_one_output_token_and_versions_follow_the_platform(tmp_path):
+    ttft = source(tmp_path, "Fig_21/all_results_TTFT.csv",
+                  "Hardware,Num of Hardware,Framework,Model,Input Length,Output Length,Batch Size,"
+                  "Latency\n\nAMD MI300X GPU,1,vLLM,meta-llama/Meta-Llama-3-8B,1024,1,16,2.5\n"
+                  "Intel PVC GPU,1,vLLM,Qwen/Qwen2-7B,1024,1,16,9.0\n")
+    ctx = IngestContext(load_gpu_specs(), load_models())
+    (_, frame), = inference_bench.ingest([ttft], ctx)
+    assert frame.select("sku", "model", "isl", "osl", "latency_ms", "backend_version").rows() == [
+        ("mi300x", "llama-3-8b", 1024, 1, 2500.0, "0.6.1"),
+        (None, "qwen2-7b", 1024, 1, 9000.0, "unknown")]  # the PVC rows map to no GPU
