@@ -12,22 +12,35 @@ import polars as pl
 
 from leaderboard.cells import memory
 from leaderboard.cells.common import render_card, source_lines
+from leaderboard_core import paths, yaml_io
 from leaderboard_core.specs import GpuSpec, SpecError, is_moe, load_models
 
 FAMILY = "e2e"
 # ROCm shows each of an MI250's two dies as a GPU, and one "AMD MI250 GPU" of the rows holds
 # Mixtral-8x7B's 93 GB of fp16 weights, more than a die's 64 GB: a device of the rows is the
 # module, a TP group of two dies per device (docs/datasets/e2e.md).
+SCHEDULERS = paths.CONF_DIR / "serving" / "schedulers.yaml"
 DIES_PER_DEVICE = {"mi250_gcd": 2}
 UNLABELLED = {"Intel PVC GPU": "the 'Intel PVC GPU' rows run about 9x slower than the 'Intel "
                                "Max 1550' rows of the same models at batch 1, with no vLLM "
                                "version stated: another setup, not labelled here"}
 
 
-def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict]) -> str | None:
-    """Why a vLLM row of ``e2e_runs`` cannot be a target here, or None when it can."""
+def offline_models() -> set[str]:
+    """The models whose vLLM offline defaults the replay knows (``offline_v0.max_model_len``)."""
+    conf = yaml_io.safe_load(SCHEDULERS.read_text())
+    return set(conf["backends"]["vllm"]["offline_v0"]["max_model_len"])
+
+
+def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict],
+              known: set[str]) -> str | None:
+    """Why a vLLM row of ``e2e_runs`` cannot be a target here, or None when it can (``known``:
+    ``offline_models()``)."""
     if row["model"] is None:
         return f"no shape in conf/model for {row['model_path']}"
+    if row["model"] not in known:
+        return (f"no max_model_len for {row['model']} in {SCHEDULERS.name} "
+                "(backends.vllm.offline_v0): its prefill budget is unknown")
     if row["sku"] is None or row["sku"] not in gpus:
         return UNLABELLED.get(row["hardware"], "no conf/gpu spec for the hardware")
     model = models[row["model"]]
@@ -60,8 +73,8 @@ def build(con, gpus: dict[str, GpuSpec]) -> list[tuple[str, str, pl.DataFrame, s
                    "ORDER BY hardware, model_path, devices, batch_size, isl, osl").pl()
     if not len(runs):
         return []
-    models = load_models()
-    runs = runs.with_columns(why=pl.Series([exclusion(r, gpus, models)
+    models, known = load_models(), offline_models()
+    runs = runs.with_columns(why=pl.Series([exclusion(r, gpus, models, known)
                                             for r in runs.iter_rows(named=True)], dtype=pl.String))
     counts = con.sql("SELECT framework, count(*) AS n, count(*) FILTER "
                      "(statistic = 'median_of_duplicates') AS merged FROM e2e_runs "

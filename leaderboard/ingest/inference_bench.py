@@ -36,18 +36,27 @@ NOT_READ = {
     "Fig_5_a/": "pipeline against tensor parallelism",
     "Fig_5_b/": "expert and pipeline parallelism",
     "Fig_18/": "SambaNova SN40L, another measure",
-    "Fig_22/": "end_latency beside an Output Length of 1: the output length it timed is unstated",
+    "Fig_22/": "repeats Fig_21's TTFT and All_results' 1024-token batch-16 latencies",
 }
-# The device each Hardware label names (conf/gpu). "Intel PVC GPU" rows run about 9x slower
-# than the "Intel Max 1550" rows of the same models at batch 1: another setup, kept unmapped.
-SKU = {"Nvidia A100 GPU": "a100_sxm40", "Nvidia H100 GPU": "h100_sxm", "Nvidia GH200 GPU": "gh200",
-       "AMD MI300X GPU": "mi300x", "AMD MI250 GPU": "mi250_gcd", "Intel Max 1550": "max1550"}
+# A Hardware label names the GPU whose spec lists it (``upstream_labels.inference_bench`` in
+# conf/gpu). "Intel PVC GPU" rows run about 9x slower than the "Intel Max 1550" rows of the same
+# models at batch 1: another setup, which no spec lists.
 # vLLM's version per platform, from the upstream READMEs; the NVIDIA ones pin none.
 VLLM_VERSION = {"AMD MI300X GPU": "0.6.1", "AMD MI250 GPU": "0.6.1", "Intel Max 1550": "0.5.2"}
+# What a row's latency is, per platform, where its script was read: the A100's times one run
+# after three warm-ups, the MI300X's averages 30 after 10; the others are unstated here.
+STATISTIC = {"Nvidia A100 GPU": "single", "AMD MI300X GPU": "mean"}
 BASE = ["Hardware", "Num of Hardware", "Framework", "Model", "Batch Size", "Latency"]
 
 
-def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str]) -> pl.DataFrame:
+def labels(gpus: dict) -> dict[str, str]:
+    """Each Hardware label of this source and the GPU whose spec lists it."""
+    return {g.data["upstream_labels"][SOURCE]: sku for sku, g in gpus.items()
+            if SOURCE in g.data.get("upstream_labels", {})}
+
+
+def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str],
+          sku_of: dict[str, str]) -> pl.DataFrame:
     frame = frame.drop_nulls(BASE)  # the figure files separate their groups by blank lines
     return frame.select(
         hardware="Hardware", devices=pl.col("Num of Hardware").cast(pl.Int64),
@@ -55,7 +64,8 @@ def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str]) -> p
         model=pl.col("Model").str.to_lowercase().replace_strict(aliases, default=None),
         isl=pl.col(isl).cast(pl.Int64), osl=pl.col(osl).cast(pl.Int64),
         batch_size=pl.col("Batch Size").cast(pl.Int64), latency_ms=pl.col("Latency") * 1e3,
-        sku=pl.col("Hardware").replace_strict(SKU, default=None),
+        sku=pl.col("Hardware").replace_strict(sku_of, default=None),
+        statistic=pl.col("Hardware").replace_strict(STATISTIC, default="unstated"),
         backend=pl.col("Framework").str.to_lowercase(),
         backend_version=pl.when(pl.col("Framework") == "vLLM").then(
             pl.col("Hardware").replace_strict(VLLM_VERSION, default="unknown"))
@@ -63,25 +73,25 @@ def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str]) -> p
 
 
 def ingest(files: list[SourceFile], ctx: IngestContext) -> list[tuple[str, pl.DataFrame]]:
-    aliases = model_by_alias(ctx.models)
+    aliases, sku_of = model_by_alias(ctx.models), labels(ctx.gpus)
     out = []
     for file in files:
         name = file.rel.removeprefix(ROOT)
         if name in RUNS:
             frame = _rows(read_table(file, [*BASE, "Input Output Length"]),
-                          "Input Output Length", "Input Output Length", aliases)
+                          "Input Output Length", "Input Output Length", aliases, sku_of)
         elif name == FIRST_TOKEN:
             frame = _rows(read_table(file, [*BASE, "Input Length", "Output Length"]),
-                          "Input Length", "Output Length", aliases)
+                          "Input Length", "Output Length", aliases, sku_of)
         else:
             why = next((w for prefix, w in NOT_READ.items() if name.startswith(prefix)), None)
             ctx.skipped.append((file.rel, why or "not a file of end-to-end runs"))
             continue
         for sku in frame["sku"].drop_nulls().unique().sort():
             ctx.gpu(sku, file)
-        per_row = frame.select("sku", "backend", "backend_version")
-        out.append(("e2e_runs", provenance(frame.drop("sku", "backend", "backend_version"), file,
-                                           SOURCE, None, "", "", "mean").with_columns(per_row)))
+        per_row = frame.select("sku", "backend", "backend_version", "statistic")
+        out.append(("e2e_runs", provenance(frame.drop(per_row.columns), file, SOURCE, None, "",
+                                           "", "").with_columns(per_row)))
     return out
 
 

@@ -13,13 +13,24 @@ from leaderboard.cells import families
 from leaderboard.present.headline import KINDS, gpu_mean_ci, kind_of
 from leaderboard.score import ranking, results
 from leaderboard_core.report_tables import fmt, phase_stat, table
+from leaderboard_core.specs import load_gpu_specs
 
 FAMILY = "e2e"
 TITLE = "e2e (across vendors)"
 
 
+def _chip(spec) -> tuple:
+    return spec["vendor"], spec["arch"], spec["sm_count"], spec["bf16_dense_tflops"]
+
+
 def _unseen(runs: pl.DataFrame) -> list[str]:
-    return sorted(set(runs.filter(pl.col("split") == "unseen")["dataset"]))
+    """The sets whose chip no predictor was fitted on: unseen, and not another board of a home
+    GPU's chip (these rows' A100 40GB against the A100 80GB home)."""
+    gpus = load_gpu_specs()
+    home_chips = {_chip(gpus[s]) for s in set(runs["home_sku"].drop_nulls()) if s in gpus}
+    unseen = runs.filter(pl.col("split") == "unseen")
+    return sorted({d for d, sku in unseen.select("dataset", "sku").iter_rows()
+                   if sku in gpus and _chip(gpus[sku]) not in home_chips})
 
 
 def _best_per_kind(runs: pl.DataFrame) -> dict[str, tuple]:
@@ -67,9 +78,10 @@ def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[st
     if not datasets:
         return []
     by = {(r["predictor"], r["dataset"]): r for r in runs.iter_rows(named=True)}
+    unseen = _unseen(runs) if len(runs) else []
     rows = []
     for p in sorted({p for p, _ in by} | {p for p, d in outcomes if d in datasets}):
-        cells, means = [], []
+        cells, means, scored = [], [], []
         for d in datasets:
             run = by.get((p, d))
             if run is None:
@@ -80,8 +92,10 @@ def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[st
             else:
                 mape = phase_stat(run, "e2e", "mape")
                 means.append(mape)
+                scored.append(d)
                 cells.append(f"{fmt(mape)} ({fmt(phase_stat(run, 'e2e', 'bias'))})")
-        mean = sum(means) / len(means) if len(means) == len(datasets) and means else None
+        mine = [m for d, m in zip(scored, means, strict=True) if d in unseen]
+        mean = sum(mine) / len(mine) if len(mine) == len(unseen) and mine else None
         rows.append([p, *cells, fmt(mean)])
     for r in oracle.iter_rows(named=True):
         rows.append([f"oracle ({r['dataset']})", *[
@@ -99,9 +113,10 @@ def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[st
             "timed end to end; the replay prefills the batch and decodes it step by step "
             "(`leaderboard/serving/static_batch.py`, the scheduler's defaults in "
             "`conf/serving/schedulers.yaml`), and each predictor times every step. Cell: "
-            "end-to-end MAPE % (bias %); `GPU-mean`: the mean over these GPUs, none of which "
-            "any predictor was fitted on (home: `a100_vidur`, the A100 80GB; these rows' A100 "
-            "is the 40 GB board). What a device is on each GPU, and what the family cannot "
+            "end-to-end MAPE % (bias %); `GPU-mean`: the mean over the GPUs whose chip no "
+            f"predictor was fitted on ({', '.join(unseen) or 'none yet'}; the home is "
+            "`a100_vidur`, the A100 80GB, so these rows' A100 40GB is shown but not averaged). "
+            "What a device is on each GPU, and what the family cannot "
             "test: the cards (`python -m leaderboard.data card mi250_e2e`).", "",
             *oracle_line, "",
             *table(["predictor", *datasets, "GPU-mean"], rows, "l" + "r" * (len(datasets) + 1)),

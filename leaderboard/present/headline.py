@@ -68,9 +68,9 @@ def headline(runs: pl.DataFrame, predictions: pl.DataFrame,
     ``all`` among those with a VALID run on every unseen GPU of the family; ``serving_rows``
     (a serving family's, in the same columns: ``e2e_section.headline_rows``) follow."""
     rows = []
-    if predictions.is_empty():
+    if predictions.is_empty() and not serving_rows:
         return ["## Headline", "", "No current sealed step runs to rank yet.", ""]
-    for fam in families.where(level="step", leaderboard=True):
+    for fam in families.where(level="step", leaderboard=True) if len(predictions) else ():
         homes, unseen = datasets_of(runs, fam.suffix)
         mine = runs.filter(pl.col("dataset").is_in(unseen))
         complete = mine.group_by("predictor").agg(pl.col("valid").all(), pl.len()).filter(

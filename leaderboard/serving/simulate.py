@@ -117,8 +117,8 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
 def static_policy(backend: str, model_name: str, model: dict, tp: int, gpu: GpuSpec,
                   gemm_dtype: str = "bf16") -> Policy:
     """The scheduler of one static batch run offline by ``backend``'s V0 engine (the yaml's
-    ``offline_v0``): whole-prompt prefill steps up to max(max_model_len, 2048) tokens, or
-    512-token chunks beside the decodes where the model's length turns chunked prefill on."""
+    ``offline_v0``): whole-prompt prefill steps up to max(max_model_len, 2048) tokens, or steps
+    that decode every running request."""
     conf = load_conf()
     b = conf["backends"].get(backend, {})
     offline = b.get("offline_v0")
@@ -127,13 +127,9 @@ def static_policy(backend: str, model_name: str, model: dict, tp: int, gpu: GpuS
     if model_name not in offline["max_model_len"]:
         raise ValueError(f"{model_name}: no max_model_len in {CONF} backends.{backend}."
                          "offline_v0; add the model's max_position_embeddings there")
-    max_len, chunked = offline["max_model_len"][model_name], offline["chunked"]
-    if max_len > chunked["above_max_model_len"] and gpu["vendor"] in chunked["devices"]:
-        kind, budget = chunked["policy"], chunked["token_budget"]
-    else:
-        kind, budget = offline["policy"], max(max_len, offline["min_token_budget"])
+    budget = max(offline["max_model_len"][model_name], offline["min_token_budget"])
     kv_tokens = kv_capacity(model, tp, gpu, b["memory_fraction"], conf, gemm_dtype)
-    return Policy(kind, budget, offline["max_seqs"], kv_tokens, offline["kv_rule"])
+    return Policy(offline["policy"], budget, offline["max_seqs"], kv_tokens, offline["kv_rule"])
 
 
 def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,

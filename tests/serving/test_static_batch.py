@@ -49,8 +49,7 @@ def test_a_batch_larger_than_the_cache_runs_in_waves():
     ("llama-2-7b", "h100_sxm", "prefill_first", 4096),  # max_model_len 4,096
     ("llama-3-8b", "mi300x", "prefill_first", 8192),
     ("mistral-7b", "h100_sxm", "prefill_first", 32768),  # 32,768 is not above 32K
-    ("qwen2-7b", "mi300x", "chunked_mixed", 512),  # 131,072 on a ROCm device: chunked
-    ("qwen2-7b", "max1550", "prefill_first", 131072),  # the XPU backend: never chunked
+    ("qwen2-7b", "mi300x", "prefill_first", 131072),  # chunked prefill off, as the runs set it
 ])
 def test_the_offline_budget_follows_vllm_v0_defaults(model, sku, kind, budget):
     models, gpu = load_models(), load_gpu_specs()[sku]
