@@ -336,7 +336,10 @@ def missing_runs(runs_dir: Path, versions: dict[str, str] | None = None,
 
 def unpack_published(opts, runs_dir: Path) -> Path | None:
     """The published runs (``report.published``), where the clone has them, unpacked beside
-    ``runs_dir`` in a hidden folder, less the runs ``runs_dir`` already holds."""
+    ``runs_dir`` in a hidden folder, less the runs ``runs_dir`` already holds; none with
+    ``report.published=null``."""
+    if opts.published is None:
+        return None
     path = paths.from_user(opts.published)
     if not path.is_file():
         return None

@@ -85,7 +85,8 @@ def test_every_aiconfigurator_sku_folder_is_listed(listed, real_store):
 def test_provenance_is_never_null(real_store, table):
     (n,) = real_store.sql(f'SELECT count(*) FROM "{table}"')[0]
     assert n > 0, f"{table} is empty"
-    sku_check = "" if table == "request_traces" else " OR sku IS NULL"
+    # traces belong to no GPU; LLM-Inference-Bench also measured hardware no spec describes
+    sku_check = "" if table in ("request_traces", "e2e_runs") else " OR sku IS NULL"
     (bad,) = real_store.sql(
         f'SELECT count(*) FROM "{table}" WHERE source IS NULL OR file IS NULL OR '
         f"file_sha256 IS NULL OR backend_version IS NULL OR pinned IS NULL{sku_check}")[0]
@@ -95,6 +96,20 @@ def test_provenance_is_never_null(real_store, table):
         f'SELECT count(*) FROM (SELECT DISTINCT file, file_sha256 FROM "{table}") t '
         "ANTI JOIN sources s ON t.file = s.rel AND t.file_sha256 = s.sha256")[0]
     assert orphans == 0
+
+
+def test_an_e2e_row_without_a_gpu_is_hardware_no_spec_names(real_store):
+    """Every LLM-Inference-Bench row whose hardware label a GPU spec lists has that GPU; the
+    rows without one (SambaNova, Gaudi, the 'Intel PVC GPU' label) name no spec's label."""
+    from leaderboard.ingest.inference_bench import labels
+    from leaderboard_core.specs import load_gpu_specs
+
+    sku_of = labels(load_gpu_specs())
+    rows = real_store.sql("SELECT DISTINCT hardware, sku FROM e2e_runs")
+    assert rows and {h: s for h, s in rows if s is not None} == {
+        h: s for h, s in sku_of.items() if h in {h for h, _ in rows}}
+    assert {"Intel PVC GPU", "Habana Gaudi2"} <= {h for h, s in rows if s is None}
+    assert not {h for h, s in rows if s is None} & set(sku_of)
 
 
 def test_latencies_are_finite_and_positive(real_store):
