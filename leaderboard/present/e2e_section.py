@@ -79,7 +79,7 @@ def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[st
         return []
     by = {(r["predictor"], r["dataset"]): r for r in runs.iter_rows(named=True)}
     unseen = _unseen(runs) if len(runs) else []
-    rows = []
+    rows, reasons = [], {}  # reasons: (predictor, why) -> the sets it holds for
     for p in sorted({p for p, _ in by} | {p for p, d in outcomes if d in datasets}):
         cells, means, scored = [], [], []
         for d in datasets:
@@ -87,8 +87,11 @@ def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[st
             if run is None:
                 status = outcomes.get((p, d), "no run")
                 cells.append("n/s" if status.lower().startswith("not supported") else status[:12])
+                reasons.setdefault((p, status), []).append(d)
             elif not run["valid"]:
                 cells.append("INVALID")
+                reasons.setdefault((p, "INVALID: " + "; ".join(run["invalid_reasons"])),
+                                   []).append(d)
             else:
                 mape = phase_stat(run, "e2e", "mape")
                 means.append(mape)
@@ -120,6 +123,9 @@ def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[st
             "test: the cards (`python -m leaderboard.data card mi250_e2e`).", "",
             *oracle_line, "",
             *table(["predictor", *datasets, "GPU-mean"], rows, "l" + "r" * (len(datasets) + 1)),
+            *(["Why a predictor has no number on a set (`n/s`: it answered NotSupported):", "",
+               *(f"- {p} on {', '.join(f'`{d}`' for d in sets)}: {why.replace('|', '/')[:300]}"
+                 for (p, why), sets in sorted(reasons.items())), ""] if reasons else []),
             f"Headline kind and bootstrap CI ({ranking.CONFIDENCE:.0%}) over workloads: the "
             "headline table.", ""]
 
