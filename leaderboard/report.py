@@ -260,8 +260,7 @@ def render(runs_dir: Path, out: Path, atlas_dir: Path = ATLAS_DIR,
         body += op_atlas.write(predictions, "vidur", atlas_dir, lambda p: _relative(p, out))
     body += sections.explain_examples(runs)
     oracle = leaderboard_table.oracle_runs(current, datasets)
-    e2e_oracle, oracle = oracle.filter(_of_families((e2e_section.FAMILY,))), oracle.filter(
-        ~_of_families((e2e_section.FAMILY,)))
+    e2e_oracle, oracle = oracle.filter(is_e2e), oracle.filter(~is_e2e)
     body += serving_report.section(serving_runs, runs, runs_dir, atlas_dir, oracle)
     body += e2e_section.section(e2e_runs, e2e_oracle, outcomes)
     body += moe.section(runs, serving_runs, outcomes)

@@ -28,7 +28,19 @@ def _mape_order(runs: pl.DataFrame) -> list[str]:
         values = {r["dataset"]: phase_stat(r, "all") for r in mine.iter_rows(named=True)}
         if set(values) == gpus and None not in values.values():
             means[predictor] = statistics.fmean(values.values())
-    return sorted(means, key=means.get)
+    # equal means (ladder rungs that change nothing here) keep their names' order, so the
+    # order, and Kendall's tau below, do not flip between renders of the same runs
+    return sorted(means, key=lambda p: (round(means[p], 9), p))
+
+
+def _settled(scores: pl.DataFrame, by: str, descending: bool = False) -> pl.DataFrame:
+    """``scores`` in ``by`` order, ties by predictor name: the scoring's own order of tied rows
+    follows a group-by's, which differs from one render to the next, and so do the last bits of
+    their sums (hence the rounding)."""
+    if not len(scores):
+        return scores
+    return scores.sort([pl.col(by).round(9), pl.col("predictor")],
+                       descending=[descending, False])
 
 
 def _budget_table(scores: pl.DataFrame) -> list[str]:
@@ -126,12 +138,12 @@ def section(predictions: pl.DataFrame, runs: pl.DataFrame,
     if unseen.is_empty():
         return []
     capacity_choices = decisions.capacity_choices(unseen)
-    capacity = decisions.budget_scores(capacity_choices)
-    chunk = decisions.budget_scores(decisions.chunk_choices(unseen))
+    capacity = _settled(decisions.budget_scores(capacity_choices), "regret_pct")
+    chunk = _settled(decisions.budget_scores(decisions.chunk_choices(unseen)), "regret_pct")
     prices = decisions.load_prices()
-    cost = decisions.gpu_scores(decisions.gpu_choices(unseen, prices))
-    fastest = decisions.gpu_scores(decisions.gpu_choices(unseen))
-    pairs = decisions.decisive_pairs(unseen)
+    cost = _settled(decisions.gpu_scores(decisions.gpu_choices(unseen, prices)), "regret_pct")
+    fastest = _settled(decisions.gpu_scores(decisions.gpu_choices(unseen)), "regret_pct")
+    pairs = _settled(decisions.decisive_pairs(unseen), "weighted_right_pct", descending=True)
     lines = ["## Decisions", "",
              f"What the predictions decide on the unseen `_{FAMILY}` GPUs, every outcome a "
              "measured one (`leaderboard/score/decisions.py`; 95 % bootstrap CIs over the groups or "
@@ -177,8 +189,8 @@ def section(predictions: pl.DataFrame, runs: pl.DataFrame,
                        [[r["predictor"], f"{r['pairs']:,}", fmt(r["weighted_right_pct"])]
                         for r in pairs.iter_rows(named=True)], "lrr") + [""]
     configs = serving_choices(serving) if serving is not None and len(serving) else None
-    config = decisions.budget_scores(configs) if configs is not None and len(configs) else \
-        pl.DataFrame()
+    config = _settled(decisions.budget_scores(configs), "regret_pct") \
+        if configs is not None and len(configs) else pl.DataFrame()
     if len(config):
         gaps = configs["gap"].drop_nulls()
         lines += ["### Serving configuration at a TPOT SLO", "",

@@ -1,8 +1,9 @@
 """The e2e family in RESULTS.md: end-to-end latency across vendors, and its headline row.
 
-Every e2e set is a GPU no predictor was fitted on (the home is the A100 80GB step set; the A100
-of these rows is the 40 GB board), so a predictor's GPU-mean is over all of them. The oracle's
-row is the replay's own error where a GPU has kernel tables (the H100).
+A predictor's GPU-mean, and the headline, are over the sets whose chip no predictor was fitted
+on: the home is the A100 80GB step set, so these rows' A100 40GB (the same chip) is shown but
+not averaged. The oracle's row is the replay's own error where a GPU has kernel tables (the
+H100).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard.cells import families
-from leaderboard.present.headline import KINDS, gpu_mean_ci, kind_of
+from leaderboard.present.headline import family_rows
 from leaderboard.score import ranking, results
 from leaderboard_core.report_tables import fmt, phase_stat, table
 from leaderboard_core.specs import load_gpu_specs
@@ -33,42 +34,14 @@ def _unseen(runs: pl.DataFrame) -> list[str]:
                    if sku in gpus and _chip(gpus[sku]) not in home_chips})
 
 
-def _best_per_kind(runs: pl.DataFrame) -> dict[str, tuple]:
-    """Per kind: (predictor, GPU-mean e2e MAPE, CI low, CI high, rows) of the best predictor
-    with a VALID run on every unseen e2e GPU."""
-    unseen = _unseen(runs)
-    mine = runs.filter(pl.col("dataset").is_in(unseen))
-    complete = mine.group_by("predictor").agg(pl.col("valid").all(), pl.len()).filter(
-        pl.col("valid") & (pl.col("len") == len(unseen)))["predictor"]
-    if complete.is_empty():
-        return {}
-    predictions = results.load_predictions(mine.filter(pl.col("predictor").is_in(complete)))
-    best: dict[str, tuple] = {}
-    for predictor in sorted(complete):
-        rows = predictions.filter((pl.col("predictor") == predictor) & (pl.col("phase") == "e2e"))
-        mean, low, high = gpu_mean_ci(rows)
-        kind = kind_of(mine.filter(pl.col("predictor") == predictor).row(0, named=True))
-        if kind not in best or mean < best[kind][1] * (1 - 1e-9):
-            best[kind] = (predictor, mean, low, high, len(rows))
-    return best
-
-
 def headline_rows(runs: pl.DataFrame) -> list[list[str]]:
-    """The family's rows of the headline table (its columns), one per kind."""
+    """The family's rows of the headline table, one per kind, ranked by end-to-end MAPE."""
     if runs.is_empty():
         return []
-    best, unseen = _best_per_kind(runs), _unseen(runs)
-    homes = families.get(FAMILY).home
-    rows = []
-    for kind in KINDS:
-        if kind in best:
-            p, mean, low, high, n = best[kind]
-            rows.append([TITLE, kind, p, fmt(mean), f"{fmt(low)} – {fmt(high)}",
-                         str(len(unseen)), f"{n:,}", homes])
-        else:
-            rows.append([TITLE, kind, "none with a VALID run on every unseen GPU", "—", "—",
-                         str(len(unseen)), "—", homes])
-    return rows
+    unseen = _unseen(runs)
+    predictions = results.load_predictions(runs.filter(pl.col("dataset").is_in(unseen)))
+    scored = predictions.filter(pl.col("phase") == "e2e") if len(predictions) else predictions
+    return family_rows(TITLE, runs, unseen, scored, families.get(FAMILY).home)
 
 
 def section(runs: pl.DataFrame, oracle: pl.DataFrame, outcomes: dict) -> list[str]:

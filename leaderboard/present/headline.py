@@ -72,30 +72,8 @@ def headline(runs: pl.DataFrame, predictions: pl.DataFrame,
         return ["## Headline", "", "No current sealed step runs to rank yet.", ""]
     for fam in families.where(level="step", leaderboard=True) if len(predictions) else ():
         homes, unseen = datasets_of(runs, fam.suffix)
-        mine = runs.filter(pl.col("dataset").is_in(unseen))
-        complete = mine.group_by("predictor").agg(pl.col("valid").all(), pl.len()).filter(
-            pl.col("valid") & (pl.col("len") == len(unseen)))["predictor"]
         scored = predictions.filter(pl.col("dataset").is_in(unseen) & metrics.in_all(predictions))
-        best: dict[str, tuple] = {}
-        for predictor in sorted(complete):
-            run = mine.filter(pl.col("predictor") == predictor).row(0, named=True)
-            cells = scored.filter(pl.col("predictor") == predictor)
-            if cells.is_empty():
-                continue
-            mean, low, high = gpu_mean_ci(cells)
-            kind = kind_of(run)
-            # a tie (a ladder rung equal to ``ours``, summed in another order) keeps the
-            # first by name, so the table does not flip on the last bits of a float
-            if kind not in best or mean < best[kind][1] * (1 - 1e-9):
-                best[kind] = (predictor, mean, low, high, len(cells))
-        for kind in KINDS:
-            if kind in best:
-                p, mean, low, high, n = best[kind]
-                rows.append([fam.suffix, kind, p, fmt(mean), f"{fmt(low)} – {fmt(high)}",
-                             str(len(unseen)), f"{n:,}", ", ".join(homes)])
-            else:
-                rows.append([fam.suffix, kind, "none with a VALID run on every unseen GPU",
-                             "—", "—", str(len(unseen)), "—", ", ".join(homes)])
+        rows += family_rows(fam.suffix, runs, unseen, scored, ", ".join(homes))
     rows += serving_rows
     return ["## Headline", "",
             "Per dataset family, the best predictor of each kind by its **GPU-mean MAPE**: the "
@@ -109,6 +87,38 @@ def headline(runs: pl.DataFrame, predictions: pl.DataFrame,
             "fits the home GPU's measured rows. Sealed runs only.", "",
             *table(["family", "kind", "best predictor", "GPU-mean MAPE %", "95% CI",
                     "unseen GPUs", "cells", "home"], rows, "lllrrrrl")]
+
+
+def family_rows(label: str, runs: pl.DataFrame, unseen: list[str], scored: pl.DataFrame,
+                homes: str) -> list[list[str]]:
+    """The headline rows of one family, one per kind: among the predictors with a VALID run
+    on every ``unseen`` GPU, the one with the lowest GPU-mean MAPE over ``scored`` (their
+    predictions on those GPUs, in the phase the family ranks by)."""
+    mine = runs.filter(pl.col("dataset").is_in(unseen))
+    complete = mine.group_by("predictor").agg(pl.col("valid").all(), pl.len()).filter(
+        pl.col("valid") & (pl.col("len") == len(unseen)))["predictor"]
+    best: dict[str, tuple] = {}
+    for predictor in sorted(complete):
+        run = mine.filter(pl.col("predictor") == predictor).row(0, named=True)
+        cells = scored.filter(pl.col("predictor") == predictor)
+        if cells.is_empty():
+            continue
+        mean, low, high = gpu_mean_ci(cells)
+        kind = kind_of(run)
+        # a tie (a ladder rung equal to ``ours``, summed in another order) keeps the
+        # first by name, so the table does not flip on the last bits of a float
+        if kind not in best or mean < best[kind][1] * (1 - 1e-9):
+            best[kind] = (predictor, mean, low, high, len(cells))
+    rows = []
+    for kind in KINDS:
+        if kind in best:
+            p, mean, low, high, n = best[kind]
+            rows.append([label, kind, p, fmt(mean), f"{fmt(low)} – {fmt(high)}",
+                         str(len(unseen)), f"{n:,}", homes])
+        else:
+            rows.append([label, kind, "none with a VALID run on every unseen GPU",
+                         "—", "—", str(len(unseen)), "—", homes])
+    return rows
 
 
 def cell_datasets() -> list[str]:
