@@ -89,47 +89,55 @@ def _from_version(version: str | None, rule: dict | None) -> bool:
 
 def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
                gemm_dtype: str = "bf16", version: str | None = None,
-               closed_loop: tuple[int, int] | None = None) -> Policy:
+               closed_loop: tuple[int, int] | None = None,
+               offline_model: str | None = None) -> Policy:
     """The scheduler of one run of ``backend`` ``version``; ``closed_loop``: (concurrency, isl)
     of a closed-loop run, whose launcher set the token budget from them where the backend's
-    ``closed_loop_launch`` says its version's launch template passes it."""
+    ``closed_loop_launch`` says its version's launch template passes it; ``offline_model``: the
+    model of one static batch run offline (``_offline_fields``). Either way the KV capacity is
+    worked out once, here."""
     conf = load_conf()
     if backend not in conf["backends"]:
         raise ValueError(f"no scheduler for backend '{backend}'; add it to {CONF} "
                          f"(known: {sorted(conf['backends'])})")
     b = conf["backends"][backend]
-    limits = b["large_gpu" if float(gpu["mem_gb"]) >= b["large_gpu_min_gb"] else "small_gpu"]
-    stated = conf.get("runs", {}).get(run, {})
-    if closed_loop is not None and _from_version(version, b.get("closed_loop_launch")):
-        concurrency, isl = closed_loop
-        stated = {"token_budget": concurrency + isl + b["closed_loop_launch"]["extra_tokens"],
-                  **stated}
-    kv_tokens = stated.get("kv_tokens")
-    if not kv_tokens:
+    if offline_model is not None:
+        fields = _offline_fields(b, backend, offline_model)
+        fraction, of_free = b["memory_fraction"], False
+    else:
+        limits = b["large_gpu" if float(gpu["mem_gb"]) >= b["large_gpu_min_gb"] else "small_gpu"]
+        stated = conf.get("runs", {}).get(run, {})
+        if closed_loop is not None and _from_version(version, b.get("closed_loop_launch")):
+            concurrency, isl = closed_loop
+            stated = {"token_budget": concurrency + isl + b["closed_loop_launch"]["extra_tokens"],
+                      **stated}
+        fields = {"kind": b["policy"],
+                  "token_budget": stated.get("token_budget", limits["token_budget"]),
+                  "max_seqs": stated.get("max_seqs", limits["max_seqs"]),
+                  "kv_rule": b.get("kv_rule", "reserve"),
+                  "prefix_cache_block": b.get("prefix_caching", {}).get("block_tokens", 0),
+                  "whole_sequence_admission": _from_version(
+                      version, b.get("whole_sequence_admission"))}
+        if stated.get("kv_tokens"):
+            return Policy(**fields, kv_tokens=stated["kv_tokens"])
         fraction, of_free = memory_rule(b, gpu, tp, version)
-        kv_tokens = kv_capacity(model, tp, gpu, fraction, conf, gemm_dtype, of_free)
-    return Policy(b["policy"], stated.get("token_budget", limits["token_budget"]),
-                  stated.get("max_seqs", limits["max_seqs"]), kv_tokens,
-                  b.get("kv_rule", "reserve"), b.get("prefix_caching", {}).get("block_tokens", 0),
-                  _from_version(version, b.get("whole_sequence_admission")))
+    return Policy(**fields, kv_tokens=kv_capacity(model, tp, gpu, fraction, conf, gemm_dtype,
+                                                  of_free))
 
 
-def static_policy(backend: str, model_name: str, model: dict, tp: int, gpu: GpuSpec,
-                  gemm_dtype: str = "bf16") -> Policy:
-    """The scheduler of one static batch run offline by ``backend``'s V0 engine (the yaml's
+def _offline_fields(b: dict, backend: str, model_name: str) -> dict:
+    """The scheduler of one static batch run offline by the backend's V0 engine (the yaml's
     ``offline_v0``): whole-prompt prefill steps up to max(max_model_len, 2048) tokens, or steps
     that decode every running request."""
-    conf = load_conf()
-    b = conf["backends"].get(backend, {})
     offline = b.get("offline_v0")
     if offline is None:
         raise ValueError(f"no offline_v0 scheduler for backend '{backend}' in {CONF}")
     if model_name not in offline["max_model_len"]:
         raise ValueError(f"{model_name}: no max_model_len in {CONF} backends.{backend}."
                          "offline_v0; add the model's max_position_embeddings there")
-    budget = max(offline["max_model_len"][model_name], offline["min_token_budget"])
-    kv_tokens = kv_capacity(model, tp, gpu, b["memory_fraction"], conf, gemm_dtype)
-    return Policy(offline["policy"], budget, offline["max_seqs"], kv_tokens, offline["kv_rule"])
+    return {"kind": offline["policy"], "max_seqs": offline["max_seqs"],
+            "token_budget": max(offline["max_model_len"][model_name], offline["min_token_budget"]),
+            "kv_rule": offline["kv_rule"]}
 
 
 def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,
@@ -140,13 +148,9 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,
     a predictor fitted on wall-clock steps gives them), its experts' placement and its KV
     cache's dtype."""
     closed = (first["concurrency"], first["isl"]) if first["load"] == "closed" else None
-    if first["load"] == "static":
-        policy = static_policy(first["backend"], first["model"], models[first["model"]],
-                               int(first["tp"]), gpu, first["gemm_dtype"])
-    else:
-        policy = policy_for(first["backend"], first["run"], models[first["model"]],
-                            int(first["tp"]), gpu, first["gemm_dtype"],
-                            first["backend_version"], closed)
+    policy = policy_for(first["backend"], first["run"], models[first["model"]], int(first["tp"]),
+                        gpu, first["gemm_dtype"], first["backend_version"], closed,
+                        first["model"] if first["load"] == "static" else None)
     timed = timer if host_in_steps else with_host_time(timer, first["backend"],
                                                        first["backend_version"])
     placed = with_expert_placement(timed, first.get("moe_ep"))

@@ -7,7 +7,7 @@ import pytest
 
 from leaderboard.serving import static_batch
 from leaderboard.serving.scheduler import Policy
-from leaderboard.serving.simulate import static_policy
+from leaderboard.serving.simulate import policy_for
 from leaderboard_core.specs import load_gpu_specs, load_models
 
 
@@ -53,7 +53,7 @@ def test_a_batch_larger_than_the_cache_runs_in_waves():
 ])
 def test_the_offline_budget_follows_vllm_v0_defaults(model, sku, kind, budget):
     models, gpu = load_models(), load_gpu_specs()[sku]
-    policy = static_policy("vllm", model, models[model], 1, gpu)
+    policy = policy_for("vllm", "", models[model], 1, gpu, offline_model=model)
     assert (policy.kind, policy.token_budget, policy.max_seqs) == (kind, budget, 256)
     # 90 % of the memory less the weights, over the KV bytes of a token (2 bytes, K and V)
     m = models[model]
@@ -72,5 +72,5 @@ def _weights(m: dict) -> float:
 
 def test_a_backend_without_an_offline_scheduler_is_refused():
     with pytest.raises(ValueError, match="no offline_v0 scheduler for backend 'sglang'"):
-        static_policy("sglang", "llama-2-7b", load_models()["llama-2-7b"], 1,
-                      load_gpu_specs()["h100_sxm"])
+        policy_for("sglang", "", load_models()["llama-2-7b"], 1, load_gpu_specs()["h100_sxm"],
+                   offline_model="llama-2-7b")
