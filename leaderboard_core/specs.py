@@ -7,6 +7,8 @@ A file there with the same sku replaces the repo's.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import re
 import sys
@@ -120,8 +122,9 @@ def gpu_spec_dirs(extra: str | os.PathLike | None = None) -> list[Path]:
 
 
 def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
-    try:
-        data = yaml_io.safe_load(path.read_text())
+    stat = path.stat()
+    try:  # a copy: callers may change what they get, never what the next one reads
+        data = copy.deepcopy(_parsed(path, stat.st_mtime_ns, stat.st_size))
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict):
@@ -130,6 +133,13 @@ def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
     if missing:
         raise SpecError(f"{path}: missing required key(s) {', '.join(missing)}")
     return data
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(path: Path, mtime_ns: int, size: int) -> Any:
+    """A spec file parsed once per process and version of the file (its modification time and
+    size in the key): every run reads about 90 of them, a rerun worker the same ones again."""
+    return yaml_io.safe_load(path.read_text())
 
 
 def validate(path: Path, data: dict, ranges: dict, choices: dict) -> None:

@@ -157,7 +157,7 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
         grid, at = x[order, 0], q[:, 0]
         outside = (at < grid[0]) | (at > grid[-1])
         return np.exp(np.interp(at, grid, values[order])), outside
-    unique, back = np.unique(q, axis=0, return_inverse=True)
+    unique, back = _unique_rows(q)
     if len(answered) + len(unique) > MAX_ANSWERED:
         answered.clear()  # answers are recomputed alike: the bound changes no prediction
     new = np.array([tuple(point) not in answered for point in unique], bool)
@@ -171,6 +171,17 @@ def _interpolate(known: pl.DataFrame, axes: tuple[str, ...], rows: pl.DataFrame,
     kept = [answered[tuple(point)] for point in unique]
     log_ms, outside = np.array([v for v, _ in kept]), np.array([o for _, o in kept], bool)
     return np.exp(log_ms[back.ravel()]), outside[back.ravel()]
+
+
+def _unique_rows(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(q, axis=0, return_inverse=True)``: the distinct rows in lexicographic order
+    and each row's index among them, by Polars' dense rank of the rows (NumPy sorts rows as
+    opaque records, 1.7 s for a million rows against 0.2 s)."""
+    frame = pl.DataFrame(q, schema=[f"c{j}" for j in range(q.shape[1])], orient="row")
+    back = frame.select(pl.struct(pl.all()).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+    unique = np.empty((int(back.max()) + 1 if len(back) else 0, q.shape[1]), q.dtype)
+    unique[back] = q
+    return unique, back
 
 
 def _log(frame: pl.DataFrame, columns: list[str]) -> np.ndarray:

@@ -79,6 +79,15 @@ def leftover_processes() -> list[int]:
 # ------------------------------------------------------------------- nothing readable measures
 
 
+@lru_cache(maxsize=1)
+def bundling_distributions() -> list[str]:
+    """The installed distributions of ``BUNDLING_DISTRIBUTIONS``, read once per process: reading
+    every distribution's metadata took 80 ms a run, and a child cannot install a package (its
+    file system is read-only outside its job folder and predictor cache)."""
+    return sorted({d.metadata["Name"] for d in importlib.metadata.distributions()
+                   if (d.metadata["Name"] or "").lower() in BUNDLING_DISTRIBUTIONS})
+
+
 def check_readable(read_roots: list[str], data_roots: list[str], inspect=()) -> None:
     """Refuse, before the child starts, a readable root that holds measurements (``inspect``:
     the roots whose every file is opened to tell a derived table, ``scan``)."""
@@ -90,9 +99,7 @@ def check_readable(read_roots: list[str], data_roots: list[str], inspect=()) -> 
                     f"may read; move it out (LEADERBOARD_HOME, sources.root, runs_dir and the HF "
                     f"caches must lie outside the Python installation, the suite's code and the "
                     f"system folders)")
-    bundling = sorted({d.metadata["Name"] for d in importlib.metadata.distributions()
-                       if (d.metadata["Name"] or "").lower() in BUNDLING_DISTRIBUTIONS})
-    if bundling:
+    if bundling := bundling_distributions():
         raise SealRefused(f"installed package(s) {bundling} bundle measured kernel tables, which "
                           f"a predictor's child could read; uninstall them (pip uninstall "
                           f"{' '.join(bundling)}): a predictor's dependencies may carry no GPU's "

@@ -85,17 +85,22 @@ def step_cells(log: dict[str, np.ndarray], model: str, tp: int, gemm_dtype: str 
     decode = (q == 1) & (ctx > 0)
     num_decode = np.bincount(step, weights=decode, minlength=n).astype(np.int64)
     total = np.bincount(step, weights=q, minlength=n).astype(np.int64)
-    phase = np.where(num_decode == counts, "decode", np.where(num_decode == 0, "prefill", "mixed"))
+    # Columns of one value, and the step names, as Polars expressions: Python lists of a
+    # million strings were most of the time it took to lay out a long loop's steps.
+    name = pl.concat_str(pl.lit("step"), pl.int_range(n, dtype=pl.Int64).cast(pl.String))
     cells = pl.DataFrame({
-        "cell_id": [f"step{i}" for i in range(n)], "workload_id": [f"step{i}" for i in range(n)],
-        "model": [model] * n,
-        "tp": np.full(n, tp, np.int64), "phase": phase,
+        "num_requests": counts.astype(np.int64), "num_decode": num_decode,
         "q_lens": _list_column(q, offsets), "ctx_lens": _list_column(ctx, offsets),
-        "num_requests": counts.astype(np.int64), "num_prefill": counts - num_decode,
-        "num_decode": num_decode, "total_tokens": total, "prefill_tokens": total - num_decode,
+        "total_tokens": total,
         "decode_ctx_sum": np.bincount(step, weights=ctx * decode, minlength=n).astype(np.int64),
-        "gt_kind": ["serving"] * n, "weight": np.ones(n, np.int64), "gemm_dtype": [gemm_dtype] * n,
-    })
+    }).with_columns(
+        cell_id=name, workload_id=name, model=pl.lit(model, pl.String), tp=pl.lit(tp, pl.Int64),
+        phase=pl.when(pl.col("num_decode") == pl.col("num_requests")).then(pl.lit("decode"))
+        .when(pl.col("num_decode") == 0).then(pl.lit("prefill")).otherwise(pl.lit("mixed")),
+        num_prefill=pl.col("num_requests") - pl.col("num_decode"),
+        prefill_tokens=pl.col("total_tokens") - pl.col("num_decode"),
+        gt_kind=pl.lit("serving", pl.String), weight=pl.lit(1, pl.Int64),
+        gemm_dtype=pl.lit(gemm_dtype, pl.String))
     # The columns of a blind step-level cell, those the replay does not know left null.
     return cells.select(typed_columns(cells.columns, GROUND_TRUTH_COLUMNS))
 

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 from conftest import requires_shared
+from op_points import GEMM_POINT
 from test_cells_vidur import AIC, _cells, _heads, _one, _raw, check_random_cells
 
 from leaderboard.cells import families
@@ -109,10 +110,6 @@ def test_ours_fp8_switch_slows_the_tensor_cores_and_adds_the_quantization_floor(
     assert 0.3 < c["fp8"]["gemm_eta"] < 1.2 and 0 <= c["fp8"]["quant_floor_s"] < 2e-5
 
 
-# One op-level GEMM point (``<sku>_ops`` rows), for the guards on op-level predictions.
-GEMM_POINT = pl.DataFrame({"op_family": ["gemm"], "phase": ["gemm"], "m": [64], "n": [4096],
-                           "k": [4096], "batch": [None], "q_len": [None], "kv_len": [None],
-                           "num_heads": [None], "num_kv_heads": [None], "head_dim": [None]})
 
 def _fp8_cell() -> pl.DataFrame:
     return derive(pl.DataFrame({"cell_id": ["c"], "model": ["qwen3-8b"], "tp": [1],

@@ -86,6 +86,17 @@ def test_extra_gpu_spec_dir(tmp_path, monkeypatch):
     assert "newgpu" in specs.load_gpu_specs(tmp_path)  # the config key's path
 
 
+def test_an_edited_spec_file_is_read_again_and_a_changed_copy_never_reaches_the_next(tmp_path):
+    spec = yaml.safe_load((paths.CONF_DIR / "gpu" / "h100_sxm.yaml").read_text())
+    path = tmp_path / "newgpu.yaml"
+    path.write_text(yaml.safe_dump({**spec, "sku": "newgpu", "mem_bw_gbs": 1.0}))
+    first = specs.load_gpu_specs(tmp_path)["newgpu"]
+    first.data["mem_bw_gbs"] = 7.0  # a caller that changes what it got
+    assert specs.load_gpu_specs(tmp_path)["newgpu"]["mem_bw_gbs"] == 1.0
+    path.write_text(yaml.safe_dump({**spec, "sku": "newgpu", "mem_bw_gbs": 2222.5}))
+    assert specs.load_gpu_specs(tmp_path)["newgpu"]["mem_bw_gbs"] == 2222.5
+
+
 @pytest.mark.parametrize("change, problem", [
     ({"sku": "other"}, "must equal the file name"),
     ({"mem_bw_gbs": None}, None),

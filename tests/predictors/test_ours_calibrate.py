@@ -130,7 +130,7 @@ def test_ours_refits_where_its_frozen_constants_would_see_held_out_shapes():
     kept = Ours().fit(home(points, "full_grid"))
     assert kept.constants_["gemm"]["duty_c"] == frozen["gemm"]["duty_c"]
     # Refitted on another GPU's points, no constant in use came from the A100: it is scored.
-    from test_fp8 import GEMM_POINT as gemm_point
+    from op_points import GEMM_POINT as gemm_point
     gpus = load_gpu_specs()
     elsewhere = Ours().fit(Home(sku="h100_sxm", gpu=gpus["h100_sxm"], dataset="synthetic",
                                 cells=pl.DataFrame({"gt_kind": ["gpu_block"]}), ops=points,

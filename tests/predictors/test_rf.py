@@ -150,7 +150,7 @@ def test_fit_counts_distinct_rows_and_rejects_bad_input(fitted):
 def test_cache_loads_on_second_fit_and_keys_on_data():
     first = VidurRandomForest().fit(synthetic_home())
     forests = len(first.forests_)
-    files = set(_model_cache.cache_dir().glob("rf-*.joblib"))
+    files = set(_model_cache.cache_dir().glob("rf-*.pickle"))
     # Training data is the key, so forests with identical rows (here every op of the two
     # configs but the all-reduce) share one file, fitted once.
     assert len(files) == 7 and first.cache_hits_ == forests - len(files)
@@ -160,21 +160,21 @@ def test_cache_loads_on_second_fit_and_keys_on_data():
     np.testing.assert_array_equal(first.predict(CELLS, gpu), second.predict(CELLS, gpu))
     changed = VidurRandomForest().fit(synthetic_home({**LATENCY, "attn_decode": 0.25}))
     assert changed.cache_hits_ == forests - 1  # only the new decode rows are fitted, once
-    assert len(set(_model_cache.cache_dir().glob("rf-*.joblib")) - files) == 1
+    assert len(set(_model_cache.cache_dir().glob("rf-*.pickle")) - files) == 1
 
 
 def test_model_files_outside_the_cache_are_refused(tmp_path):
-    outside = tmp_path / "elsewhere.joblib"
+    outside = tmp_path / "elsewhere.pickle"
     outside.write_bytes(b"not even read")
     with pytest.raises(_model_cache.UntrustedModelPath):
         _model_cache.load(outside)
-    link = _model_cache.cache_dir() / "rf-link.joblib"
+    link = _model_cache.cache_dir() / "rf-link.pickle"
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(outside)
     with pytest.raises(_model_cache.UntrustedModelPath):
         _model_cache.load(link)
     with pytest.raises(_model_cache.UntrustedModelPath):
-        _model_cache.load(_model_cache.cache_dir() / ".." / "elsewhere.joblib")
+        _model_cache.load(_model_cache.cache_dir() / ".." / "elsewhere.pickle")
 
 
 def scaled_spec(flops: float = 1, mem_bw: float = 1, link_bw: float = 1) -> GpuSpec:
@@ -248,7 +248,7 @@ def test_real_home_heldout_fidelity(store_home, tmp_path):
         lineage = catalog.lineage("a100_vidur").filter(pl.col("cell_id").is_in(heldout["cell_id"].to_list()))
     predictor = VidurRandomForest().fit(home)
     # the run's sealed child stored its forests in the predictor cache, under LEADERBOARD_HOME
-    assert list((store_home.home / "predictor-cache").rglob("rf-*.joblib"))
+    assert list((store_home.home / "predictor-cache").rglob("rf-*.pickle"))
     assert result.predictions["cell_id"].to_list() == heldout["cell_id"].to_list()
     np.testing.assert_array_equal(predictor.predict(heldout, home.gpu), result.predictions["pred_ms"])
     grouped = with_params(predictor, decode_attention="per_context_group").predict(heldout, home.gpu)

@@ -8,6 +8,7 @@ import pytest
 
 from leaderboard_core.contract import Home, NotSupported
 from leaderboard_core.specs import load_gpu_specs, load_models, tp_shapes
+from predictors import table_scaled
 from predictors._roofline import peaks, point_seconds
 from predictors.table_scaled import TableScaled, lookup
 
@@ -315,3 +316,13 @@ def test_predict_keeps_a_steps_kv_dtype_and_predict_ops_borrows_across_it():
     assert fp8 - bf16 == pytest.approx(layers * (0.03 * ratio[0] - 0.05), rel=1e-9)
     point = query.with_columns(phase=pl.lit("attn_decode"), kv_dtype=pl.lit("fp8"))
     assert fitted.predict_ops(point, home.gpu)[0] == pytest.approx(0.05, rel=1e-9)
+
+
+def test_the_distinct_query_rows_are_numpys_in_its_order():
+    rng = np.random.default_rng(3)
+    q = np.log(rng.integers(1, 9, (5_000, 3)).astype(np.float64))  # many repeats
+    unique, back = table_scaled._unique_rows(q)
+    expected, inverse = np.unique(q, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(unique, expected)
+    np.testing.assert_array_equal(back, inverse.ravel())
+    np.testing.assert_array_equal(unique[back], q)
