@@ -37,6 +37,7 @@ from rich.console import Console
 from leaderboard.run import roster
 from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.run.inputs import InputError
+from leaderboard.score import results
 from leaderboard.seal import predictor_index
 from leaderboard.store import database
 from leaderboard_core import paths, progress
@@ -62,6 +63,22 @@ class Outcome:
     dataset: str
     status: str  # "valid" | "invalid" | "not supported: ..." | "error: ..."
     seconds: float
+    homes: list[str] | None = None  # the spec's homes (None: the dataset's own)
+    home_points: str = ""
+    # A refusal leaves no run folder, so what it was made with is kept here: a later rerun
+    # skips it while its predictor's code hash and the dataset's version are the same.
+    code_hash: str | None = None
+    dataset_version: str | None = None
+
+    @classmethod
+    def of(cls, spec: RunSpec, status: str, seconds: float) -> Outcome:
+        homes = None if spec.home is None else [spec.home] if isinstance(spec.home, str) \
+            else list(spec.home)
+        return cls(spec.predictor, spec.dataset, status, seconds, homes, spec.home_points)
+
+    @property
+    def key(self) -> tuple:
+        return roster.spec_key(self.predictor, self.dataset, self.homes, self.home_points)
 
 
 def _run_one(spec: RunSpec) -> Outcome:
@@ -76,7 +93,7 @@ def _run_one(spec: RunSpec) -> Outcome:
         status = f"not supported: {exc}"
     except Exception as exc:  # noqa: BLE001 - one broken predictor must not stop the others
         status = f"error: {type(exc).__name__}: {exc}"
-    return Outcome(spec.predictor, spec.dataset, status, time.perf_counter() - started)
+    return Outcome.of(spec, status, time.perf_counter() - started)
 
 
 def _worker_setup(folders: tuple[str, ...] = ()) -> None:
@@ -150,8 +167,7 @@ def in_jobs(specs: list[RunSpec], launcher: str, folder: Path, partition: str | 
         try:
             yield job.result()
         except Exception as exc:  # noqa: BLE001 - a dead task is this run's outcome
-            yield Outcome(spec.predictor, spec.dataset, f"error: {type(exc).__name__}: {exc}",
-                          0.0)
+            yield Outcome.of(spec, f"error: {type(exc).__name__}: {exc}", 0.0)
 
 
 def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: bool = False,
@@ -168,12 +184,15 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
     database.ensure()  # build once here rather than racing for the build lock in every worker
     started = time.perf_counter()
     every = [s for s in roster.run_specs(runs_dir) if predictors is None or s.predictor in predictors]
-    specs = every if everything else roster.pending(every, runs_dir)
+    versions = results.store_versions()
+    refused = set() if everything else refused_before(runs_dir, versions)
+    specs = every if everything else [s for s in roster.pending(every, runs_dir, versions)
+                                      if Outcome.of(s, "", 0.0).key not in refused]
     Console(stderr=True).print(f"rerun: {len(specs)} of {len(every)} runs are stale or missing"
                                f"{' (rerun.all=true: running all)' if everything else ''}",
                                highlight=False)
     if dry_run:
-        return [Outcome(s.predictor, s.dataset, "would run", 0.0) for s in specs]
+        return [Outcome.of(s, "would run", 0.0) for s in specs]
     outcomes = []
     where = f"{jobs} processes" if launcher == "pool" else f"submitit ({launcher})"
     done_runs = (in_workers(_run_one, specs, jobs) if launcher == "pool" else
@@ -186,11 +205,35 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
             bar.note(f"last: {done.predictor} on {done.dataset}, {done.status.split(':')[0]} "
                      f"in {done.seconds:.0f} s")
             bar.advance()
-    order = {(s.predictor, s.dataset): i for i, s in enumerate(specs)}
-    outcomes.sort(key=lambda o: order[(o.predictor, o.dataset)])
+    order = {Outcome.of(s, "", 0.0).key: i for i, s in enumerate(specs)}
+    outcomes.sort(key=lambda o: order[o.key])
+    for o in outcomes:
+        if o.status.startswith("not supported"):
+            o.code_hash = predictor_index.code_hash_of(o.predictor)
+            o.dataset_version = versions.get(o.dataset)
     _record(runs_dir, outcomes, time.perf_counter() - started, jobs, len(specs) == len(every)
             and predictors is None)
     return outcomes
+
+
+def _recorded(entry: dict) -> Outcome:
+    """An outcome of ``roster.TIMING_FILE`` (one written before homes were recorded stands for
+    the dataset's own home)."""
+    return Outcome(**{k: v for k, v in entry.items() if k in Outcome.__dataclass_fields__})
+
+
+def refused_before(runs_dir: Path, versions: dict[str, str]) -> set[tuple]:
+    """The keys of the specs the last rerun into ``runs_dir`` found not supported with their
+    predictor's code and the dataset's version as they are now."""
+    last, hashes = roster.last_rerun(runs_dir) or {}, {}
+    refused = set()
+    for o in map(_recorded, last.get("outcomes", [])):
+        if o.status.startswith("not supported") and o.dataset_version == versions.get(o.dataset):
+            if o.predictor not in hashes:
+                hashes[o.predictor] = predictor_index.code_hash_of(o.predictor)
+            if o.code_hash == hashes[o.predictor]:
+                refused.add(o.key)
+    return refused
 
 
 def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,
@@ -200,8 +243,8 @@ def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,
     runs_dir.mkdir(parents=True, exist_ok=True)
     path = runs_dir / roster.TIMING_FILE
     earlier = json.loads(path.read_text()) if path.is_file() else {}
-    redone = {(o.predictor, o.dataset) for o in outcomes}
-    kept = [o for o in earlier.get("outcomes", []) if (o["predictor"], o["dataset"]) not in redone]
+    redone = {o.key for o in outcomes}
+    kept = [o for o in earlier.get("outcomes", []) if _recorded(o).key not in redone]
     timing = {"seconds": seconds, "jobs": jobs, "runs": len(outcomes), "cores": os.cpu_count(),
               "full_rerun": earlier.get("full_rerun"), "outcomes": kept + [asdict(o)
                                                                           for o in outcomes]}

@@ -4,15 +4,24 @@ phase counts, and card rendering with each source file's repository and commit."
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import duckdb
 import polars as pl
 
 from leaderboard.cells.schema import LINEAGE_SCHEMA, CellSet, derive
 from leaderboard.ingest.tables import TABLES
-from leaderboard_core import paths
+from leaderboard_core import paths, yaml_io
 
 PHASES = ("prefill", "decode", "mixed")
+# Each serving backend's scheduler limits and the replay's settings: read by the serving
+# families (which backends have offline defaults) and by the replay.
+SCHEDULERS = paths.CONF_DIR / "serving" / "schedulers.yaml"
+
+
+@lru_cache(maxsize=1)
+def schedulers_conf() -> dict:
+    return yaml_io.safe_load(SCHEDULERS.read_text())
 
 
 def fetch(con: duckdb.DuckDBPyConnection, table: str, where: str, params: list,
@@ -57,3 +66,16 @@ def render_card(template: str, **fields) -> str:
 def family_configs(cfg: dict, fam: dict) -> list[dict]:
     """A ``conf/cells/vidur.yaml`` family's own model x TP configurations, else the file's."""
     return fam.get("configs", cfg["configs"])
+
+
+def coverage_table(runs: pl.DataFrame, columns: dict[str, str], kept: str) -> str:
+    """A card's account of every source row: the rows counted by ``columns`` (heading: column)
+    and their status, ``kept`` or why they were left out (the ``why`` column, null when kept),
+    sorted by the first column, then the status, then the others."""
+    keys = list(columns.values())
+    lines = ["| " + " | ".join([*columns, "rows", "status"]) + " |", "|" + "---|" * (len(keys) + 2)]
+    counted = runs.group_by(*keys, "why").len().sort(keys[0], "why", *keys[1:], nulls_last=False)
+    for *values, why, n in counted.iter_rows():
+        status = kept if why is None else f"left out: {why}"
+        lines.append("| " + " | ".join(map(str, values)) + f" | {n} | {status} |")
+    return "\n".join(lines)

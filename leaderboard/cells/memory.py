@@ -9,7 +9,7 @@ Memory sizes in the specs are binary gigabytes (an "80 GB" HBM3 stack holds 80 G
 
 from __future__ import annotations
 
-from leaderboard_core.specs import is_moe, kv_elements_per_token, moe_shapes, tp_shapes
+from leaderboard_core.specs import SpecError, is_moe, kv_elements_per_token, moe_shapes, tp_shapes
 
 UTILIZATION = 0.9
 BF16_BYTES = 2
@@ -45,6 +45,20 @@ def weight_bytes(model: dict, tp: int, gemm_dtype: str = "bf16") -> float:
     embeddings = 1 if model.get("tied_embeddings") else 2
     return (model["num_layers"] * layer_weight_bytes(model, tp, gemm_dtype)
             + embeddings * lm_head_bytes(model, tp))
+
+
+def weight_misfit(model: dict, tp: int, gemm_dtype: str, mem_gb: float) -> str | None:
+    """Why a run of ``model`` over TP ``tp`` GPUs of ``mem_gb`` GiB cannot be what it states: a
+    TP that does not shard the model's heads, or weights alone above ``UTILIZATION`` of each
+    GPU's memory; None when the weights fit."""
+    try:
+        weights = weight_bytes(model, tp, gemm_dtype)
+    except SpecError as exc:
+        return str(exc)
+    if weights > UTILIZATION * mem_gb * 2**30:
+        return (f"weights alone above {UTILIZATION:.0%} of TP{tp} x {mem_gb} GiB (the run's "
+                "parallelism is not what it states)")
+    return None
 
 
 def kv_bytes(model: dict, tp: int, q_lens: list[int], ctx_lens: list[int]) -> float:

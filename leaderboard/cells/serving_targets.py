@@ -22,9 +22,9 @@ import duckdb
 import polars as pl
 
 from leaderboard.cells import memory, serving_artefacts, static_batches
-from leaderboard.cells.common import render_card, source_lines
+from leaderboard.cells.common import coverage_table, render_card, source_lines
 from leaderboard.cells.fp8_check import block_ratios
-from leaderboard_core.specs import GpuSpec, SpecError, is_moe, load_models, uncomposable_reason
+from leaderboard_core.specs import GpuSpec, is_moe, load_models, uncomposable_reason
 from leaderboard_core.versioning import content_hash, release
 
 SUPPORTED_PRECISIONS = ("bf16", "fp8")
@@ -63,13 +63,9 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict]) -> s
                 "backends' FP8 kernels are not checked against a measured table yet)")
     if row["sku"] not in gpus:
         return "no conf/gpu spec for the GPU"
-    try:
-        weights = memory.weight_bytes(model, row["tp"], row["precision"])
-    except SpecError as exc:  # a TP that does not shard the model's heads
-        return str(exc)
-    if weights > memory.UTILIZATION * gpus[row["sku"]]["mem_gb"] * 2**30:
-        return (f"weights alone above {memory.UTILIZATION:.0%} of TP{row['tp']} x "
-                f"{gpus[row['sku']]['mem_gb']} GiB (the run's parallelism is not what it states)")
+    if why := memory.weight_misfit(model, row["tp"], row["precision"],
+                                   gpus[row["sku"]]["mem_gb"]):
+        return why
     if (row["pp"] or 1) > 1 or (row["attention_dp"] or 1) > 1:
         return "pipeline or attention-data parallel"
     if row["concurrency"] is not None and row["concurrency"] != row["batch_size"]:
@@ -97,16 +93,6 @@ def _moe_exclusion(row: dict, model: dict) -> str | None:
     return None
 
 
-def _coverage(runs: pl.DataFrame) -> str:
-    lines = ["| GPU | model | backend | precision | rows | status |", "|---|---|---|---|---|---|"]
-    table = (runs.group_by("sku", "model_path", "backend", "precision", "why")
-             .len().sort("sku", "why", "model_path", "backend", "precision", nulls_last=False))
-    for sku, model, backend, precision, why, n in table.iter_rows():
-        lines.append(f"| {sku} | {model} | {backend} | {precision} | {n} | "
-                     f"{'usable' if why is None else 'left out: ' + why} |")
-    return "\n".join(lines)
-
-
 def _versions(versions: pl.Series) -> str:
     """Each backend version of ``versions`` with its count of runs, oldest first."""
     counts = versions.value_counts()
@@ -129,7 +115,8 @@ def _silicon(con, gpus) -> list[tuple[str, str, pl.DataFrame, str]]:
     floored = serving_artefacts.campaign_rows(runs, list(floors))
     runs = runs.with_columns(why=pl.when(pl.col("row").is_in(floored))
                              .then(pl.lit(serving_artefacts.FLOOR_REASON)).otherwise("why"))
-    coverage = _coverage(runs)
+    coverage = coverage_table(runs, {"GPU": "sku", "model": "model_path", "backend": "backend",
+                                     "precision": "precision"}, "usable")
     sources = source_lines(con, runs.select("file", "file_sha256").unique().iter_rows())
     out = []
     usable = runs.filter(pl.col("why").is_null())

@@ -11,15 +11,13 @@ from __future__ import annotations
 import polars as pl
 
 from leaderboard.cells import memory
-from leaderboard.cells.common import render_card, source_lines
-from leaderboard_core import paths, yaml_io
-from leaderboard_core.specs import GpuSpec, SpecError, is_moe, load_models
+from leaderboard.cells.common import SCHEDULERS, coverage_table, render_card, schedulers_conf, source_lines
+from leaderboard_core.specs import GpuSpec, is_moe, load_models
 
 FAMILY = "e2e"
 # ROCm shows each of an MI250's two dies as a GPU, and one "AMD MI250 GPU" of the rows holds
 # Mixtral-8x7B's 93 GB of fp16 weights, more than a die's 64 GB: a device of the rows is the
 # module, a TP group of two dies per device (docs/datasets/e2e.md).
-SCHEDULERS = paths.CONF_DIR / "serving" / "schedulers.yaml"
 DIES_PER_DEVICE = {"mi250_gcd": 2}
 UNLABELLED = {"Intel PVC GPU": "the 'Intel PVC GPU' rows run about 9x slower than the 'Intel "
                                "Max 1550' rows of the same models at batch 1, with no vLLM "
@@ -28,8 +26,7 @@ UNLABELLED = {"Intel PVC GPU": "the 'Intel PVC GPU' rows run about 9x slower tha
 
 def offline_models() -> set[str]:
     """The models whose vLLM offline defaults the replay knows (``offline_v0.max_model_len``)."""
-    conf = yaml_io.safe_load(SCHEDULERS.read_text())
-    return set(conf["backends"]["vllm"]["offline_v0"]["max_model_len"])
+    return set(schedulers_conf()["backends"]["vllm"]["offline_v0"]["max_model_len"])
 
 
 def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict],
@@ -47,24 +44,8 @@ def exclusion(row: dict, gpus: dict[str, GpuSpec], models: dict[str, dict],
     if is_moe(model):
         return ("mixture-of-experts: the silicon_moe family replays MoE runs; here one MoE "
                 "refusal would make a dense-only predictor NotSupported on the whole set")
-    tp = row["devices"] * DIES_PER_DEVICE.get(row["sku"], 1)
-    try:
-        weights = memory.weight_bytes(model, tp, "bf16")
-    except SpecError as exc:  # a TP that does not shard the model's heads
-        return str(exc)
-    if weights > memory.UTILIZATION * gpus[row["sku"]]["mem_gb"] * 2**30:
-        return f"weights alone above {memory.UTILIZATION:.0%} of TP{tp} x the GPU's memory"
-    return None
-
-
-def _coverage(runs: pl.DataFrame) -> str:
-    lines = ["| hardware | model | devices | rows | status |", "|---|---|---|---|---|"]
-    table = (runs.group_by("hardware", "model_path", "devices", "why").len()
-             .sort("hardware", "why", "model_path", "devices", nulls_last=False))
-    for hardware, model, devices, why, n in table.iter_rows():
-        lines.append(f"| {hardware} | {model} | {devices} | {n} | "
-                     f"{'target' if why is None else 'left out: ' + why} |")
-    return "\n".join(lines)
+    return memory.weight_misfit(model, row["devices"] * DIES_PER_DEVICE.get(row["sku"], 1),
+                                "bf16", gpus[row["sku"]]["mem_gb"])
 
 
 def build(con, gpus: dict[str, GpuSpec]) -> list[tuple[str, str, pl.DataFrame, str]]:
@@ -82,7 +63,8 @@ def build(con, gpus: dict[str, GpuSpec]) -> list[tuple[str, str, pl.DataFrame, s
     quarantined = con.sql("SELECT count(*) FROM quarantine WHERE table_name = 'e2e_runs'"
                           ).fetchall()[0][0]
     frameworks = "\n".join(f"| {f} | {n} | {m} |" for f, n, m in counts)
-    coverage = _coverage(runs)
+    coverage = coverage_table(runs, {"hardware": "hardware", "model": "model_path",
+                                     "devices": "devices"}, "target")
     out = []
     for (sku,), group in runs.filter(pl.col("why").is_null()).group_by("sku", maintain_order=True):
         short = gpus[sku]["short_name"]

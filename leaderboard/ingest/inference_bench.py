@@ -55,15 +55,28 @@ def labels(gpus: dict) -> dict[str, str]:
             if SOURCE in g.data.get("upstream_labels", {})}
 
 
+NUMBERS = ("devices", "isl", "osl", "batch_size", "latency_ms")
+
+
+def _number(frame: pl.DataFrame, column: str, dtype) -> pl.Expr:
+    """``column`` as ``dtype``; a column the CSV reader took for text (a cell in it is not a
+    number) is parsed cell by cell, null where a cell does not read as one (such rows are
+    quarantined, never a crash of the build)."""
+    if frame.schema[column].is_numeric():
+        return pl.col(column).cast(dtype)
+    return pl.col(column).str.strip_chars().cast(dtype, strict=False)
+
+
 def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str],
           sku_of: dict[str, str]) -> pl.DataFrame:
     frame = frame.drop_nulls(BASE)  # the figure files separate their groups by blank lines
     return frame.select(
-        hardware="Hardware", devices=pl.col("Num of Hardware").cast(pl.Int64),
+        hardware="Hardware", devices=_number(frame, "Num of Hardware", pl.Int64),
         framework="Framework", model_path="Model",
         model=pl.col("Model").str.to_lowercase().replace_strict(aliases, default=None),
-        isl=pl.col(isl).cast(pl.Int64), osl=pl.col(osl).cast(pl.Int64),
-        batch_size=pl.col("Batch Size").cast(pl.Int64), latency_ms=pl.col("Latency") * 1e3,
+        isl=_number(frame, isl, pl.Int64), osl=_number(frame, osl, pl.Int64),
+        batch_size=_number(frame, "Batch Size", pl.Int64),
+        latency_ms=_number(frame, "Latency", pl.Float64) * 1e3,
         sku=pl.col("Hardware").replace_strict(sku_of, default=None),
         statistic=pl.col("Hardware").replace_strict(STATISTIC, default="unstated"),
         backend=pl.col("Framework").str.to_lowercase(),
@@ -90,8 +103,12 @@ def ingest(files: list[SourceFile], ctx: IngestContext) -> list[tuple[str, pl.Da
         for sku in frame["sku"].drop_nulls().unique().sort():
             ctx.gpu(sku, file)
         per_row = frame.select("sku", "backend", "backend_version", "statistic")
-        out.append(("e2e_runs", provenance(frame.drop(per_row.columns), file, SOURCE, None, "",
-                                           "", "").with_columns(per_row)))
+        rows = provenance(frame.drop(per_row.columns), file, SOURCE, None, "", "", ""
+                          ).with_columns(per_row)
+        unread = pl.any_horizontal(pl.col(c).is_null() for c in NUMBERS)
+        ctx.quarantine.add("e2e_runs", rows.filter(unread), "invalid", "unparsed_number",
+                           f"a cell of {', '.join(NUMBERS)} is not a number in {file.rel}")
+        out.append(("e2e_runs", rows.filter(~unread)))
     return out
 
 

@@ -18,8 +18,9 @@ def _ci(pair) -> str:
     return f"{fmt(pair[0])} – {fmt(pair[1])}"
 
 
-def _mape_order(runs: pl.DataFrame) -> list[str]:
-    """Predictors by GPU-mean all-phase MAPE over the family's unseen GPUs (complete ones)."""
+def _gpu_mean_mape(runs: pl.DataFrame) -> dict[str, float]:
+    """Per predictor, its GPU-mean all-phase MAPE over the family's unseen GPUs (complete
+    ones)."""
     unseen = runs.filter((pl.col("family") == FAMILY) & (pl.col("split") == "unseen")
                          & pl.col("valid"))
     gpus = set(unseen["dataset"])
@@ -28,9 +29,7 @@ def _mape_order(runs: pl.DataFrame) -> list[str]:
         values = {r["dataset"]: phase_stat(r, "all") for r in mine.iter_rows(named=True)}
         if set(values) == gpus and None not in values.values():
             means[predictor] = statistics.fmean(values.values())
-    # equal means (ladder rungs that change nothing here) keep their names' order, so the
-    # order, and Kendall's tau below, do not flip between renders of the same runs
-    return sorted(means, key=lambda p: (round(means[p], 9), p))
+    return means
 
 
 def _settled(scores: pl.DataFrame, by: str, descending: bool = False) -> pl.DataFrame:
@@ -206,14 +205,16 @@ def section(predictions: pl.DataFrame, runs: pl.DataFrame,
                   "where the oracle's TPOT error is larger than that, a pick is within the "
                   "replay's own noise.", ""]
         lines += _budget_table(config)
-    by_mape = _mape_order(runs)
+    mape = _gpu_mean_mape(runs)
     for name, scores in (("capacity regret", capacity), ("chunk regret", chunk),
                          ("GPU-cost regret", cost), ("fastest-GPU regret", fastest),
                          ("serving-configuration regret", config)):
         if len(scores):
-            tau = decisions.kendall_tau(by_mape, scores["predictor"].to_list())
-            lines.append(f"- Kendall's τ between the GPU-mean MAPE order and the {name} order: "
-                         f"{fmt(tau, 2)} (1: the same order; lower: MAPE misranks deciders).")
+            tau = decisions.kendall_tau(mape, dict(zip(scores["predictor"], scores["regret_pct"],
+                                                       strict=True)))
+            lines.append(f"- Kendall's τ-b between the GPU-mean MAPE and the {name} (ties "
+                         f"count neither way): {fmt(tau, 2)} (1: the same order; lower: MAPE "
+                         "misranks deciders).")
     return [*lines, ""]
 
 # Presents results, never changes a run's numbers: versioning.code_hash skips this file.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from leaderboard.cells.common import schedulers_conf
 from leaderboard.present import sections
 from leaderboard.present.serving_kv_write import KV_WRITE_JSON, kv_write_measured
 from leaderboard.present.serving_light import LIGHT_JSON, light_kernels_measured
-from leaderboard.serving.simulate import load_conf
 from leaderboard_core import paths
 from leaderboard_core.report_tables import fmt, table
 
@@ -72,7 +72,7 @@ def closed_loop_lengths(path: Path = WAVES_JSON) -> list[str]:
     return sections.benchmark_section(
             f"How long a loop the replay runs ({command}). No record states how many "
             "requests a `_silicon` run sent. The "
-            f"replay's headline runs {load_conf()['simulation']['waves']} waves of "
+            f"replay's headline runs {schedulers_conf()['simulation']['waves']} waves of "
             "`concurrency` requests. aiconfigurator's own benchmark template sends 50 (unless "
             "its environment sets another count) after a warm-up of 2, and AIPerf waits for "
             "every warm-up response before it profiles, so the profiled waves also start from "
@@ -167,7 +167,7 @@ def unknowns_measured(dataset: str, bracket: tuple[int, float, float] | None,
                     f"of {n} loads and {off:.1f} % off it on average (the TTFT error left if "
                     "the clients' drift were granted)")
     if waves.exists():
-        bench, sim = json.loads(waves.read_text()), load_conf()["simulation"]
+        bench, sim = json.loads(waves.read_text()), schedulers_conf()["simulation"]
         headline = next((r for r in bench["rows"] if r["dataset"] == dataset
                          and r["backend"] == "all" and r["waves"] == sim["waves"]
                          and r["dropped"] == sim["warmup_waves"]), None)

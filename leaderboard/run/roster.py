@@ -58,7 +58,7 @@ def run_specs(runs_dir: Path) -> list[RunSpec]:
     return specs
 
 
-def _key(predictor: str, dataset: str, homes, home_points: str) -> tuple:
+def spec_key(predictor: str, dataset: str, homes, home_points: str) -> tuple:
     return predictor, dataset, tuple(sorted(homes)) if homes else "default", home_points
 
 
@@ -80,10 +80,10 @@ def pending(specs: list[RunSpec], runs_dir: Path | list[Path],
         parts = {r.partition(":")[0] for r in because or []}
         if because is not None and parts <= {"home", "home_points", "unsealed"}:
             # a spec that names its homes matches them; one that names none, the default
-            done.add(_key(name, dataset, homes, points))
+            done.add(spec_key(name, dataset, homes, points))
             if "home" not in parts:
-                done.add(_key(name, dataset, None, points))
-    return [s for s in specs if _key(s.predictor, s.dataset, [s.home] if isinstance(
+                done.add(spec_key(name, dataset, None, points))
+    return [s for s in specs if spec_key(s.predictor, s.dataset, [s.home] if isinstance(
         s.home, str) else s.home, s.home_points) not in done]
 
 

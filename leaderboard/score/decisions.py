@@ -224,12 +224,19 @@ def gpu_scores(choices: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows).sort("regret_pct") if rows else pl.DataFrame()
 
 
-def kendall_tau(first: list[str], second: list[str]) -> float | None:
-    """Kendall's tau between two orders of the same names (None under two names in common)."""
-    common = [n for n in first if n in second]
+def kendall_tau(first: dict[str, float], second: dict[str, float]) -> float | None:
+    """Kendall's tau-b between two scores of the same names (lower first in both), over the
+    names they share: a tie in either score (values equal to 9 decimals, as shown) orders a pair
+    neither way, rather than by the names; None under two names in common or where one score
+    ties every pair."""
+    common = sorted(set(first) & set(second))
     if len(common) < 2:
         return None
-    where = {n: i for i, n in enumerate(second)}
-    pairs = [(a, b) for i, a in enumerate(common) for b in common[i + 1:]]
-    agree = sum(1 if where[a] < where[b] else -1 for a, b in pairs)
-    return agree / len(pairs)
+    a = np.array([round(first[n], 9) for n in common])
+    b = np.array([round(second[n], 9) for n in common])
+    upper = np.triu_indices(len(common), 1)
+    da, db = np.sign(a[:, None] - a[None, :])[upper], np.sign(b[:, None] - b[None, :])[upper]
+    untied_a, untied_b = np.count_nonzero(da), np.count_nonzero(db)
+    if not untied_a or not untied_b:
+        return None
+    return float((da * db).sum() / np.sqrt(untied_a * untied_b))

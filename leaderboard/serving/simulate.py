@@ -9,12 +9,11 @@ and the GPU's datasheet memory.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 import polars as pl
 
 from leaderboard.cells import memory
+from leaderboard.cells.common import SCHEDULERS, schedulers_conf
 from leaderboard.serving import static_batch
 from leaderboard.serving.batched import SwitchedTimer, price_together
 from leaderboard.serving.replay import (
@@ -25,21 +24,13 @@ from leaderboard.serving.replay import (
 )
 from leaderboard.serving.scheduler import Policy
 from leaderboard.serving.sglang_kv import static_memory_fraction
-from leaderboard_core import paths, yaml_io
 from leaderboard_core.specs import KV_CACHE_BYTES, SIXTEEN_BIT_KV, GpuSpec, kv_elements_per_token
 from leaderboard_core.versioning import release
-
-CONF = paths.CONF_DIR / "serving" / "schedulers.yaml"
-
-
-@lru_cache(maxsize=1)
-def load_conf() -> dict:
-    return yaml_io.safe_load(CONF.read_text())
 
 
 def kv_cache_dtype(conf: dict) -> str:
     """The KV cache dtype every backend is replayed with (``simulation.kv_cache_dtype``)."""
-    return known_kv_dtype(conf["simulation"]["kv_cache_dtype"], f"simulation.kv_cache_dtype in {CONF}")
+    return known_kv_dtype(conf["simulation"]["kv_cache_dtype"], f"simulation.kv_cache_dtype in {SCHEDULERS}")
 
 
 def known_kv_dtype(dtype: str, named_by: str) -> str:
@@ -96,9 +87,9 @@ def policy_for(backend: str, run: str, model: dict, tp: int, gpu: GpuSpec,
     ``closed_loop_launch`` says its version's launch template passes it; ``offline_model``: the
     model of one static batch run offline (``_offline_fields``). Either way the KV capacity is
     worked out once, here."""
-    conf = load_conf()
+    conf = schedulers_conf()
     if backend not in conf["backends"]:
-        raise ValueError(f"no scheduler for backend '{backend}'; add it to {CONF} "
+        raise ValueError(f"no scheduler for backend '{backend}'; add it to {SCHEDULERS} "
                          f"(known: {sorted(conf['backends'])})")
     b = conf["backends"][backend]
     if offline_model is not None:
@@ -131,9 +122,9 @@ def _offline_fields(b: dict, backend: str, model_name: str) -> dict:
     that decode every running request."""
     offline = b.get("offline_v0")
     if offline is None:
-        raise ValueError(f"no offline_v0 scheduler for backend '{backend}' in {CONF}")
+        raise ValueError(f"no offline_v0 scheduler for backend '{backend}' in {SCHEDULERS}")
     if model_name not in offline["max_model_len"]:
-        raise ValueError(f"{model_name}: no max_model_len in {CONF} backends.{backend}."
+        raise ValueError(f"{model_name}: no max_model_len in {SCHEDULERS} backends.{backend}."
                          "offline_v0; add the model's max_position_embeddings there")
     return {"kind": offline["policy"], "max_seqs": offline["max_seqs"],
             "token_budget": max(offline["max_model_len"][model_name], offline["min_token_budget"]),
@@ -154,7 +145,7 @@ def run_engine(first: dict, models: dict, gpu: GpuSpec, timer: StepTimer,
     timed = timer if host_in_steps else with_host_time(timer, first["backend"],
                                                        first["backend_version"])
     placed = with_expert_placement(timed, first.get("moe_ep"))
-    return policy, with_kv_cache(placed, kv_cache_dtype(load_conf()))
+    return policy, with_kv_cache(placed, kv_cache_dtype(schedulers_conf()))
 
 
 def host_time_added(backend: str, version: str | None) -> bool:
@@ -162,7 +153,7 @@ def host_time_added(backend: str, version: str | None) -> bool:
     each step of a run of ``version``: it has one, and the version is before the one whose
     scheduler overlaps it (``overlapped``). A ``version`` not recorded (None, 'unknown') is
     taken as older."""
-    host = load_conf()["backends"][backend].get("host_time", {})
+    host = schedulers_conf()["backends"][backend].get("host_time", {})
     return "base_ms" in host and not _from_version(version, host.get("overlapped"))
 
 
@@ -171,7 +162,7 @@ def with_host_time(timer: StepTimer, backend: str, version: str | None) -> StepT
     added to the step (``host_time_added``), or, from the version whose scheduler overlaps it (a
     step's host work runs while the GPU runs the step before), only where it outlasts the
     step's GPU time. A backend with no measured host time adds none."""
-    host = load_conf()["backends"][backend].get("host_time", {})
+    host = schedulers_conf()["backends"][backend].get("host_time", {})
     if "base_ms" not in host:
         return timer
 
@@ -208,7 +199,7 @@ def predict_targets(targets: pl.DataFrame, models: dict, gpu: GpuSpec, timer: St
     only; end-to-end latency, and TTFT as the batch's last first token, for static batches)."""
     ttft, tpot, service, steady, e2e = (np.full(len(targets), np.nan) for _ in range(5))
     indexed = targets.with_row_index("_i")
-    sim = load_conf()["simulation"]
+    sim = schedulers_conf()["simulation"]
     bound = sim["steady_state"]
     switched = SwitchedTimer(timer)
     loops = []  # per closed-loop target group: its rows, concurrency, and two (plan, cells)

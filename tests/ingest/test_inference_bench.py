@@ -59,3 +59,18 @@ def test_first_token_rows_keep_their_one_output_token_and_versions_follow_the_pl
     assert frame.select("sku", "model", "isl", "osl", "latency_ms", "backend_version").rows() == [
         ("mi300x", "llama-3-8b", 1024, 1, 2500.0, "0.6.1"),
         (None, "qwen2-7b", 1024, 1, 9000.0, "unknown")]  # the PVC rows map to no GPU
+
+
+def test_a_cell_that_is_not_a_number_quarantines_its_row_and_names_the_file(tmp_path):
+    """A latency of 'n/a' and a device count of 'two' are each one row in the quarantine (the
+    build goes on); the row beside them is read as before."""
+    text = (HEADER + "Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,128,16,n/a,1\n"
+            "Nvidia H100 GPU,two,vLLM,meta-llama/Llama-2-7b-hf,256,16,3.0,1\n"
+            "Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,512,16,4.0,1\n")
+    ctx = IngestContext(load_gpu_specs(), load_models())
+    (_, frame), = inference_bench.ingest([source(tmp_path, "All_results.csv", text)], ctx)
+    assert frame.select("isl", "devices", "latency_ms").rows() == [(512, 1, 4000.0)]
+    quarantined = ctx.quarantine.table()
+    assert quarantined["reason"].to_list() == ["unparsed_number"] * 2
+    assert all("All_results.csv" in d for d in quarantined["detail"])
+    assert ['"latency_ms": null' in r for r in quarantined["row"]] == [True, False]

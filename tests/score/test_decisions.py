@@ -72,10 +72,22 @@ def test_gpu_choice_a_biased_order_keeping_predictor_picks_perfectly():
     assert scores["wrong"]["right_pct"] == pytest.approx(50.0)
 
 
-def test_kendall_tau():
-    assert decisions.kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
-    assert decisions.kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
-    assert decisions.kendall_tau(["a"], ["a"]) is None
+def test_kendall_tau_b_counts_a_tie_neither_way():
+    assert decisions.kendall_tau({"a": 1, "b": 2, "c": 3}, {"a": 5, "b": 6, "c": 9}) == 1.0
+    assert decisions.kendall_tau({"a": 1, "b": 2, "c": 3}, {"a": 9, "b": 6, "c": 5}) == -1.0
+    assert decisions.kendall_tau({"a": 1}, {"a": 1, "b": 2}) is None  # one name in common
+    assert decisions.kendall_tau({"a": 1, "b": 1}, {"a": 1, "b": 2}) is None  # all tied
+    # Four names, b and c tied in the second score (within 1e-9). Pairs by hand: (a,b) +1,
+    # (a,c) +1, (a,d) +1, (b,c) tie, (b,d) -1, (c,d) -1: concordant minus discordant 1, untied
+    # pairs 6 and 5, tau-b 1 / sqrt(30) (SciPy's kendalltau gives the same). The names' order
+    # plays no part: renamed, the same.
+    first, second = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}, {"a": 0.0, "b": 5.0,
+                                                               "c": 5.0 + 1e-12, "d": 4.0}
+    assert decisions.kendall_tau(first, second) == pytest.approx(1 / 30 ** 0.5)
+    renamed = {"a": "z", "b": "c", "c": "b", "d": "a"}
+    assert decisions.kendall_tau({renamed[k]: v for k, v in first.items()},
+                                 {renamed[k]: v for k, v in second.items()}) == pytest.approx(
+        1 / 30 ** 0.5)
 
 
 CHUNKS, CHUNK_MS = [16, 64, 256, 1024], [2.0, 3.0, 6.0, 20.0]  # tokens/ms: 8, 21.3, 42.7, 51.2

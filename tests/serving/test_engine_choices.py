@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 from conftest import load_benchmark
 
+from leaderboard.cells.common import schedulers_conf
 from leaderboard.present.serving_unknowns import engine_choices
 from leaderboard.serving import simulate
 from leaderboard_core.specs import load_gpu_specs, load_models
@@ -47,7 +48,7 @@ def test_each_engine_choice_reaches_the_policy_and_is_put_back(bench):
             {**bench.CHOICES["fp8_kv"], ("simulation", "no_such_key", "x"): 0}):
         pass
     assert policy() == headline
-    assert simulate.load_conf()["simulation"]["kv_cache_dtype"] == "bfloat16"
+    assert schedulers_conf()["simulation"]["kv_cache_dtype"] == "bfloat16"
 
 
 def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_taken_back(bench):
@@ -70,13 +71,13 @@ def test_the_launch_rule_gives_vllm_and_trtllm_the_generators_budget_and_is_take
         with bench.engine_choice(bench.CHOICES[choice]):
             under = {run: budget(*run) for run in runs}
             assert under == {**{run: 8 + 1024 + 1500 for run in runs[:4]}, runs[4]: 8192}
-            assert simulate.load_conf()["simulation"]["waves"] == (
+            assert schedulers_conf()["simulation"]["waves"] == (
                 50 if choice == "aiconfigurator_bench" else 4)
         assert {run: budget(*run) for run in runs} == before
-    assert "closed_loop_launch" not in simulate.load_conf()["backends"]["trtllm"]
-    assert simulate.load_conf()["backends"]["vllm"]["closed_loop_launch"] == {
+    assert "closed_loop_launch" not in schedulers_conf()["backends"]["trtllm"]
+    assert schedulers_conf()["backends"]["vllm"]["closed_loop_launch"] == {
         "extra_tokens": 1500, "from_version": "0.14.1"}
-    assert simulate.load_conf()["simulation"]["waves"] == 4
+    assert schedulers_conf()["simulation"]["waves"] == 4
 
 
 def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step(bench):
@@ -84,7 +85,7 @@ def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step
     1.422 + 8 x 0.0416 ms (vLLM's measured host time, added in full); before and after the
     block it takes 10 ms, and the yaml's TRT-LLM entry is as it was."""
     cells = pl.DataFrame({"num_requests": [8]})
-    before = copy.deepcopy(simulate.load_conf()["backends"]["trtllm"]["host_time"])
+    before = copy.deepcopy(schedulers_conf()["backends"]["trtllm"]["host_time"])
 
     def step_ms():
         return simulate.with_host_time(lambda c: np.full(len(c), 10.0), "trtllm", "1.0.0rc3")(cells)
@@ -93,7 +94,7 @@ def test_trtllm_without_its_overlap_scheduler_pays_vllms_host_time_on_every_step
     with bench.engine_choice(bench.CHOICES["trtllm_no_overlap"]):
         np.testing.assert_allclose(step_ms(), [10.0 + 1.422 + 8 * 0.0416])
     np.testing.assert_allclose(step_ms(), [10.0])
-    assert simulate.load_conf()["backends"]["trtllm"]["host_time"] == before
+    assert schedulers_conf()["backends"]["trtllm"]["host_time"] == before
 
 
 def test_burst_together_sends_a_burst_to_an_idle_engine_in_one_step(bench):
@@ -107,13 +108,13 @@ def test_burst_together_sends_a_burst_to_an_idle_engine_in_one_step(bench):
         policy = Policy("chunked_mixed", token_budget=64, max_seqs=16, kv_tokens=1000)
         loop = closed_loop(policy, 4, 3, 2, 2, "llama-3.1-8b", 1,
                            lambda cells: cells["total_tokens"].to_numpy().astype(np.float64),
-                           idle_burst=simulate.load_conf()["simulation"]["idle_burst"])
+                           idle_burst=schedulers_conf()["simulation"]["idle_burst"])
         return loop.ttft.tolist()
 
     assert first_wave_ttft() == [4.0, 9.0]
     with bench.engine_choice(bench.CHOICES["burst_together"]):
         assert first_wave_ttft() == [8.0, 8.0]
-    assert simulate.load_conf()["simulation"]["idle_burst"] == "first_alone"
+    assert schedulers_conf()["simulation"]["idle_burst"] == "first_alone"
 
 
 def test_replay_choices_moves_only_the_kv_bound_load_and_keeps_each_row_its_own(bench, monkeypatch):

@@ -40,9 +40,10 @@ def test_a_vllm_closed_loop_takes_its_launchers_budget_where_its_template_passes
 def test_a_rule_marked_unrecorded_holds_for_an_unknown_version_only(monkeypatch):
     """``unrecorded: true`` (benchmarks/engine_choices.py's launch_rule) gives the launcher's
     budget to a run whose version is not recorded; a recorded older release stays out."""
-    from leaderboard.serving.simulate import load_conf, policy_for
+    from leaderboard.cells.common import schedulers_conf
+    from leaderboard.serving.simulate import policy_for
 
-    monkeypatch.setitem(load_conf()["backends"]["vllm"]["closed_loop_launch"], "unrecorded", True)
+    monkeypatch.setitem(schedulers_conf()["backends"]["vllm"]["closed_loop_launch"], "unrecorded", True)
     m, gpu = load_models()["qwen3-32b"], load_gpu_specs()["h100_sxm"]
     for version, budget in (("unknown", 8 + 1024 + 1500), (None, 2532), ("0.12.0", 8192),
                             ("0.14.1", 2532)):
@@ -82,7 +83,8 @@ def test_the_rtx4090_runs_recorded_engine_is_the_one_replayed():
 
 
 def test_kv_capacity_counts_gib_and_fp8_layers_at_one_byte():
-    from leaderboard.serving.simulate import kv_capacity, load_conf
+    from leaderboard.cells.common import schedulers_conf
+    from leaderboard.serving.simulate import kv_capacity
 
     m, gpu = load_models()["llama-3.1-70b"], load_gpu_specs()["h100_sxm"]
     # Llama-3.1-70B: 80 layers, hidden 8192, 64 query / 8 KV heads of 128, MLP 28672, vocab 128256
@@ -92,21 +94,22 @@ def test_kv_capacity_counts_gib_and_fp8_layers_at_one_byte():
     memory = 0.9 * 80 * 2**30 * 2  # TP 2, GiB
     for dtype, layer_bytes in (("bf16", 2), ("fp8", 1)):
         expected = int((memory - 80 * layer * layer_bytes - embeddings) // per_token)
-        assert kv_capacity(m, 2, gpu, 0.9, load_conf(), dtype) == expected, dtype
+        assert kv_capacity(m, 2, gpu, 0.9, schedulers_conf(), dtype) == expected, dtype
 
     # TensorRT-LLM's fraction is of the memory the weights leave free
     for dtype, layer_bytes in (("bf16", 2), ("fp8", 1)):
         free = 2 * (80 * 2**30 - (80 * layer * layer_bytes + embeddings) / 2)
         expected = int(0.9 * free // per_token)
-        assert kv_capacity(m, 2, gpu, 0.9, load_conf(), dtype, of_free=True) == expected, dtype
+        assert kv_capacity(m, 2, gpu, 0.9, schedulers_conf(), dtype, of_free=True) == expected, dtype
 
 
 def test_kv_capacity_counts_a_replicated_kv_head_on_every_gpu():
     """Qwen3-235B-A22B has 4 KV heads: at TP 8 each GPU holds one whole head (a replica), so a
     token takes 8 heads' room in all, twice what 4 heads shared would: half the tokens fit. At
     TP 4 the heads are shared and nothing is replicated."""
+    from leaderboard.cells.common import schedulers_conf
     from leaderboard.cells.memory import weight_bytes
-    from leaderboard.serving.simulate import kv_cache_dtype, kv_capacity, load_conf
+    from leaderboard.serving.simulate import kv_cache_dtype, kv_capacity
     from leaderboard_core.specs import KV_CACHE_BYTES
 
     m, gpu = load_models()["qwen3-235b-a22b"], load_gpu_specs()["b200_sxm"]
@@ -114,8 +117,8 @@ def test_kv_capacity_counts_a_replicated_kv_head_on_every_gpu():
     for tp, heads_in_all in ((4, 4), (8, 8)):
         free = tp * (0.9 * float(gpu["mem_gb"]) * 2**30 - weight_bytes(m, tp, "fp8"))
         per_token = (2 * m["num_layers"] * heads_in_all * m["head_dim"]
-                     * KV_CACHE_BYTES[kv_cache_dtype(load_conf())])
-        assert kv_capacity(m, tp, gpu, 0.9, load_conf(), "fp8") == int(free // per_token), tp
+                     * KV_CACHE_BYTES[kv_cache_dtype(schedulers_conf())])
+        assert kv_capacity(m, tp, gpu, 0.9, schedulers_conf(), "fp8") == int(free // per_token), tp
 
 
 def test_an_mla_model_caches_one_latent_a_token_and_layer_on_every_gpu():
@@ -123,19 +126,21 @@ def test_an_mla_model_caches_one_latent_a_token_and_layer_on_every_gpu():
     layer, the same on every GPU of the group, not keys and values per head: at TP 8, 61 layers
     x 576 x 2 bytes = 70,272 bytes a GPU (per-head counting, 2 x 128 / 8 heads x 192, would give
     10.7 times that). The engine's capacity counts it on each of the 8 GPUs."""
+    from leaderboard.cells.common import schedulers_conf
     from leaderboard.cells.memory import kv_bytes, weight_bytes
-    from leaderboard.serving.simulate import kv_capacity, load_conf
+    from leaderboard.serving.simulate import kv_capacity
 
     m, gpu = load_models()["deepseek-v3"], load_gpu_specs()["b200_sxm"]
     assert (m["attention"], m["kv_lora_rank"], m["qk_rope_head_dim"]) == ("mla", 512, 64)
     assert kv_bytes(m, 8, [1], [0]) == 61 * 576 * 2
     free = 8 * (0.9 * float(gpu["mem_gb"]) * 2**30 - weight_bytes(m, 8, "fp8"))
-    assert kv_capacity(m, 8, gpu, 0.9, load_conf(), "fp8") == int(free // (8 * 61 * 576 * 2))
+    assert kv_capacity(m, 8, gpu, 0.9, schedulers_conf(), "fp8") == int(free // (8 * 61 * 576 * 2))
 
 
 def test_sglang_memory_fraction_follows_its_version_rule_and_trtllm_takes_the_free_memory():
+    from leaderboard.cells.common import schedulers_conf
     from leaderboard.serving.sglang_kv import static_memory_fraction
-    from leaderboard.serving.simulate import kv_capacity, load_conf, policy_for
+    from leaderboard.serving.simulate import kv_capacity, policy_for
 
     gib = 1024  # MiB
     # up to 0.5.1.post1: an 80 GB GPU reserves (9.5 + TP / 2) GiB, a 141 GB one (12 + TP / 2)
@@ -159,16 +164,16 @@ def test_sglang_memory_fraction_follows_its_version_rule_and_trtllm_takes_the_fr
     for version, fraction in (("0.5.1.post1", 0.875), ("0.5.8.post1", 0.836), (None, 0.836),
                               ("unknown", 0.836)):
         policy = policy_for("sglang", "any", m, 1, gpu, version=version)
-        assert policy.kv_tokens == kv_capacity(m, 1, gpu, fraction, load_conf()), version
+        assert policy.kv_tokens == kv_capacity(m, 1, gpu, fraction, schedulers_conf()), version
     trtllm = policy_for("trtllm", "any", m, 2, gpu)
-    assert trtllm.kv_tokens == kv_capacity(m, 2, gpu, 0.9, load_conf(), of_free=True)
+    assert trtllm.kv_tokens == kv_capacity(m, 2, gpu, 0.9, schedulers_conf(), of_free=True)
 
 
 def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store):
     """The yaml's vLLM host time per step: least squares of the sum of the four CPU parts
     Vidur's simulator adds to a step over every (model, TP, batch size) of its profile,
     recomputed from the store's cpu_overheads table; SGLang and TRT-LLM state none."""
-    from leaderboard.serving.simulate import load_conf
+    from leaderboard.cells.common import schedulers_conf
 
     parts = ("schedule", "sampler_e2e", "prepare_inputs_e2e", "process_model_outputs")
     rows = real_store.sql(
@@ -179,7 +184,7 @@ def test_vllms_host_time_is_vidurs_cpu_overhead_fitted_over_its_rows(real_store)
     y = np.array([r[1] for r in rows])
     design = np.stack([np.ones_like(x), x], axis=1)
     (base, per_request), *_ = np.linalg.lstsq(design, y, rcond=None)
-    conf = load_conf()["backends"]
+    conf = schedulers_conf()["backends"]
     assert conf["vllm"]["host_time"]["base_ms"] == pytest.approx(base, abs=5e-4)
     assert conf["vllm"]["host_time"]["per_request_ms"] == pytest.approx(per_request, abs=5e-5)
     assert "base_ms" not in conf["sglang"]["host_time"]
@@ -190,10 +195,10 @@ def test_every_backend_states_its_host_time_and_when_its_engine_overlaps_it():
     """Each backend's yaml entry says what a step's host time is (measured, or none) and from
     which version its engine overlaps host work with the GPU, each with a source: a backend
     added without them would be replayed with a host time nobody chose."""
-    from leaderboard.serving.simulate import load_conf
+    from leaderboard.cells.common import schedulers_conf
     from leaderboard_core.versioning import release
 
-    for name, backend in load_conf()["backends"].items():
+    for name, backend in schedulers_conf()["backends"].items():
         host = backend["host_time"]
         assert ("base_ms" in host) == ("per_request_ms" in host) == ("source" in host), name
         assert release(host["overlapped"]["from_version"]) is not None, name
@@ -266,7 +271,7 @@ def test_the_frontend_reading_adds_the_sourced_time_to_vllm_closed_loops_only():
 
 
 def test_an_unknown_kv_cache_dtype_names_the_key_and_the_known_ones():
-    conf = copy.deepcopy(simulate.load_conf())
+    conf = copy.deepcopy(simulate.schedulers_conf())
     conf["simulation"]["kv_cache_dtype"] = "fp4"
     with pytest.raises(ValueError, match=r"simulation.kv_cache_dtype in .*schedulers.yaml: 'fp4' "
                                          r"is none of \['bfloat16', 'float16', 'fp8', 'int8'\]"):
@@ -281,7 +286,7 @@ def test_the_headline_replays_the_cache_the_tables_read_when_a_step_names_none()
     headline's steps read the very attention points the step sets' cells are built from."""
     from leaderboard_core.specs import DEFAULT_KV_DTYPE, SIXTEEN_BIT_KV
 
-    assert simulate.kv_cache_dtype(simulate.load_conf()) == DEFAULT_KV_DTYPE
+    assert simulate.kv_cache_dtype(simulate.schedulers_conf()) == DEFAULT_KV_DTYPE
     assert DEFAULT_KV_DTYPE in SIXTEEN_BIT_KV
 
 

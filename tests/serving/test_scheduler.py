@@ -195,13 +195,14 @@ def test_the_steady_state_ttft_is_the_staggered_loop_after_its_first_wave():
     A's prompt alone (4 ms, TTFT 4); then each prompt shares its step with one decode (5 ms)
     and is sent at the start of that step: TTFT 5 for the other seven. The steady state drops
     the first wave (2 requests): 5 + h(2), not the mean of all eight."""
-    from leaderboard.serving.simulate import load_conf, predict_targets
+    from leaderboard.cells.common import schedulers_conf
+    from leaderboard.serving.simulate import predict_targets
 
     target = two_clients_of_vllm("0.12.0")
     ttft, tpot, service, steady, _ = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: cells["total_tokens"].to_numpy().astype(np.float64))
-    host = load_conf()["backends"]["vllm"]["host_time"]
+    host = schedulers_conf()["backends"]["vllm"]["host_time"]
     h1, h2 = (host["base_ms"] + n * host["per_request_ms"] for n in (1, 2))
     np.testing.assert_allclose(
         [ttft[0], tpot[0], steady[0]],
@@ -217,13 +218,14 @@ def test_a_vllm_run_from_0_14_is_replayed_with_its_host_time_overlapped():
     h(1), then h(2) until H's last decode, h(1). TTFT: A h(1), B h(1) + h(2), six more h(2);
     TPOT h(2) for seven, (h(2) + h(1)) / 2 for H. Added in full, as for 0.12.0, each step would
     be its GPU time plus h(n)."""
-    from leaderboard.serving.simulate import load_conf, predict_targets
+    from leaderboard.cells.common import schedulers_conf
+    from leaderboard.serving.simulate import predict_targets
 
     target = two_clients_of_vllm("0.19.0")
     ttft, tpot, *_ = predict_targets(
         target, load_models(), load_gpu_specs()["h100_sxm"],
         lambda cells: 0.25 * cells["total_tokens"].to_numpy().astype(np.float64))
-    host = load_conf()["backends"]["vllm"]["host_time"]
+    host = schedulers_conf()["backends"]["vllm"]["host_time"]
     h1, h2 = (host["base_ms"] + n * host["per_request_ms"] for n in (1, 2))
     np.testing.assert_allclose([ttft[0], tpot[0]],
                                [(2 * h1 + 7 * h2) / 8, (15 * h2 + h1) / 16])
