@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from leaderboard.cells.common import schedulers_conf
 from leaderboard.present.serving_unknowns import closed_loop_table
 from leaderboard.run.oracle import ORACLE, ORACLE_POINTS, oracle_home
 from leaderboard.run.run_inputs import RunSpec, load_inputs
@@ -61,7 +62,7 @@ def replay_errors(dataset: str, home: str) -> list[dict]:
     set's closed-loop targets."""
     timer, inputs = oracle_timer(dataset, home)
     models, predicted = load_models(), []
-    idle_burst = simulate.load_conf()["simulation"]["idle_burst"]
+    idle_burst = schedulers_conf()["simulation"]["idle_burst"]
     for (_, load), group in inputs.target.group_by("run", "load", maintain_order=True):
         first = group.row(0, named=True)
         if load != "closed":

@@ -82,6 +82,7 @@ from contextlib import contextmanager
 import numpy as np
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 
+from leaderboard.cells.common import schedulers_conf
 from leaderboard.present.serving_unknowns import engine_choices_tables
 from leaderboard.serving import simulate
 from leaderboard_core import progress
@@ -101,7 +102,7 @@ CHOICES = {
     "no_prefix_cache": {("backends", "vllm", "prefix_caching", "block_tokens"): 0},
     "launch_rule": LAUNCH_RULE,
     "trtllm_no_overlap": {("backends", "trtllm", "host_time", "overlapped"): None} | {
-        ("backends", "trtllm", "host_time", key): simulate.load_conf()["backends"]["vllm"][
+        ("backends", "trtllm", "host_time", key): schedulers_conf()["backends"]["vllm"][
             "host_time"][key] for key in ("base_ms", "per_request_ms")},
     "burst_together": {("simulation", "idle_burst"): "together"},
     "aiconfigurator_bench": LAUNCH_RULE | {("simulation", "waves"): 50},
@@ -119,7 +120,7 @@ MOVED = 1e-3  # a target is moved when its predicted TTFT changes by more than t
 @contextmanager
 def engine_choice(changes: dict[tuple[str, ...], object]):
     """The replay's scheduler configuration with ``changes`` set, restored on the way out."""
-    conf, saved = simulate.load_conf(), []
+    conf, saved = schedulers_conf(), []
     try:
         for (*parents, key), value in changes.items():
             node = conf

@@ -42,6 +42,7 @@ import polars as pl
 from closed_loop_waves import json_argument, oracle_sets, oracle_timer, stamped
 from light_kernels import nearest_count
 
+from leaderboard.cells.common import schedulers_conf
 from leaderboard.present.serving_kv_write import kv_write_tables
 from leaderboard.serving import simulate
 from leaderboard.store import database
@@ -57,7 +58,7 @@ SHAPE = ("batch", "kv_len", "num_heads", "num_kv_heads", "head_dim")
 
 def kv_dtype() -> str:
     """The KV cache dtype the headline replays every backend with."""
-    return simulate.kv_cache_dtype(simulate.load_conf())
+    return simulate.kv_cache_dtype(schedulers_conf())
 
 
 def table_difference() -> pl.DataFrame:

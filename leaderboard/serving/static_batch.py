@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from leaderboard.serving import plan_store
 from leaderboard.serving.replay import Plan, new_engine
 from leaderboard.serving.scheduler import Policy, StepLog
 
 
 def plan(policy: Policy, isl: int, osl: int, batch: int) -> Plan:
-    """The steps of one static batch under ``policy``."""
+    """The steps of one static batch under ``policy``: the same for every predictor, so
+    scheduled once and kept (``plan_store``), as a closed loop's are (scheduling them was 3.9 of
+    an e2e run's 10 s)."""
+    return Plan.from_arrays(plan_store.kept([policy.__dict__, isl, osl, batch, "static"],
+                                            lambda: _scheduled(policy, isl, osl, batch)))
+
+
+def _scheduled(policy: Policy, isl: int, osl: int, batch: int) -> dict[str, np.ndarray]:
     prompt, output = np.full(batch, isl, np.int64), np.full(batch, osl, np.int64)
     engine = new_engine(policy, prompt, output)
     for request in range(batch):
@@ -27,7 +35,7 @@ def plan(policy: Policy, isl: int, osl: int, batch: int) -> Plan:
     log = StepLog()
     while engine.busy:
         engine.step(log, osl)
-    return Plan.of(log.arrays(), prompt)
+    return Plan.of(log.arrays(), prompt).arrays()
 
 
 def times(batch_plan: Plan, step_ms: np.ndarray) -> tuple[float, float]:

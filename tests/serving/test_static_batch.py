@@ -32,6 +32,18 @@ def test_a_small_batch_is_two_prefill_steps_then_its_decodes():
     assert static_batch.times(plan, np.array([10.0, 5.0, 2.0, 2.0, 2.0])) == (15.0, 21.0)
 
 
+def test_a_static_batch_is_scheduled_once_and_read_back_as_scheduled(monkeypatch):
+    """The second plan of the same batch is the kept one (no scheduling: the engine is never
+    made), equal to the first in every array."""
+    policy = Policy("prefill_first", 4096, 256, 10**6, "reserve")
+    first = static_batch.plan(policy, isl=1024, osl=4, batch=6)
+    monkeypatch.setattr(static_batch, "new_engine", None)  # scheduling again would fail here
+    again = static_batch.plan(policy, isl=1024, osl=4, batch=6)
+    for name, array in first.arrays().items():
+        np.testing.assert_array_equal(again.arrays()[name], array, err_msg=name)
+    assert steps(again) == steps(first)
+
+
 def test_one_output_token_is_the_prefill_alone():
     plan = static_batch.plan(Policy("prefill_first", 2048, 256, 10**6, "reserve"), 1024, 1, 3)
     assert steps(plan) == [[(1024, 0)] * 2, [(1024, 0)]]
