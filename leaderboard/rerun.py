@@ -43,6 +43,7 @@ from leaderboard.store import database
 from leaderboard_core import paths, progress
 from leaderboard_core.contract import NotSupported
 from leaderboard_core.naming import suggestion
+from leaderboard_core.versioning import content_hash
 
 # A worker is replaced after this many runs, and runs Polars on one thread. With Polars' thread
 # pool a process kept about 2.1 GB more after each h200_silicon_moe run (ours: 2.3, 4.4, 6.6 GB
@@ -65,10 +66,10 @@ class Outcome:
     seconds: float
     homes: list[str] | None = None  # the spec's homes (None: the dataset's own)
     home_points: str = ""
-    # A refusal leaves no run folder, so what it was made with is kept here: a later rerun
-    # skips it while its predictor's code hash and the dataset's version are the same.
-    code_hash: str | None = None
-    dataset_version: str | None = None
+    # A refusal raised before a run is scored (a card's scope, a serving child's NotSupported)
+    # leaves no run folder, so what it was made with is kept here (``made_with``): a later
+    # rerun skips it while that stands.
+    made_with: str | None = None
 
     @classmethod
     def of(cls, spec: RunSpec, status: str, seconds: float) -> Outcome:
@@ -185,7 +186,8 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
     started = time.perf_counter()
     every = [s for s in roster.run_specs(runs_dir) if predictors is None or s.predictor in predictors]
     versions = results.store_versions()
-    refused = set() if everything else refused_before(runs_dir, versions)
+    made_with = _made_with({s.predictor for s in every}, versions)
+    refused = set() if everything else refused_before(runs_dir, made_with)
     specs = every if everything else [s for s in roster.pending(every, runs_dir, versions)
                                       if Outcome.of(s, "", 0.0).key not in refused]
     Console(stderr=True).print(f"rerun: {len(specs)} of {len(every)} runs are stale or missing"
@@ -209,8 +211,7 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
     outcomes.sort(key=lambda o: order[o.key])
     for o in outcomes:
         if o.status.startswith("not supported"):
-            o.code_hash = predictor_index.code_hash_of(o.predictor)
-            o.dataset_version = versions.get(o.dataset)
+            o.made_with = made_with[o.predictor]
     _record(runs_dir, outcomes, time.perf_counter() - started, jobs, len(specs) == len(every)
             and predictors is None)
     return outcomes
@@ -222,18 +223,22 @@ def _recorded(entry: dict) -> Outcome:
     return Outcome(**{k: v for k, v in entry.items() if k in Outcome.__dataclass_fields__})
 
 
-def refused_before(runs_dir: Path, versions: dict[str, str]) -> set[tuple]:
-    """The keys of the specs the last rerun into ``runs_dir`` found not supported with their
-    predictor's code and the dataset's version as they are now."""
-    last, hashes = roster.last_rerun(runs_dir) or {}, {}
-    refused = set()
-    for o in map(_recorded, last.get("outcomes", [])):
-        if o.status.startswith("not supported") and o.dataset_version == versions.get(o.dataset):
-            if o.predictor not in hashes:
-                hashes[o.predictor] = predictor_index.code_hash_of(o.predictor)
-            if o.code_hash == hashes[o.predictor]:
-                refused.add(o.key)
-    return refused
+def _made_with(predictors: set[str], versions: dict[str, str]) -> dict[str, str]:
+    """Per predictor, a hash of what any of its runs could depend on, taken before a rerun
+    starts: its code hash (the harness and its own files), every dataset's version and every
+    GPU spec with the model shapes. Coarser than a run's own record (any dataset's new version
+    retries every refusal), never finer."""
+    world = content_hash(sorted(versions.items()), sorted(results.spec_hashes().items()))
+    return {p: content_hash(predictor_index.code_hash_of(p), world) for p in predictors}
+
+
+def refused_before(runs_dir: Path, made_with: dict[str, str]) -> set[tuple]:
+    """The keys of the specs the last rerun into ``runs_dir`` found not supported, made with
+    what is here now (``_made_with``)."""
+    last = roster.last_rerun(runs_dir) or {}
+    return {o.key for o in map(_recorded, last.get("outcomes", []))
+            if o.status.startswith("not supported") and o.made_with is not None
+            and o.made_with == made_with.get(o.predictor)}
 
 
 def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,

@@ -122,9 +122,8 @@ def gpu_spec_dirs(extra: str | os.PathLike | None = None) -> list[Path]:
 
 
 def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
-    stat = path.stat()
     try:  # a copy: callers may change what they get, never what the next one reads
-        data = copy.deepcopy(_parsed(path, stat.st_mtime_ns, stat.st_size))
+        data = copy.deepcopy(_parsed(path.read_text()))
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc})") from exc
     if not isinstance(data, dict):
@@ -136,10 +135,11 @@ def _load_yaml(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=512)
-def _parsed(path: Path, mtime_ns: int, size: int) -> Any:
-    """A spec file parsed once per process and version of the file (its modification time and
-    size in the key): every run reads about 90 of them, a rerun worker the same ones again."""
-    return yaml_io.safe_load(path.read_text())
+def _parsed(text: str) -> Any:
+    """A spec file's text parsed once per process: every run reads about 90 of them, a rerun
+    worker the same ones again. Keyed by the text, which is cheap to read, so an edit is seen
+    however soon it follows the last read."""
+    return yaml_io.safe_load(text)
 
 
 def validate(path: Path, data: dict, ranges: dict, choices: dict) -> None:

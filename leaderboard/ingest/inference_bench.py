@@ -60,11 +60,15 @@ NUMBERS = ("devices", "isl", "osl", "batch_size", "latency_ms")
 
 def _number(frame: pl.DataFrame, column: str, dtype) -> pl.Expr:
     """``column`` as ``dtype``; a column the CSV reader took for text (a cell in it is not a
-    number) is parsed cell by cell, null where a cell does not read as one (such rows are
-    quarantined, never a crash of the build)."""
+    number) is parsed cell by cell as a float, null where a cell is blank, does not read as a
+    number or (for a count) is not a whole one: such rows are quarantined, never a crash of the
+    build."""
     if frame.schema[column].is_numeric():
         return pl.col(column).cast(dtype)
-    return pl.col(column).str.strip_chars().cast(dtype, strict=False)
+    value = pl.col(column).str.strip_chars().cast(pl.Float64, strict=False)
+    if dtype == pl.Float64:
+        return value
+    return pl.when(value == value.round()).then(value).cast(dtype, strict=False)
 
 
 def _rows(frame: pl.DataFrame, isl: str, osl: str, aliases: dict[str, str],
@@ -107,7 +111,8 @@ def ingest(files: list[SourceFile], ctx: IngestContext) -> list[tuple[str, pl.Da
                           ).with_columns(per_row)
         unread = pl.any_horizontal(pl.col(c).is_null() for c in NUMBERS)
         ctx.quarantine.add("e2e_runs", rows.filter(unread), "invalid", "unparsed_number",
-                           f"a cell of {', '.join(NUMBERS)} is not a number in {file.rel}")
+                           f"a cell of {', '.join(NUMBERS)} is blank or not a number in "
+                           f"{file.rel}")
         out.append(("e2e_runs", rows.filter(~unread)))
     return out
 

@@ -95,6 +95,8 @@ def test_an_edited_spec_file_is_read_again_and_a_changed_copy_never_reaches_the_
     assert specs.load_gpu_specs(tmp_path)["newgpu"]["mem_bw_gbs"] == 1.0
     path.write_text(yaml.safe_dump({**spec, "sku": "newgpu", "mem_bw_gbs": 2222.5}))
     assert specs.load_gpu_specs(tmp_path)["newgpu"]["mem_bw_gbs"] == 2222.5
+    path.write_text(yaml.safe_dump({**spec, "sku": "newgpu", "mem_bw_gbs": 3333.5}))  # same size
+    assert specs.load_gpu_specs(tmp_path)["newgpu"]["mem_bw_gbs"] == 3333.5
 
 
 @pytest.mark.parametrize("change, problem", [

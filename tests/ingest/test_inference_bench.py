@@ -66,11 +66,15 @@ def test_a_cell_that_is_not_a_number_quarantines_its_row_and_names_the_file(tmp_
     build goes on); the row beside them is read as before."""
     text = (HEADER + "Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,128,16,n/a,1\n"
             "Nvidia H100 GPU,two,vLLM,meta-llama/Llama-2-7b-hf,256,16,3.0,1\n"
-            "Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,512,16,4.0,1\n")
+            "Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,512,16,4.0,1\n"
+            "Nvidia H100 GPU,2.0,vLLM,meta-llama/Llama-2-7b-hf,1024,16,5.0,1\n"
+            "Nvidia H100 GPU,1.5,vLLM,meta-llama/Llama-2-7b-hf,2048,16,6.0,1\n")
     ctx = IngestContext(load_gpu_specs(), load_models())
     (_, frame), = inference_bench.ingest([source(tmp_path, "All_results.csv", text)], ctx)
-    assert frame.select("isl", "devices", "latency_ms").rows() == [(512, 1, 4000.0)]
+    # "2.0" devices beside "two" in the same column is still 2; "1.5" devices is not a count
+    assert frame.select("isl", "devices", "latency_ms").rows() == [(512, 1, 4000.0),
+                                                                   (1024, 2, 5000.0)]
     quarantined = ctx.quarantine.table()
-    assert quarantined["reason"].to_list() == ["unparsed_number"] * 2
+    assert quarantined["reason"].to_list() == ["unparsed_number"] * 3
     assert all("All_results.csv" in d for d in quarantined["detail"])
-    assert ['"latency_ms": null' in r for r in quarantined["row"]] == [True, False]
+    assert ['"latency_ms": null' in r for r in quarantined["row"]] == [True, False, False]

@@ -561,22 +561,30 @@ def test_a_rerun_redoes_only_stale_or_missing_runs_and_lists_them_dry(two_specs,
     out = capsys.readouterr()
     assert out.out.splitlines() == ["tiny on h200_vidur: would run (0.0 s)"]
     assert "1 of 2 runs are stale or missing" in out.err
-    # A refusal leaves no run folder: the last rerun's record of it, made with today's code and
-    # dataset version, keeps it from running again; made with other code, it runs.
+    # A refusal leaves no run folder: the last rerun's record of it, made with today's code,
+    # datasets and specs, keeps it from running again; made when another dataset (here the
+    # home) had another version, it runs again.
     from dataclasses import asdict
 
     from leaderboard.run import roster
-    from leaderboard.seal import predictor_index
+
+    rerun_h200 = ["tiny on h200_vidur: would run (0.0 s)"]
 
     spec = next(s for s in roster.run_specs(two_specs) if s.dataset == "h200_vidur")
     refusal = rerun.Outcome.of(spec, "not supported: no h200 here", 1.0)
-    refusal.dataset_version = results.store_versions()["h200_vidur"]
-    for code, listed in ((predictor_index.code_hash_of("tiny"), []),
-                         ("older", ["tiny on h200_vidur: would run (0.0 s)"])):
-        refusal.code_hash = code
+    versions = results.store_versions()
+    now = rerun._made_with({"tiny"}, versions)["tiny"]
+    for made_with, listed in ((now, []), (rerun._made_with({"tiny"}, {**versions, "a100_vidur":
+                                                                       "rebuilt"})["tiny"], rerun_h200)):
+        refusal.made_with = made_with
         (two_specs / roster.TIMING_FILE).write_text(json.dumps({"outcomes": [asdict(refusal)]}))
         rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true"])
-        assert capsys.readouterr().out.splitlines() == listed, code
+        assert capsys.readouterr().out.splitlines() == listed, made_with
+    # a refusal of a spec with other homes stands for that spec only
+    refusal.made_with, refusal.homes = now, ["h100_vidur"]
+    (two_specs / roster.TIMING_FILE).write_text(json.dumps({"outcomes": [asdict(refusal)]}))
+    rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true"])
+    assert capsys.readouterr().out.splitlines() == rerun_h200
     (two_specs / roster.TIMING_FILE).unlink()
     rerun.main([f"runs_dir={two_specs}", "rerun.dry_run=true", "rerun.all=true"])
     assert len(capsys.readouterr().out.splitlines()) == 2

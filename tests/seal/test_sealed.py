@@ -100,7 +100,7 @@ def test_a_run_writes_nothing_outside_its_home(store_home, tmp_path, monkeypatch
         os.chmod(user / ".cache", 0o755)
     assert result.metrics["valid"], result.metrics["invalid_reasons"]
     assert not list((user / ".cache").iterdir())
-    assert list((store_home.home / "predictor-cache").rglob("rf-*.joblib"))
+    assert list((store_home.home / "predictor-cache").rglob("rf-*.pickle"))
 
 
 def test_the_child_imports_the_suite_from_this_tree_before_any_installed_copy(tmp_path):

@@ -62,6 +62,28 @@ class _Counted:
         return self
 
 
+def test_a_damaged_kept_plan_is_scheduled_again_and_replaced():
+    """A kept plan missing one of its arrays (a folder being removed, a disk fault) is not
+    read: the plan is made again, and the whole one takes the damaged one's place."""
+    from leaderboard.serving import plan_store
+
+    made = []
+
+    def make():
+        made.append(1)
+        return {"a": np.arange(3), "b": np.ones(2)}
+
+    first = plan_store.kept(["k"], make)
+    (folder,) = [p for p in plan_store._folder().iterdir() if not p.name.startswith(".")]
+    (folder / "b.npy").unlink()
+    again = plan_store.kept(["k"], make)
+    assert len(made) == 2 and set(again) == {"a", "b"}
+    read_back = plan_store.kept(["k"], make)
+    assert len(made) == 2  # the replaced plan is whole: read, not made
+    for name in first:
+        np.testing.assert_array_equal(read_back[name], first[name])
+
+
 def test_a_fit_is_kept_once_and_read_back_and_a_large_one_is_not_kept(tmp_path, monkeypatch):
     kept, facts = tmp_path / "fitted-abc.pickle", {"invalid_reasons": []}
     first = job._fitted(_Counted(), None, kept, facts)
