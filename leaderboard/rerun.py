@@ -218,8 +218,7 @@ def rerun_all(runs_dir: Path, jobs: int = 2, everything: bool = False, dry_run: 
 
 
 def _recorded(entry: dict) -> Outcome:
-    """An outcome of ``roster.TIMING_FILE`` (one written before homes were recorded stands for
-    the dataset's own home)."""
+    """An outcome of ``roster.TIMING_FILE``."""
     return Outcome(**{k: v for k, v in entry.items() if k in Outcome.__dataclass_fields__})
 
 
@@ -249,7 +248,9 @@ def _record(runs_dir: Path, outcomes: list[Outcome], seconds: float, jobs: int,
     path = runs_dir / roster.TIMING_FILE
     earlier = json.loads(path.read_text()) if path.is_file() else {}
     redone = {o.key for o in outcomes}
-    kept = [o for o in earlier.get("outcomes", []) if _recorded(o).key not in redone]
+    # an entry of a record older than homes and home points names no spec: it is dropped
+    kept = [o for o in earlier.get("outcomes", [])
+            if "home_points" in o and _recorded(o).key not in redone]
     timing = {"seconds": seconds, "jobs": jobs, "runs": len(outcomes), "cores": os.cpu_count(),
               "full_rerun": earlier.get("full_rerun"), "outcomes": kept + [asdict(o)
                                                                           for o in outcomes]}

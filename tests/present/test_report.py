@@ -667,3 +667,24 @@ def test_only_the_suites_own_predictors_add_sections(monkeypatch):
                         else None)
     assert sections.predictor_sections(pl.DataFrame()) == [
         "## ours: the ladder", "| ours | 1 |", "## ours", "y"]
+
+
+def test_the_rerun_record_keeps_the_specs_not_redone_and_replaces_the_rest(tmp_path):
+    """One entry per spec (homes and home points part of it): a redone spec's entry is
+    replaced, another home's entry of the same predictor and dataset kept, an entry of a record
+    older than homes (which names no spec) dropped."""
+    from dataclasses import asdict
+
+    from leaderboard import rerun
+    from leaderboard.run import roster
+
+    mine = rerun.Outcome("p", "d", "valid", 1.0, None, "full_grid")
+    other_home = rerun.Outcome("p", "d", "valid", 2.0, ["h"], "full_grid")
+    legacy = {"predictor": "p", "dataset": "d", "status": "valid", "seconds": 3.0}
+    (tmp_path / roster.TIMING_FILE).write_text(json.dumps(
+        {"outcomes": [asdict(mine), asdict(other_home), legacy]}))
+    rerun._record(tmp_path, [rerun.Outcome("p", "d", "invalid", 4.0, None, "full_grid")], 4.0,
+                  2, False)
+    kept = json.loads((tmp_path / roster.TIMING_FILE).read_text())["outcomes"]
+    assert sorted((o["seconds"], o["homes"], o["status"]) for o in kept) == [
+        (2.0, ["h"], "valid"), (4.0, None, "invalid")]
