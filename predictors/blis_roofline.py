@@ -113,7 +113,7 @@ class BlisRoofline(Predictor):
         keys = [c for c in MATCH[family] if c in table.columns and c in query.columns]
         out = np.empty(len(query))
         indexed = query.with_row_index("_q")
-        for key, rows in (indexed.group_by(keys) if keys else [((), indexed)]):
+        for key, rows in (indexed.group_by(keys, maintain_order=True) if keys else [((), indexed)]):
             known = table.filter(pl.all_horizontal(pl.col(c) == v for c, v in zip(keys, key,
                                                                                   strict=True)))
             if known.is_empty():

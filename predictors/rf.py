@@ -220,7 +220,8 @@ class VidurRandomForest(Predictor):
         sum_q2, kv_sum = steps.sum(steps.pf_q**2), steps.sum(round_up(steps.pf_ctx, KV_GRANULARITY))
         groups = self._decode_groups(cells) if self.decode_attention == "per_context_group" else None
         launch = self._launch_ms(cells)
-        configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
+        configs = (cells.select("model", "tp").with_row_index("i")
+                   .group_by("model", "tp", maintain_order=True).agg("i"))
         placement = expert_groups(cells)
         for name, tp, rows in configs.iter_rows():
             if (name, tp, "attn_decode") not in self.forests_:
@@ -264,7 +265,8 @@ class VidurRandomForest(Predictor):
         """Vidur's token-level ops, each at T rounded up to 8, times the layers."""
         out = {op: np.zeros(steps.n) for op in {op for *_, op in self.forests_}}
         t8 = round_up(steps.tokens, TOKEN_ROUNDING)[:, None]
-        configs = cells.select("model", "tp").with_row_index("i").group_by("model", "tp").agg("i")
+        configs = (cells.select("model", "tp").with_row_index("i")
+                   .group_by("model", "tp", maintain_order=True).agg("i"))
         for name, tp, rows in configs.iter_rows():
             mine = {op: f for (n, t, op), f in self.forests_.items() if (n, t) == (name, tp)}
             if not mine:
@@ -294,7 +296,8 @@ class VidurRandomForest(Predictor):
         """One row per (cell, context) among decode requests, with how many share it."""
         return (cells.select(pl.int_range(pl.len()).alias("cell"), "q_lens", "ctx_lens")
                 .explode("q_lens", "ctx_lens").filter((pl.col("q_lens") == 1) & (pl.col("ctx_lens") > 0))
-                .group_by("cell", pl.col("ctx_lens").alias("ctx")).agg(batch=pl.len()))
+                .group_by("cell", pl.col("ctx_lens").alias("ctx"), maintain_order=True)
+                .agg(batch=pl.len()))
 
 
 def _forest_where(mask: np.ndarray, forest: OpForest, first: np.ndarray, second: np.ndarray) -> np.ndarray:
