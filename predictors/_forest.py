@@ -7,11 +7,12 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.ensemble import RandomForestRegressor
-from sklearn.metrics import mean_absolute_percentage_error
-from sklearn.model_selection import KFold, ParameterGrid
+
+if TYPE_CHECKING:
+    from sklearn.ensemble import RandomForestRegressor
 
 # Vidur's 27-configuration grid (searched by ``cv_scores``' shortcut: about 4 s a regressor, 35 s
 # for decode attention's two features), and the default, one configuration of it: the least
@@ -48,9 +49,12 @@ def _decode(keys: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass
 class OpForest:
-    """A fitted forest and its values on the fit-time grid; evaluates only distinct features."""
+    """A fitted forest and its values on the fit-time grid; evaluates only distinct features.
+    The forest is kept as its trees' node arrays (``_StackedTrees``), which answer a point off
+    the grid as ``RandomForestRegressor.predict`` does, to the bit, without scikit-learn (whose
+    import is about 1.5 s of a forest run)."""
 
-    forest: RandomForestRegressor
+    trees: _StackedTrees
     width: int
     grid_keys: np.ndarray  # sorted
     grid_values: np.ndarray
@@ -61,7 +65,9 @@ class OpForest:
         hit = self.grid_keys[at] == keys
         values = np.where(hit, self.grid_values[at], 0.0)
         if not hit.all():
-            values[~hit] = self.forest.predict(_decode(keys[~hit], self.width).astype(np.float64))
+            # through float64, as scikit-learn takes them, then its float32
+            values[~hit] = self.trees.predict(
+                _decode(keys[~hit], self.width).astype(np.float64).astype(np.float32))
         return values[inverse]
 
 
@@ -81,6 +87,8 @@ def fit_forest(x: np.ndarray, y: np.ndarray, grid: str, random_state: int,
     """Vidur's search (§2.3): GridSearchCV on −MAPE, unshuffled 10-fold CV (2 below 10 rows),
     the best refit on all rows. One candidate needs no search: the refit is the result.
     ``on_fold(done, total)`` hears of each fitted fold, so a long search can show progress."""
+    from sklearn.ensemble import RandomForestRegressor  # noqa: PLC0415 - see OpForest
+
     candidates = GRIDS[grid]
     if all(len(v) == 1 for v in candidates.values()):
         params = {k: v[0] for k, v in candidates.items()}
@@ -113,6 +121,10 @@ def cv_scores(x: np.ndarray, y: np.ndarray, candidates: dict, random_state: int,
       With two varying features the per-tree random feature order breaks ties, so each (depth,
       split size) is grown on its own.
     ``tests/predictors/test_rf.py`` checks the choice and the scores against GridSearchCV itself."""
+    from sklearn.ensemble import RandomForestRegressor  # noqa: PLC0415 - see OpForest
+    from sklearn.metrics import mean_absolute_percentage_error  # noqa: PLC0415
+    from sklearn.model_selection import KFold, ParameterGrid  # noqa: PLC0415
+
     x = np.asarray(x, dtype=np.float64)
     folds = 10 if len(y) >= 10 else 2
     grown_by = ("n_estimators", "max_depth", "min_samples_split")
@@ -185,9 +197,19 @@ class _StackedTrees:
             at[moving] = np.where(go_left, self.left[node], self.right[node])
         return self.value[at]
 
+    def predict(self, x32: np.ndarray) -> np.ndarray:
+        """The forest's prediction: each tree's leaf value added in tree order, then divided
+        by the number of trees, the order and arithmetic of ``RandomForestRegressor.predict``
+        with one job (``tests/predictors/test_rf.py`` checks equality)."""
+        mean = np.zeros(len(x32))
+        for tree in self.predictions(x32, None, 2):  # a grown tree splits no node under 2
+            mean += tree
+        return mean / len(self.roots)
+
 
 def tabulated(forest: RandomForestRegressor, op: str, width: int) -> OpForest:
     """``forest`` with its values on ``op``'s lookup grid, computed once."""
     grid = lookup_grid(op)
     order = np.argsort(_encode(grid))
-    return OpForest(forest, width, _encode(grid)[order], forest.predict(grid[order].astype(np.float64)))
+    return OpForest(_StackedTrees(forest), width, _encode(grid)[order],
+                    forest.predict(grid[order].astype(np.float64)))

@@ -11,16 +11,16 @@ import os
 import pickle
 import uuid
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-import sklearn
 
 from leaderboard_core import paths
 from leaderboard_core.versioning import content_hash
 
-# Bump when what is stored changes shape, so old files are never read as new ones.
-FORMAT = 1
+# Bump when what is stored changes shape, so old files are never read as new ones (2: a
+# forest kept as its trees' node arrays).
+FORMAT = 2
 
 
 class UntrustedModelPath(PermissionError):
@@ -34,7 +34,9 @@ def cache_dir() -> Path:
 def key_of(*parts: Any) -> str:
     """The cache key: the fitted-from data and config, the format and the sklearn version
     (a forest pickled by one sklearn is not guaranteed to load in another)."""
-    return content_hash(FORMAT, sklearn.__version__, *parts, length=32)
+    # the installed version, read without importing scikit-learn (1.5 s), which a model
+    # loaded from here may never need
+    return content_hash(FORMAT, metadata.version("scikit-learn"), *parts, length=32)
 
 
 def trusted(path: Path) -> Path:

@@ -14,8 +14,9 @@ step that ``predict(cells, gpu)`` scores on step-level datasets.
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import polars as pl
@@ -129,6 +130,7 @@ class Plan:
     open_req: np.ndarray
     open_step: np.ndarray
     last_step: np.ndarray
+    key: str = field(default="", compare=False)  # the kept plan's name (``plan_store.name``)
 
     @classmethod
     def of(cls, log: dict[str, np.ndarray], prompt: np.ndarray) -> Plan:
@@ -165,16 +167,21 @@ class Plan:
     def arrays(self) -> dict[str, np.ndarray]:
         """Every field as a flat array, for ``plan_store``."""
         return {**{f"shape_{k}": v for k, v in self.shapes.items()},
-                **{k: v for k, v in self.__dict__.items() if k != "shapes"}}
+                **{k: v for k, v in self.__dict__.items() if k not in ("shapes", "key")}}
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Plan:
+    def from_arrays(cls, arrays: dict[str, np.ndarray], key: str = "") -> Plan:
         shapes = {k.removeprefix("shape_"): v for k, v in arrays.items() if k.startswith("shape_")}
-        return cls(shapes, **{f.name: arrays[f.name] for f in fields(cls) if f.name != "shapes"})
+        return cls(shapes, **{f.name: arrays[f.name] for f in fields(cls)
+                              if f.name not in ("shapes", "key")}, key=key)
 
     def cells(self, model: str, tp: int, gemm_dtype: str) -> pl.DataFrame:
-        """One cell per distinct step shape; ``[self.inverse]`` of their times times every step."""
-        return step_cells(self.shapes, model, tp, gemm_dtype)
+        """One cell per distinct step shape; ``[self.inverse]`` of their times times every step.
+        A kept plan's cells are kept in this process too (``_kept_cells``)."""
+        if not self.key:
+            return step_cells(self.shapes, model, tp, gemm_dtype)
+        return _kept_cells.get((self.key, model, tp, gemm_dtype),
+                               lambda: step_cells(self.shapes, model, tp, gemm_dtype))
 
     def price(self, model: str, tp: int, timer: StepTimer, gemm_dtype: str) -> np.ndarray:
         """Predicted ms per step."""
@@ -194,6 +201,34 @@ class Plan:
         seen = self.last_step >= 0
         last[seen] = step_end[self.last_step[seen]]
         return first, last, scheduled
+
+
+class _KeptCells:
+    """Step cells of kept plans, the most recently used first out last, up to ``limit`` list
+    entries in all. A rerun worker runs one serving set's predictors one after another, and
+    each laid out the same plans' cells again (about 1.5 s of a silicon run); a plan's cells
+    are a pure function of the plan and the deployment (Polars frames never change in place)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.entries = limit, 0
+        self.frames: OrderedDict[tuple, tuple[pl.DataFrame, int]] = OrderedDict()
+
+    def get(self, key: tuple, make: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+        if key in self.frames:
+            self.frames.move_to_end(key)
+            return self.frames[key][0]
+        frame = make()
+        size = int(frame["num_requests"].sum())
+        self.frames[key], self.entries = (frame, size), self.entries + size
+        while self.entries > self.limit and len(self.frames) > 1:
+            _, (_, dropped) = self.frames.popitem(last=False)
+            self.entries -= dropped
+        return frame
+
+
+# About 16 bytes an entry: a silicon set's loops hold about 23 million (a few hundred MB), so
+# one set's cells are kept at a time.
+_kept_cells = _KeptCells(limit=32_000_000)
 
 
 def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,
@@ -226,7 +261,7 @@ def closed_loop_plan(policy: Policy, isl: int, osl: int, concurrency: int, reque
     key = [policy.__dict__, isl, osl, concurrency, requests, start, idle_burst]
     kept = plan_store.kept(key, lambda: _closed_loop_plan(
         policy, isl, osl, concurrency, requests, start, idle_burst))
-    return Plan.from_arrays(kept), kept["arrival_step"]
+    return Plan.from_arrays(kept, plan_store.name(key)), kept["arrival_step"]
 
 
 def closed_loop_timeline(plan: Plan, arrival_step: np.ndarray, step_ms: np.ndarray,

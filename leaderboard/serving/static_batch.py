@@ -23,8 +23,9 @@ def plan(policy: Policy, isl: int, osl: int, batch: int) -> Plan:
     """The steps of one static batch under ``policy``: the same for every predictor, so
     scheduled once and kept (``plan_store``), as a closed loop's are (scheduling them was 3.9 of
     an e2e run's 10 s)."""
-    return Plan.from_arrays(plan_store.kept([policy.__dict__, isl, osl, batch, "static"],
-                                            lambda: _scheduled(policy, isl, osl, batch)))
+    key = [policy.__dict__, isl, osl, batch, "static"]
+    return Plan.from_arrays(plan_store.kept(key, lambda: _scheduled(policy, isl, osl, batch)),
+                            plan_store.name(key))
 
 
 def _scheduled(policy: Policy, isl: int, osl: int, batch: int) -> dict[str, np.ndarray]:

@@ -94,3 +94,40 @@ def test_a_several_gpu_home_trains_in_its_rows_order(first, monkeypatch):
         seen.clear()
         NeuSightTiles(hidden=4).fit(home)
         assert seen == order
+
+
+def test_the_kept_network_predicts_what_scikit_learn_predicts_to_the_bit():
+    from sklearn.neural_network import MLPRegressor
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from predictors.neusight_tiles import Network
+
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(400, 7)) * [1, 10, 100, 1, 3, 0.1, 5], rng.normal(size=400)
+    pipeline = make_pipeline(StandardScaler(), MLPRegressor(
+        hidden_layer_sizes=(16, 16), max_iter=50, random_state=0)).fit(x, y)
+    asked = rng.normal(size=(257, 7)) * [1, 10, 100, 1, 3, 0.1, 5]
+    np.testing.assert_array_equal(Network.of(pipeline).predict(asked), pipeline.predict(asked))
+    with pytest.raises(ValueError, match="ReLU"):
+        Network.of(make_pipeline(StandardScaler(), MLPRegressor(
+            hidden_layer_sizes=(4,), max_iter=5, activation="tanh")).fit(x, y))
+
+
+def test_a_kept_fit_loads_and_predicts_without_scikit_learn(tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    h100 = load_gpu_specs()["h100_sxm"]
+    query = pl.DataFrame({"m": [128, 8192], "n": [512, 8192], "k": [1024, 8192],
+                          "phase": ["gemm"] * 2})
+    fitted = NeuSightTiles(hidden=8).fit(_grid_home(law=2.0))
+    (tmp_path / "fit.pickle").write_bytes(pickle.dumps((fitted, h100, query)))
+    script = ("import pickle, sys; import numpy as np\n"
+              f"fitted, gpu, query = pickle.loads(open({str(tmp_path / 'fit.pickle')!r}, 'rb')"
+              ".read())\n"
+              "np.save(sys.argv[1], fitted.predict_ops(query, gpu))\n"
+              "assert 'sklearn' not in sys.modules, 'scikit-learn was imported'\n")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "ms.npy")], check=True)
+    np.testing.assert_array_equal(np.load(tmp_path / "ms.npy"), fitted.predict_ops(query, h100))

@@ -19,7 +19,7 @@ from leaderboard.run.split import split
 from leaderboard.store.catalog import StoreCatalog
 from leaderboard_core.contract import Home, NotSupported
 from leaderboard_core.specs import GpuSpec, load_gpu_specs, load_models
-from predictors import _model_cache
+from predictors import _forest, _model_cache
 from predictors._roofline import roofline_ratios
 from predictors.rf import GEMMS, VidurRandomForest, VidurRandomForestScaled, peaks
 from predictors.steps import Steps
@@ -454,3 +454,30 @@ def test_the_search_refuses_what_it_would_not_reproduce(bad):
         searched_params(x, y, {"n_estimators": [2], **bad}, 0)
     with pytest.raises(ValueError, match="finite features"):
         searched_params(np.where(x > 10, np.nan, x), y, {"n_estimators": [2, 3]}, 0)
+
+
+@pytest.mark.parametrize("op, bootstrap", [("attn_decode", True), ("attn_prefill", True),
+                                           ("gemm_qkv", True), ("attn_decode", False)])
+def test_a_point_off_the_grid_is_what_scikit_learn_predicts_to_the_bit(op, bootstrap):
+    """Off the lookup grid a forest is walked from its node arrays, not by scikit-learn: the
+    same leaves, added in the same order, must give ``RandomForestRegressor.predict``'s value
+    exactly, features cast as it casts them (prefill's squared chunk past float32's exact
+    integers included)."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    rng = np.random.default_rng(7)
+    width = 1 if op.startswith("gemm") else 2
+    x = rng.integers(1, 9000, size=(300, width)).astype(np.float64)
+    if op == "attn_prefill":
+        x[:, 0], x[:, 1] = 0, x[:, 1] ** 2
+    y = rng.lognormal(size=300)
+    forest = RandomForestRegressor(n_estimators=20, max_depth=12, bootstrap=bootstrap,
+                                   random_state=3).fit(x, y)
+    opf = _forest.tabulated(forest, op, width)
+    off = rng.integers(9001, 65000, size=(200, width))  # a squared chunk fits 32 bits
+    if op == "attn_prefill":
+        off[:, 0], off[:, 1] = 0, off[:, 1] ** 2
+    on = _forest.lookup_grid(op)[rng.integers(0, len(_forest.lookup_grid(op)), 50)]
+    asked = np.concatenate([off, on]).astype(np.int64)
+    np.testing.assert_array_equal(opf(asked), forest.predict(asked.astype(np.float64)))
+    assert not np.isin(_forest._encode(off), opf.grid_keys).any()  # off the grid indeed

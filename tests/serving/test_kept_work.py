@@ -14,6 +14,7 @@ import pytest
 
 from leaderboard.run.evaluate import RunSpec, run
 from leaderboard.seal import job
+from leaderboard.serving import plan_store
 from leaderboard.serving.replay import closed_loop
 from leaderboard.serving.scheduler import Policy
 from leaderboard_core import paths
@@ -34,8 +35,8 @@ def test_a_kept_closed_loop_plan_prices_each_predictor_as_a_fresh_schedule_would
     first = loop(_steps(10.0))
     kept = [p for p in (paths.home() / "replay-plans" / harness_hash()).iterdir()
             if not p.name.startswith(".")]
-    assert len(kept) == 1 and {f.name for f in kept[0].iterdir()} >= {"inverse.npy",
-                                                                        "arrival_step.npy"}
+    assert len(kept) == 1 and kept[0].suffix == ".plan"
+    assert {"inverse", "arrival_step"} <= set(plan_store._read(kept[0]))
     again, slower = loop(_steps(10.0)), loop(_steps(20.0))  # both read the kept plan
     assert [p for p in (paths.home() / "replay-plans" / harness_hash()).iterdir()
             if not p.name.startswith(".")] == kept
@@ -63,10 +64,8 @@ class _Counted:
 
 
 def test_a_damaged_kept_plan_is_scheduled_again_and_replaced():
-    """A kept plan missing one of its arrays (a folder being removed, a disk fault) is not
-    read: the plan is made again, and the whole one takes the damaged one's place."""
-    from leaderboard.serving import plan_store
-
+    """A kept plan cut short (a disk fault, a writer killed outside the rename) or grown is
+    not read: the plan is made again, and the whole one takes the damaged one's place."""
     made = []
 
     def make():
@@ -74,14 +73,28 @@ def test_a_damaged_kept_plan_is_scheduled_again_and_replaced():
         return {"a": np.arange(3), "b": np.ones(2)}
 
     first = plan_store.kept(["k"], make)
-    (folder,) = [p for p in plan_store._folder().iterdir() if not p.name.startswith(".")]
-    (folder / "b.npy").unlink()
-    again = plan_store.kept(["k"], make)
-    assert len(made) == 2 and set(again) == {"a", "b"}
+    (kept,) = [p for p in plan_store._folder().iterdir() if not p.name.startswith(".")]
+    whole = kept.read_bytes()
+    for damaged in (whole[:-8], whole + b"\0" * 64, b"{not a header"):
+        kept.write_bytes(damaged)
+        again = plan_store.kept(["k"], make)
+        assert set(again) == {"a", "b"} and kept.read_bytes() == whole
+    assert len(made) == 4
     read_back = plan_store.kept(["k"], make)
-    assert len(made) == 2  # the replaced plan is whole: read, not made
+    assert len(made) == 4  # the replaced plan is whole: read, not made
     for name in first:
         np.testing.assert_array_equal(read_back[name], first[name])
+        assert read_back[name].dtype == first[name].dtype
+
+
+def test_a_kept_plan_reads_back_every_dtype_and_shape_and_empty_arrays():
+    arrays = {"ints": np.arange(7, dtype=np.int64), "floats": np.linspace(0, 1, 5),
+              "small": np.arange(6, dtype=np.int32).reshape(2, 3), "none": np.zeros(0, np.int64)}
+    plan_store.kept(["shapes"], lambda: arrays)
+    read = plan_store.kept(["shapes"], lambda: pytest.fail("a kept plan was made again"))
+    for name, array in arrays.items():
+        assert read[name].dtype == array.dtype and read[name].shape == array.shape
+        np.testing.assert_array_equal(read[name], array)
 
 
 def test_a_fit_is_kept_once_and_read_back_and_a_large_one_is_not_kept(tmp_path, monkeypatch):
@@ -132,3 +145,21 @@ def test_a_predictor_cache_unused_for_two_weeks_goes_and_one_in_use_stays(tmp_pa
     in_use = sandbox.predictor_cache("rf", {}, home)
     assert not old.exists() and recent.is_dir() and in_use.is_dir()
     assert time.time() - in_use.stat().st_mtime < 60
+
+
+def test_kept_cells_are_those_laid_out_afresh_and_the_oldest_go_past_the_bound():
+    from leaderboard.serving import replay
+
+    policy = Policy("chunked_mixed", token_budget=8, max_seqs=16, kv_tokens=1000)
+    plans = [replay.closed_loop_plan(policy, isl, 3, 2, 6, idle_burst="first_alone")[0]
+             for isl in (10, 12, 14)]
+    kept = replay._KeptCells(limit=sum(len(p.shapes["q"]) for p in plans[1:]))
+    frames = [kept.get((p.key, "llama-3.1-8b", 1, "bf16"),
+                       lambda p=p: replay.step_cells(p.shapes, "llama-3.1-8b", 1, "bf16"))
+              for p in plans]
+    for plan, frame in zip(plans, frames, strict=True):
+        assert plan.key and frame.equals(replay.step_cells(plan.shapes, "llama-3.1-8b", 1, "bf16"))
+    assert [k[0] for k in kept.frames] == [p.key for p in plans[1:]]  # the first went
+    again = kept.get((plans[2].key, "llama-3.1-8b", 1, "bf16"), lambda: pytest.fail("laid out"))
+    assert again is frames[2]
+    assert plans[0].cells("llama-3.1-8b", 1, "bf16").equals(frames[0])
