@@ -164,6 +164,8 @@ class _StackedTrees:
     """A fitted forest's trees as one set of node arrays, so that every tree is walked at once."""
 
     def __init__(self, forest: RandomForestRegressor):
+        if forest.n_outputs_ != 1:
+            raise ValueError("the stacked trees hold a forest of one output only")
         trees = [estimator.tree_ for estimator in forest.estimators_]
         counts = [tree.node_count for tree in trees]
         self.roots = np.cumsum([0, *counts[:-1]])
@@ -200,11 +202,18 @@ class _StackedTrees:
     def predict(self, x32: np.ndarray) -> np.ndarray:
         """The forest's prediction: each tree's leaf value added in tree order, then divided
         by the number of trees, the order and arithmetic of ``RandomForestRegressor.predict``
-        with one job (``tests/predictors/test_rf.py`` checks equality)."""
+        with one job (``tests/predictors/test_rf.py`` checks equality). Rows go in chunks, so
+        the walk's trees x rows arrays stay small; rows do not depend on one another."""
         mean = np.zeros(len(x32))
-        for tree in self.predictions(x32, None, 2):  # a grown tree splits no node under 2
-            mean += tree
+        for start in range(0, len(x32), PREDICT_CHUNK):
+            part = mean[start:start + PREDICT_CHUNK]
+            # a grown tree splits no node of under 2 samples: every path ends at a leaf
+            for tree in self.predictions(x32[start:start + PREDICT_CHUNK], None, 2):
+                part += tree
         return mean / len(self.roots)
+
+
+PREDICT_CHUNK = 4096
 
 
 def tabulated(forest: RandomForestRegressor, op: str, width: int) -> OpForest:

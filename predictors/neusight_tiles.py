@@ -114,6 +114,8 @@ class Network:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         activation = np.array(x, dtype=np.float64)
+        if not np.isfinite(activation).all():  # refused, as scikit-learn refuses them
+            raise ValueError("the network's inputs hold NaN or infinity")
         activation -= self.mean
         activation /= self.scale
         last = len(self.coefs) - 1

@@ -27,6 +27,7 @@ from network_guard import outbound_guard  # noqa: F401  (autouse: tests reach th
 from leaderboard.ingest import sources
 from leaderboard.ingest.aiconfigurator import ROOT as AIC_ROOT
 from leaderboard.run import run_inputs
+from leaderboard.serving import replay
 from leaderboard.store import database
 from leaderboard_core import paths
 
@@ -74,6 +75,7 @@ def isolated_env(monkeypatch, tmp_path, closed_url):
     monkeypatch.delenv("LEADERBOARD_GPU_SPECS", raising=False)
     monkeypatch.setenv("LEADERBOARD_SOURCES_URL", closed_url)
     monkeypatch.setattr(run_inputs, "_HOMES", {})  # no home kept from another test's store
+    monkeypatch.setattr(replay, "_kept_cells", replay._KeptCells(replay._kept_cells.limit))
 
 
 @dataclass

@@ -33,6 +33,7 @@ FOLDER = "replay-plans"
 SUFFIX = ".plan"
 ALIGN = 64  # each array starts on this boundary, so a mapped array is aligned for NumPy
 HEADER_SIZE = struct.Struct("<Q")  # the header's length in bytes, before the header
+KINDS = "biuf"  # the dtypes a plan holds: booleans, integers, floats
 
 
 def _folder():
@@ -57,7 +58,7 @@ def kept(key: list, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.n
                 _remove(old)
         _write(partial, arrays)
         os.replace(partial, path)  # whole or not at all, over a damaged one
-    except OSError:
+    except (OSError, ValueError):
         partial.unlink(missing_ok=True)  # this process's own file only
     return arrays
 
@@ -77,6 +78,9 @@ def _layout(header: list) -> tuple[list[int], int]:
 
 
 def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Numbers only, at least one dimension (ValueError otherwise: such a plan is not kept)."""
+    if bad := sorted(n for n, a in arrays.items() if a.dtype.kind not in KINDS or a.ndim < 1):
+        raise ValueError(f"plan arrays {bad} are not arrays of numbers")
     ordered = {name: np.ascontiguousarray(arrays[name]) for name in sorted(arrays)}
     header = [[name, a.dtype.str, list(a.shape)] for name, a in ordered.items()]
     encoded = json.dumps(header).encode()
@@ -99,6 +103,8 @@ def _read(path: Path) -> dict[str, np.ndarray] | None:
             if length > whole:
                 return None
             header = json.loads(f.read(length))
+            if not _well_formed(header):
+                return None
             start = -(-(HEADER_SIZE.size + length) // ALIGN) * ALIGN
             offsets, size = _layout(header)
             if whole != start + size:
@@ -106,8 +112,18 @@ def _read(path: Path) -> dict[str, np.ndarray] | None:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return {name: _mapped(mapped, np.dtype(dtype), shape, start + offset)
                 for (name, dtype, shape), offset in zip(header, offsets, strict=True)}
-    except (OSError, ValueError, TypeError, struct.error):
+    except Exception:  # noqa: BLE001 - whatever the file holds, it is made again
         return None
+
+
+def _well_formed(header) -> bool:
+    """A list of [name, dtype of numbers, shape of whole numbers >= 0], as ``_write`` writes."""
+    return isinstance(header, list) and all(
+        isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+        and isinstance(entry[1], str) and np.dtype(entry[1]).kind in KINDS
+        and isinstance(entry[2], list) and len(entry[2]) >= 1
+        and all(isinstance(n, int) and 0 <= n < 1 << 40 for n in entry[2])
+        for entry in header)
 
 
 def _mapped(mapped: mmap.mmap, dtype: np.dtype, shape: list, offset: int) -> np.ndarray:

@@ -180,8 +180,9 @@ class Plan:
         A kept plan's cells are kept in this process too (``_kept_cells``)."""
         if not self.key:
             return step_cells(self.shapes, model, tp, gemm_dtype)
-        return _kept_cells.get((self.key, model, tp, gemm_dtype),
-                               lambda: step_cells(self.shapes, model, tp, gemm_dtype))
+        # laid out from copies: a kept frame must not hold the plan file's mapping open
+        return _kept_cells.get((self.key, model, tp, gemm_dtype), lambda: step_cells(
+            {k: np.array(v) for k, v in self.shapes.items()}, model, tp, gemm_dtype))
 
     def price(self, model: str, tp: int, timer: StepTimer, gemm_dtype: str) -> np.ndarray:
         """Predicted ms per step."""
@@ -204,31 +205,32 @@ class Plan:
 
 
 class _KeptCells:
-    """Step cells of kept plans, the most recently used first out last, up to ``limit`` list
-    entries in all. A rerun worker runs one serving set's predictors one after another, and
-    each laid out the same plans' cells again (about 1.5 s of a silicon run); a plan's cells
-    are a pure function of the plan and the deployment (Polars frames never change in place)."""
+    """Step cells of kept plans, the least recently used dropped first, up to ``limit`` bytes
+    in all (Polars' estimate). A rerun worker runs one serving set's predictors one after
+    another, and each laid out the same plans' cells again (about 1.5 s of a silicon run); a
+    plan's cells are a pure function of the plan and the deployment. Each caller gets its own
+    shallow copy, so a wrapper that changed its frame in place would change no one else's."""
 
     def __init__(self, limit: int):
-        self.limit, self.entries = limit, 0
+        self.limit, self.size = limit, 0
         self.frames: OrderedDict[tuple, tuple[pl.DataFrame, int]] = OrderedDict()
 
     def get(self, key: tuple, make: Callable[[], pl.DataFrame]) -> pl.DataFrame:
         if key in self.frames:
             self.frames.move_to_end(key)
-            return self.frames[key][0]
+            return self.frames[key][0].clone()
         frame = make()
-        size = int(frame["num_requests"].sum())
-        self.frames[key], self.entries = (frame, size), self.entries + size
-        while self.entries > self.limit and len(self.frames) > 1:
+        size = int(frame.estimated_size())
+        self.frames[key], self.size = (frame, size), self.size + size
+        while self.size > self.limit and len(self.frames) > 1:
             _, (_, dropped) = self.frames.popitem(last=False)
-            self.entries -= dropped
-        return frame
+            self.size -= dropped
+        return frame.clone()
 
 
-# About 16 bytes an entry: a silicon set's loops hold about 23 million (a few hundred MB), so
-# one set's cells are kept at a time.
-_kept_cells = _KeptCells(limit=32_000_000)
+# A silicon set's loops lay out about 23 million list entries, 17 to 100 bytes each by Polars'
+# estimate: one large set's cells at a time.
+_kept_cells = _KeptCells(limit=768 << 20)
 
 
 def closed_loop(policy: Policy, isl: int, osl: int, concurrency: int, requests: int,

@@ -109,6 +109,10 @@ def test_the_kept_network_predicts_what_scikit_learn_predicts_to_the_bit():
         hidden_layer_sizes=(16, 16), max_iter=50, random_state=0)).fit(x, y)
     asked = rng.normal(size=(257, 7)) * [1, 10, 100, 1, 3, 0.1, 5]
     np.testing.assert_array_equal(Network.of(pipeline).predict(asked), pipeline.predict(asked))
+    with pytest.raises(ValueError):  # scikit-learn refuses a non-finite input, and so does it
+        pipeline.predict(np.where(asked > 50, np.inf, asked))
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        Network.of(pipeline).predict(np.where(asked > 50, np.inf, asked))
     with pytest.raises(ValueError, match="ReLU"):
         Network.of(make_pipeline(StandardScaler(), MLPRegressor(
             hidden_layer_sizes=(4,), max_iter=5, activation="tanh")).fit(x, y))

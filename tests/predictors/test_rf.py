@@ -456,13 +456,7 @@ def test_the_search_refuses_what_it_would_not_reproduce(bad):
         searched_params(np.where(x > 10, np.nan, x), y, {"n_estimators": [2, 3]}, 0)
 
 
-@pytest.mark.parametrize("op, bootstrap", [("attn_decode", True), ("attn_prefill", True),
-                                           ("gemm_qkv", True), ("attn_decode", False)])
-def test_a_point_off_the_grid_is_what_scikit_learn_predicts_to_the_bit(op, bootstrap):
-    """Off the lookup grid a forest is walked from its node arrays, not by scikit-learn: the
-    same leaves, added in the same order, must give ``RandomForestRegressor.predict``'s value
-    exactly, features cast as it casts them (prefill's squared chunk past float32's exact
-    integers included)."""
+def _small_forest(op: str, bootstrap: bool = True):
     from sklearn.ensemble import RandomForestRegressor
 
     rng = np.random.default_rng(7)
@@ -470,9 +464,22 @@ def test_a_point_off_the_grid_is_what_scikit_learn_predicts_to_the_bit(op, boots
     x = rng.integers(1, 9000, size=(300, width)).astype(np.float64)
     if op == "attn_prefill":
         x[:, 0], x[:, 1] = 0, x[:, 1] ** 2
-    y = rng.lognormal(size=300)
-    forest = RandomForestRegressor(n_estimators=20, max_depth=12, bootstrap=bootstrap,
-                                   random_state=3).fit(x, y)
+    return RandomForestRegressor(n_estimators=20, max_depth=12, bootstrap=bootstrap,
+                                 random_state=3).fit(x, rng.lognormal(size=300)), width
+
+
+@pytest.mark.parametrize("op, bootstrap, chunk", [
+    ("attn_decode", True, 4096), ("attn_prefill", True, 4096), ("gemm_qkv", True, 4096),
+    ("attn_decode", False, 4096), ("attn_decode", True, 7)])
+def test_a_point_off_the_grid_is_what_scikit_learn_predicts_to_the_bit(op, bootstrap, chunk,
+                                                                       monkeypatch):
+    """Off the lookup grid a forest is walked from its node arrays, not by scikit-learn: the
+    same leaves, added in the same order, must give ``RandomForestRegressor.predict``'s value
+    exactly, features cast as it casts them (prefill's squared chunk past float32's exact
+    integers included), however the rows are chunked."""
+    monkeypatch.setattr(_forest, "PREDICT_CHUNK", chunk)
+    rng = np.random.default_rng(7)
+    forest, width = _small_forest(op, bootstrap)
     opf = _forest.tabulated(forest, op, width)
     off = rng.integers(9001, 65000, size=(200, width))  # a squared chunk fits 32 bits
     if op == "attn_prefill":
@@ -481,3 +488,25 @@ def test_a_point_off_the_grid_is_what_scikit_learn_predicts_to_the_bit(op, boots
     asked = np.concatenate([off, on]).astype(np.int64)
     np.testing.assert_array_equal(opf(asked), forest.predict(asked.astype(np.float64)))
     assert not np.isin(_forest._encode(off), opf.grid_keys).any()  # off the grid indeed
+
+
+def test_a_kept_forest_answers_off_its_grid_without_scikit_learn(tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    forest, width = _small_forest("attn_decode")
+    asked = np.array([[3, 20_000], [300, 64], [1, 9_999_999]], dtype=np.int64)
+    (tmp_path / "forest.pickle").write_bytes(pickle.dumps((_forest.tabulated(
+        forest, "attn_decode", width), asked)))
+    script = ("import pickle, sys; import numpy as np\n"
+              f"opf, asked = pickle.loads(open({str(tmp_path / 'forest.pickle')!r}, 'rb').read())\n"
+              "np.save(sys.argv[1], opf(asked))\n"
+              "assert 'sklearn' not in sys.modules, 'scikit-learn was imported'\n")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "ms.npy")], check=True)
+    np.testing.assert_array_equal(np.load(tmp_path / "ms.npy"),
+                                  forest.predict(asked.astype(np.float64)))
+    with pytest.raises(ValueError, match="one output"):
+        from sklearn.ensemble import RandomForestRegressor
+        _forest.tabulated(RandomForestRegressor(n_estimators=2).fit(
+            np.arange(20.0)[:, None], np.ones((20, 2))), "gemm_qkv", 1)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import struct
 import time
 from pathlib import Path
 
@@ -75,13 +77,18 @@ def test_a_damaged_kept_plan_is_scheduled_again_and_replaced():
     first = plan_store.kept(["k"], make)
     (kept,) = [p for p in plan_store._folder().iterdir() if not p.name.startswith(".")]
     whole = kept.read_bytes()
-    for damaged in (whole[:-8], whole + b"\0" * 64, b"{not a header"):
+    hostile = [[["a", "<i8", [-1]], ["b", "<f8", [2]]], [["a", "|O", [3]], ["b", "<f8", [2]]],
+               [["a", "<i8", [2**70]], ["b", "<f8", [2]]], [["a", "<i8", []], ["b", "<f8", [2]]],
+               "[" * 100_000]
+    headers = [json.dumps(h).encode() if not isinstance(h, str) else h.encode() for h in hostile]
+    for damaged in (whole[:-8], whole + b"\0" * 64, b"{not a header",
+                    *(struct.pack("<Q", len(h)) + h + whole[8 + len(h):] for h in headers)):
         kept.write_bytes(damaged)
         again = plan_store.kept(["k"], make)
         assert set(again) == {"a", "b"} and kept.read_bytes() == whole
-    assert len(made) == 4
+    assert len(made) == 4 + len(hostile)
     read_back = plan_store.kept(["k"], make)
-    assert len(made) == 4  # the replaced plan is whole: read, not made
+    assert len(made) == 4 + len(hostile)  # the replaced plan is whole: read, not made
     for name in first:
         np.testing.assert_array_equal(read_back[name], first[name])
         assert read_back[name].dtype == first[name].dtype
@@ -95,6 +102,12 @@ def test_a_kept_plan_reads_back_every_dtype_and_shape_and_empty_arrays():
     for name, array in arrays.items():
         assert read[name].dtype == array.dtype and read[name].shape == array.shape
         np.testing.assert_array_equal(read[name], array)
+    made = []
+    for odd in ({"o": np.array([object()])}, {"scalar": np.array(3)}):  # not kept, still given
+        assert plan_store.kept(["odd", str(odd)], lambda odd=odd: made.append(1) or odd) is odd
+        plan_store.kept(["odd", str(odd)], lambda odd=odd: made.append(1) or odd)
+    assert len(made) == 4 and not [p for p in plan_store._folder().iterdir()
+                                   if p.name.startswith(".")]
 
 
 def test_a_fit_is_kept_once_and_read_back_and_a_large_one_is_not_kept(tmp_path, monkeypatch):
@@ -147,19 +160,31 @@ def test_a_predictor_cache_unused_for_two_weeks_goes_and_one_in_use_stays(tmp_pa
     assert time.time() - in_use.stat().st_mtime < 60
 
 
-def test_kept_cells_are_those_laid_out_afresh_and_the_oldest_go_past_the_bound():
+def test_kept_cells_are_those_of_a_fresh_schedule_per_deployment_and_the_oldest_go():
     from leaderboard.serving import replay
 
     policy = Policy("chunked_mixed", token_budget=8, max_seqs=16, kv_tokens=1000)
-    plans = [replay.closed_loop_plan(policy, isl, 3, 2, 6, idle_burst="first_alone")[0]
-             for isl in (10, 12, 14)]
-    kept = replay._KeptCells(limit=sum(len(p.shapes["q"]) for p in plans[1:]))
-    frames = [kept.get((p.key, "llama-3.1-8b", 1, "bf16"),
-                       lambda p=p: replay.step_cells(p.shapes, "llama-3.1-8b", 1, "bf16"))
-              for p in plans]
-    for plan, frame in zip(plans, frames, strict=True):
-        assert plan.key and frame.equals(replay.step_cells(plan.shapes, "llama-3.1-8b", 1, "bf16"))
-    assert [k[0] for k in kept.frames] == [p.key for p in plans[1:]]  # the first went
-    again = kept.get((plans[2].key, "llama-3.1-8b", 1, "bf16"), lambda: pytest.fail("laid out"))
-    assert again is frames[2]
-    assert plans[0].cells("llama-3.1-8b", 1, "bf16").equals(frames[0])
+    loads = [(isl, 3, 2, 6, "lockstep", "first_alone") for isl in (10, 12, 14)]
+    kept = [replay.closed_loop_plan(policy, *load[:4], load[4], idle_burst=load[5])[0]
+            for load in loads]
+    kept = [replay.closed_loop_plan(policy, *load[:4], load[4], idle_burst=load[5])[0]
+            for load in loads]  # now read back from their files
+    fresh = [replay.Plan.from_arrays(replay._closed_loop_plan(policy, *load)) for load in loads]
+    assert all(p.key for p in kept) and not any(p.key for p in fresh)
+    for plan, scheduled in zip(kept, fresh, strict=True):
+        for deployment in (("llama-3.1-8b", 1, "bf16"), ("qwen3-8b", 2, "bf16"),
+                           ("llama-3.1-8b", 1, "fp8")):
+            assert plan.cells(*deployment).equals(scheduled.cells(*deployment))
+    assert len(replay._kept_cells.frames) == 9  # one per plan and deployment
+    # a kept frame holds copies, never the plan file's mapping
+    frame = kept[0].cells("llama-3.1-8b", 1, "bf16")
+    assert not np.shares_memory(frame["q_lens"].explode().to_numpy(), kept[0].shapes["q"])
+
+    deployment = ("llama-3.1-8b", 1, "bf16")
+    sizes = [int(p.cells(*deployment).estimated_size()) for p in kept]
+    bounded = replay._KeptCells(limit=sum(sizes[1:]))
+    for plan in kept:
+        bounded.get((plan.key, *deployment), lambda plan=plan: plan.cells(*deployment))
+    assert [k[0] for k in bounded.frames] == [p.key for p in kept[1:]]  # the oldest went
+    again = bounded.get((kept[2].key, *deployment), lambda: pytest.fail("laid out again"))
+    assert again.equals(fresh[2].cells(*deployment))
