@@ -11,7 +11,7 @@ predictor on the ``_vidur`` home with whole configurations and their shapes held
 (``split.home_points=held_out_shapes``); those protocol runs draw no run atlas.
 Each run is what ``python -m leaderboard predictor=P
 dataset=D`` does with the default config (default parameters, the ``heldout`` split, the
-dataset's configured home), run in a pool of worker processes (Polars on one thread, each
+dataset's configured home), run in a pool of worker processes (Polars and BLAS on one thread, each
 replaced after ``RUNS_PER_WORKER`` runs: see there why) because a run is single-threaded,
 Python-bound work. ``python -m leaderboard.rerun [report.jobs=N runs_dir=DIR]`` reruns into
 ``runs_dir`` and prints each outcome; ``python -m leaderboard.report report.rerun=true`` does the
@@ -55,7 +55,11 @@ from leaderboard_core.versioning import content_hash
 # 20 s), against 21.4 and 12.4 GB before. The replacement stays, as a cheap bound: every 40
 # runs, so the imports cost under 1 % of a rerun.
 RUNS_PER_WORKER = 40
-POLARS_THREADS = "POLARS_MAX_THREADS"  # read once, when a worker imports Polars
+# One thread each for Polars and the BLAS a run's child loads (read once, at import; the sandbox
+# passes the BLAS settings to the child). OpenBLAS's own threads spin while they wait: on 2
+# cores, a neusight_tiles fit beside another run took 157 s with them and 12 s without, and the
+# run beside it 149 s against 5 s (the same numbers either way).
+SINGLE_THREADED = {"POLARS_MAX_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 @dataclass
@@ -112,10 +116,10 @@ def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
     once: on Python before 3.13 a pool with ``max_tasks_per_child`` that holds queued work
     stops replacing its workers and hangs (CPython gh-115634), and a submit is what starts a
     replacement. Spawned, not forked: forking a process that already started Polars' thread
-    pool can deadlock. The workers, spawned as the calls need them, inherit Polars' thread
-    count from this process's environment, set for the loop's lifetime."""
-    previous = os.environ.get(POLARS_THREADS)
-    os.environ[POLARS_THREADS] = "1"
+    pool can deadlock. The workers, spawned as the calls need them, inherit the thread counts
+    (``SINGLE_THREADED``) from this process's environment, set for the loop's lifetime."""
+    previous = {k: os.environ.get(k) for k in SINGLE_THREADED}
+    os.environ.update(SINGLE_THREADED)
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
                                  initializer=_worker_setup,
@@ -128,10 +132,11 @@ def in_workers(fn: Callable, items: list, jobs: int) -> Iterator:
                 finished, running = wait(running, return_when=FIRST_COMPLETED)
                 yield from (future.result() for future in finished)
     finally:
-        if previous is None:
-            del os.environ[POLARS_THREADS]
-        else:
-            os.environ[POLARS_THREADS] = previous
+        for key, value in previous.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 LAUNCHERS = ("pool", "slurm", "local")
@@ -140,7 +145,7 @@ SLURM_CONF = paths.CONF_DIR / "hydra" / "launcher" / "slurm.yaml"
 
 def _job(spec: RunSpec, folders: tuple[str, ...]) -> Outcome:
     """One run as a submitit job: a fresh process on a node, set up as a pool worker is."""
-    os.environ[POLARS_THREADS] = "1"
+    os.environ.update(SINGLE_THREADED)
     _worker_setup(folders)
     return _run_one(spec)
 

@@ -533,18 +533,22 @@ def test_the_rerun_replaces_a_worker_after_its_runs(tmp_path):
                       "from leaderboard import rerun\n"
                       "import polars\n"
                       "def pid(_):\n"
-                      "    return os.getpid(), polars.thread_pool_size()\n"
+                      "    return os.getpid(), (polars.thread_pool_size(),\n"
+                      "                         os.environ.get('OPENBLAS_NUM_THREADS'))\n"
                       "if __name__ == '__main__':\n"
                       "    rerun.RUNS_PER_WORKER = 2\n"
                       "    seen = list(rerun.in_workers(pid, list(range(12)), 2))\n"
-                      "    print(len(seen), len({p for p, _ in seen}), {t for _, t in seen},\n"
-                      "          os.environ.get('POLARS_MAX_THREADS'))\n")
+                      "    print(len(seen), len({p for p, _ in seen}), *{t for _, t in seen},\n"
+                      "          os.environ.get('POLARS_MAX_THREADS'),\n"
+                      "          os.environ.get('OPENBLAS_NUM_THREADS'))\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, env={**{k: v for k, v in os.environ.items()
-                                               if k != "POLARS_MAX_THREADS"},
+                                               if k not in ("POLARS_MAX_THREADS",
+                                                            "OPENBLAS_NUM_THREADS")},
                                             "PYTHONPATH": str(paths.REPO_ROOT)})
-    # six workers, each with one thread; this process's own environment left as it was
-    assert done.stdout.split() == ["12", "6", "{1}", "None"], done.stderr
+    # six workers, each with one Polars and one BLAS thread; this process's own environment
+    # left as it was
+    assert done.stdout.split() == ["12", "6", "(1,", "'1')", "None", "None"], done.stderr
 
 
 def test_a_rerun_redoes_only_stale_or_missing_runs_and_lists_them_dry(two_specs, monkeypatch,
