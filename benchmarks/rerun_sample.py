@@ -9,9 +9,16 @@ only what the rerun had before it kept any work.
     .venv/bin/python benchmarks/rerun_sample.py [--every 10] [--jobs 2] [--cold] [--json F]
     .venv/bin/python benchmarks/rerun_sample.py --every 70 --cold --compare results/runs
 
-``--compare RUNS_DIR``: hold each sampled run's numbers (``phases``, ``valid``) against the
-current run of the same spec in RUNS_DIR (a full rerun's, made with the work kept): the sample,
-run cold, must give the same numbers.
+``--compare RUNS_DIR``: hold each sampled run's numbers (``phases``, ``valid``, ``decisions``)
+against the current run of the same spec in RUNS_DIR (a full rerun's, made with the work kept):
+the sample, run cold, must give the same numbers.
+
+``--warm-vs-cold``: the sample three ways, each timed, their numbers held against each other:
+*cold*, each run alone in a fresh process with no kept work (plans, fits, forests) at all; then
+*first*, as a rerun runs it (``--jobs`` workers, work kept as it goes); then *warm*, again, every
+plan and fit kept and the workers warm.
+
+    .venv/bin/python benchmarks/rerun_sample.py --every 80 --warm-vs-cold --json benchmarks/rerun_sample.json
 
 A sample reuses less than a full rerun (fewer runs share a home or a serving load), so its
 speed-up understates the full one's.
@@ -26,6 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,10 +42,22 @@ from leaderboard.run import roster
 from leaderboard_core import paths
 
 
-def _clear_kept_work() -> None:
+def _clear_kept_work(models: bool = False) -> None:
+    """Kept plans and fits; ``models``: the forests' fitted models too (kept by content, so a
+    change to scored code leaves them)."""
     shutil.rmtree(paths.home() / "replay-plans", ignore_errors=True)
     for kept in (paths.home() / "predictor-cache").glob("*/fitted-*"):
         kept.unlink()
+    if models:
+        shutil.rmtree(paths.home() / "models", ignore_errors=True)
+
+
+def _kind(metrics: dict) -> str:
+    """What a run exercises: its level, and the protocol or reading that sets it apart."""
+    homes = metrics["home_datasets"] or []
+    return (metrics["level"] + (" (held-out shapes)" if metrics["home_points"] == "held_out_shapes"
+                                else f" ({len(homes)} homes)" if len(homes) > 1 else "")
+            + (" reading" if metrics.get("profiled_rows") else ""))
 
 
 def compare(sample_dir: Path, reference_dir: Path) -> dict:
@@ -57,12 +77,50 @@ def compare(sample_dir: Path, reference_dir: Path) -> dict:
         other = reference.get(key)
         if other is None:
             absent.append("/".join(map(str, key[:2])))
-        elif (metrics["phases"], metrics["valid"]) == (other["phases"], other["valid"]):
+        elif all(metrics.get(k) == other.get(k) for k in NUMBERS):
             same += 1
         else:
             differ.append("/".join(map(str, key[:2])))
-    return {"same": same, "differ": differ, "absent": absent,
-            "kinds": sorted({m["level"] for m in sample.values()})}
+    kinds: dict[str, int] = {}
+    for metrics in sample.values():
+        kinds[_kind(metrics)] = kinds.get(_kind(metrics), 0) + 1
+    return {"same": same, "differ": differ, "absent": absent, "kinds": dict(sorted(kinds.items()))}
+
+
+NUMBERS = ("phases", "valid", "decisions", "invalid_reasons", "profiled_rows")
+
+
+def _timed(specs: list, jobs: int, alone: bool = False) -> tuple[float, list]:
+    """The specs run as the rerun runs them, or each ``alone`` in a fresh process after the
+    kept work is cleared; seconds and outcomes."""
+    started, outcomes = time.perf_counter(), []
+    if alone:
+        for spec in specs:
+            _clear_kept_work(models=True)
+            outcomes += rerun.in_workers(rerun._run_one, [spec], 1)
+    else:
+        outcomes = list(rerun.in_workers(rerun._run_one, specs, jobs))
+    return time.perf_counter() - started, outcomes
+
+
+def warm_vs_cold(specs: list, jobs: int, tmp: Path) -> dict:
+    """``--warm-vs-cold``: the seconds of each pass and how many runs of the first and warm
+    passes equal the cold one's."""
+    seconds = {}
+    for name in ("cold", "first", "warm"):
+        seconds[name], outcomes = _timed([replace(s, runs_dir=tmp / name) for s in specs], jobs,
+                                         alone=name == "cold")
+    return {"seconds": {k: round(v, 1) for k, v in seconds.items()},
+            "statuses": _statuses(outcomes),
+            "first_vs_cold": compare(tmp / "first", tmp / "cold"),
+            "warm_vs_cold": compare(tmp / "warm", tmp / "cold")}
+
+
+def _statuses(outcomes: list) -> dict[str, int]:
+    statuses: dict[str, int] = {}
+    for o in outcomes:
+        statuses[o.status.split(":")[0]] = statuses.get(o.status.split(":")[0], 0) + 1
+    return statuses
 
 
 def main() -> None:
@@ -72,6 +130,7 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--compare", help="a runs folder whose current runs the sample must equal")
+    parser.add_argument("--warm-vs-cold", action="store_true")
     args = parser.parse_args()
     if args.cold:
         _clear_kept_work()
@@ -80,19 +139,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir = Path(tmp) / "runs"
         specs = roster.run_specs(runs_dir)[::args.every]
-        started = time.perf_counter()
-        outcomes = list(rerun.in_workers(rerun._run_one, specs, args.jobs))
-        seconds = time.perf_counter() - started
-        compared = compare(runs_dir, Path(args.compare)) if args.compare else None
-    statuses = {}
-    for o in outcomes:
-        key = o.status.split(":")[0]
-        statuses[key] = statuses.get(key, 0) + 1
-    result = {"commit": commit, "runs": len(specs), "of": len(roster.run_specs(runs_dir)),
-              "every": args.every, "jobs": args.jobs, "cores": os.cpu_count(),
-              "seconds": round(seconds, 1), "per_run_s": round(seconds * args.jobs / len(specs), 2),
-              "statuses": statuses, "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-              **({"compared": compared} if compared else {})}
+        result = {"commit": commit, "runs": len(specs), "of": len(roster.run_specs(runs_dir)),
+                  "every": args.every, "jobs": args.jobs, "cores": os.cpu_count()}
+        if args.warm_vs_cold:
+            result["warm_vs_cold"] = warm_vs_cold(specs, args.jobs, Path(tmp))
+        else:
+            seconds, outcomes = _timed(specs, args.jobs)
+            result.update(seconds=round(seconds, 1),
+                          per_run_s=round(seconds * args.jobs / len(specs), 2),
+                          statuses=_statuses(outcomes))
+        if args.compare:
+            result["compared"] = compare(runs_dir, Path(args.compare))
+    result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     print(json.dumps(result))
     if args.json:
         path = Path(args.json)

@@ -182,16 +182,21 @@ def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path,
              f"the runs: {', '.join(f'`{v}`' for v in sorted(set(runs['code_version'])))}; "
              f"report written at `{code_version()}`.",
              f"- Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC."]
-    if timing and (full := timing.get("full_rerun")):
-        lines.append(f"- full rerun: {full['runs']} runs in {full['seconds']} s on "
-                     f"{full['jobs']} workers ({full['cores']} cores) "
-                     "(`python -m leaderboard.rerun rerun.all=true`).")
+    if line := full_rerun_line(timing):
+        lines.append(f"- {line} (`python -m leaderboard.rerun rerun.all=true`).")
     if timing and timing.get("runs") is not None:
         lines.append(f"- Last rerun (stale or missing runs only): {timing['runs']} runs in "
                      f"{timing['seconds']:.0f} s with {timing['jobs']} worker processes.")
     lines.append("")
     return lines + table(["dataset", "sku", "dataset version", "runs"], [
         [d, s, f"`{v}`", str(n)] for d, s, v, n in versions.iter_rows()], "lllr")
+
+
+def full_rerun_line(timing: dict | None) -> str | None:
+    """The last full rerun in the issue's one line, where the record has one."""
+    full = (timing or {}).get("full_rerun")
+    return full and (f"full rerun: {full['runs']} runs in {full['seconds']} s on {full['jobs']} "
+                     f"workers ({full['cores']} cores)")
 
 
 def _relative(path: Path, out: Path) -> str:
@@ -376,7 +381,9 @@ def main(argv: list[str] | None = None) -> None:
     written = report_pages.write(pages, out.parent / PAGES_DIR)
     stamp = (f"Written from runs current at code hash `{code_hash()}`, harness hash "
              f"`{harness_hash()}` (details: the provenance page).")
-    block = "\n".join([BEGIN, "", *kept, *report_pages.index(PAGES_DIR), "", stamp, END])
+    rerun_line = full_rerun_line(last_rerun(runs_dir, from_clone))
+    block = "\n".join([BEGIN, "", *kept, *report_pages.index(PAGES_DIR), "", stamp,
+                       *(["", f"Last {rerun_line}."] if rerun_line else []), END])
     existing = out.read_text() if out.exists() else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(splice(existing, block))

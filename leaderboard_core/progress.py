@@ -14,16 +14,10 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 EVERY_SECONDS = 5.0
 _shown = True
@@ -76,10 +70,24 @@ def track(what: str, total: int | None = None, enabled: bool = True):
     """A ``Tracker`` for the block, shown as a bar on a terminal, as lines elsewhere (neither
     when ``enabled`` is false or the process is silenced)."""
     tracker = Tracker(what, total)
-    console = Console(stderr=True)
     if not (_shown and enabled):
         yield tracker
-    elif console.is_terminal:
+        return
+    # rich imported only here: a silenced process (a rerun's workers and every run's sealed
+    # child) never pays for it, about 30 ms a run
+    from rich.console import Console  # noqa: PLC0415
+
+    console = Console(stderr=True)
+    if console.is_terminal:
+        from rich.progress import (  # noqa: PLC0415
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[note]}"))
         with Progress(*columns, console=console, transient=True) as bar:

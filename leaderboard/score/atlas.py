@@ -125,8 +125,10 @@ def annotate(fig) -> None:
     """Each heatmap's notes, with as much of the text as fits a box once the figure is laid out
     (every line, the first only, or none: the colour still tells, and the atlas tables hold
     every number)."""
-    fig.draw_without_rendering()  # runs the layout, so each axes has its final size
-    fig.set_layout_engine("none")  # and keeps it: the notes stay inside their boxes
+    fig.get_layout_engine().execute(fig)  # each axes at its final size (no draw needed)
+    # and kept, so the notes stay inside their boxes; no engine at all (not "none", a
+    # placeholder for which savefig still draws the whole figure once more before it renders)
+    fig.set_layout_engine(None)
     for ax in fig.axes:
         values, notes = getattr(ax, "atlas_notes", (None, {}))
         if not notes:

@@ -86,18 +86,23 @@ def budget_choices(predictions: pl.DataFrame, kind: str) -> pl.DataFrame:
         steps = steps.filter(pl.col("num_decode") > 0).with_columns(
             ctx=pl.col("decode_ctx_sum") // pl.col("num_decode"))
     keys = ["predictor", "dataset", *budget["group"]]
-    per_size = steps.group_by(*keys, size=budget["size"]).agg(pl.col("gt_ms").median(),
-                                                              pl.col("pred_ms").median())
+    # One sort, then each group as a slice: selecting the groups one by one from the frame
+    # (``group_by`` iteration) was a third of a cheap step run; the rows come in key order.
+    per_size = (steps.group_by(*keys, size=budget["size"])
+                .agg(pl.col("gt_ms").median(), pl.col("pred_ms").median())
+                .sort(*keys, "size").with_columns(group_id=pl.struct(keys).rle_id()))
+    size, measured, predicted = (per_size[c].to_numpy().astype(float)
+                                 for c in ("size", "gt_ms", "pred_ms"))
+    bounds = np.flatnonzero(np.diff(per_size["group_id"].to_numpy(), prepend=-1, append=-1))
     rows = []
-    for key, group in per_size.group_by(*keys):
-        if group.height < MIN_BATCHES:
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end - start < MIN_BATCHES:
             continue
-        group = group.sort("size")
-        size, measured, predicted = (group[c].to_numpy().astype(float)
-                                     for c in ("size", "gt_ms", "pred_ms"))
+        key = per_size.row(int(start))[:len(keys)]
         label = " ".join(f"{k} {v}" for k, v in zip(budget["group"], key[2:], strict=True))
-        for slo in np.unique(measured):
-            rows.append(_choose(key[0], key[1], label, size, measured, predicted, float(slo)))
+        here = size[start:end], measured[start:end], predicted[start:end]
+        for slo in np.unique(here[1]):
+            rows.append(_choose(key[0], key[1], label, *here, float(slo)))
     return pl.DataFrame(rows, schema={
         "predictor": pl.String, "dataset": pl.String, "group": pl.String, "slo_ms": pl.Float64,
         "pick": pl.Float64, "best": pl.Float64, "violation": pl.Boolean, "regret": pl.Float64})

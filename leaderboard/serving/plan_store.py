@@ -40,15 +40,18 @@ def _folder():
     return paths.home() / FOLDER / harness_hash()
 
 
-def kept(key: list, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """``make()``, read back from disk when a plan of the same ``key`` (JSON-able) was kept. A
-    plan that does not read back, or cannot be written, is made here: keeping is a saving,
-    never a condition of the run. (A folder of ``.npy`` files, which this replaced, took 3 ms a
-    plan to read, 10 headers parsed and paths resolved: a second of a large serving run.)"""
+def kept(key: list, make: Callable[[], dict[str, np.ndarray]]
+         ) -> tuple[str, dict[str, np.ndarray]]:
+    """The name a plan of ``key`` (JSON-able) is kept under, with the harness hash which plan
+    it is; and ``make()``, read back from disk when that plan was kept. A plan that does not
+    read back, or cannot be written, is made here: keeping is a saving, never a condition of the
+    run. (A folder of ``.npy`` files, which this replaced, took 3 ms a plan to read, 10 headers
+    parsed and paths resolved: a second of a large serving run.)"""
     folder = _folder()
-    path = folder / f"{name(key)}{SUFFIX}"
+    name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    path = folder / f"{name}{SUFFIX}"
     if (arrays := _read(path)) is not None:
-        return arrays
+        return name, arrays
     arrays = make()
     partial = folder / f".{path.name}.{uuid.uuid4().hex}"
     try:
@@ -60,12 +63,11 @@ def kept(key: list, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.n
         os.replace(partial, path)  # whole or not at all, over a damaged one
     except (OSError, ValueError):
         partial.unlink(missing_ok=True)  # this process's own file only
-    return arrays
+    return name, arrays
 
 
-def name(key: list) -> str:
-    """The name a plan of ``key`` is kept under (with the harness hash: which plan it is)."""
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+def _aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
 
 
 def _layout(header: list) -> tuple[list[int], int]:
@@ -73,7 +75,7 @@ def _layout(header: list) -> tuple[list[int], int]:
     offsets, at = [], 0
     for _, dtype, shape in header:
         offsets.append(at)
-        at += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // ALIGN) * ALIGN
+        at += _aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
     return offsets, at
 
 
@@ -84,7 +86,7 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     ordered = {name: np.ascontiguousarray(arrays[name]) for name in sorted(arrays)}
     header = [[name, a.dtype.str, list(a.shape)] for name, a in ordered.items()]
     encoded = json.dumps(header).encode()
-    start = -(-(HEADER_SIZE.size + len(encoded)) // ALIGN) * ALIGN
+    start = _aligned(HEADER_SIZE.size + len(encoded))
     offsets, size = _layout(header)
     with path.open("wb") as f:
         f.write(HEADER_SIZE.pack(len(encoded)) + encoded)
@@ -105,7 +107,7 @@ def _read(path: Path) -> dict[str, np.ndarray] | None:
             header = json.loads(f.read(length))
             if not _well_formed(header):
                 return None
-            start = -(-(HEADER_SIZE.size + length) // ALIGN) * ALIGN
+            start = _aligned(HEADER_SIZE.size + length)
             offsets, size = _layout(header)
             if whole != start + size:
                 return None
@@ -134,13 +136,11 @@ def _mapped(mapped: mmap.mmap, dtype: np.dtype, shape: list, offset: int) -> np.
 
 
 def _remove(old: Path) -> None:
-    """Out of reach at once (renamed to a hidden name), then deleted."""
+    """An older harness's folder: out of reach at once (renamed to a hidden name), then
+    deleted."""
     trash = old.with_name(f".{old.name}.{uuid.uuid4().hex}.trash")
     try:
         os.rename(old, trash)
     except OSError:
         return
-    if trash.is_dir():
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        trash.unlink(missing_ok=True)
+    shutil.rmtree(trash, ignore_errors=True)

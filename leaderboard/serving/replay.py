@@ -130,7 +130,7 @@ class Plan:
     open_req: np.ndarray
     open_step: np.ndarray
     last_step: np.ndarray
-    key: str = field(default="", compare=False)  # the kept plan's name (``plan_store.name``)
+    key: str = field(default="", compare=False)  # the kept plan's name (``plan_store.kept``)
 
     @classmethod
     def of(cls, log: dict[str, np.ndarray], prompt: np.ndarray) -> Plan:
@@ -261,9 +261,9 @@ def closed_loop_plan(policy: Policy, isl: int, osl: int, concurrency: int, reque
     if idle_burst not in IDLE_BURSTS:
         raise ValueError(f"idle burst '{idle_burst}' is not one of {IDLE_BURSTS}")
     key = [policy.__dict__, isl, osl, concurrency, requests, start, idle_burst]
-    kept = plan_store.kept(key, lambda: _closed_loop_plan(
+    name, kept = plan_store.kept(key, lambda: _closed_loop_plan(
         policy, isl, osl, concurrency, requests, start, idle_burst))
-    return Plan.from_arrays(kept, plan_store.name(key)), kept["arrival_step"]
+    return Plan.from_arrays(kept, name), kept["arrival_step"]
 
 
 def closed_loop_timeline(plan: Plan, arrival_step: np.ndarray, step_ms: np.ndarray,

@@ -24,8 +24,8 @@ def plan(policy: Policy, isl: int, osl: int, batch: int) -> Plan:
     scheduled once and kept (``plan_store``), as a closed loop's are (scheduling them was 3.9 of
     an e2e run's 10 s)."""
     key = [policy.__dict__, isl, osl, batch, "static"]
-    return Plan.from_arrays(plan_store.kept(key, lambda: _scheduled(policy, isl, osl, batch)),
-                            plan_store.name(key))
+    name, arrays = plan_store.kept(key, lambda: _scheduled(policy, isl, osl, batch))
+    return Plan.from_arrays(arrays, name)
 
 
 def _scheduled(policy: Policy, isl: int, osl: int, batch: int) -> dict[str, np.ndarray]:

@@ -91,3 +91,22 @@ def test_counted_search_is_vidurs_search(monkeypatch):
     assert counted.get_params() == plain.best_estimator_.get_params()
     np.testing.assert_array_equal(counted.predict(x), plain.best_estimator_.predict(x))
     assert heard == [(i, 10) for i in range(1, 11)]  # 10 folds
+
+
+def test_a_silenced_process_and_a_runs_child_never_import_rich():
+    """rich is imported only where a bar or line may be shown: every sealed child imports the
+    progress module (through its job), and paid about 30 ms a run for rich before."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = ("import sys\nfrom leaderboard.seal import child, job\n"
+            "from leaderboard_core import progress\nprogress.show(False)\n"
+            "with progress.track('silenced', total=1) as bar:\n    bar.advance()\n"
+            "assert 'rich' not in sys.modules, 'rich imported'\n"
+            "progress.show(True)\n"
+            "with progress.track('shown', total=1) as bar:\n    bar.advance()\n"
+            "print('rich' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=paths.REPO_ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"  # shown, it is imported (and draws)

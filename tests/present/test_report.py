@@ -12,6 +12,7 @@ import pytest
 from leaderboard import report
 from leaderboard.present import headline as report_headline
 from leaderboard.present import leaderboard_table as report_leaderboard
+from leaderboard.run import roster
 from leaderboard.score import atlas, ranking, results
 from leaderboard.seal import predictor_index
 from leaderboard_core import paths
@@ -286,6 +287,15 @@ def test_replace_and_the_old_flags_still_write_results(two_specs, tmp_path, caps
                  "report.partial=replace"])
     assert "--runs-dir is deprecated" in capsys.readouterr().err
     assert "block" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_results_md_states_the_last_full_rerun_in_one_line(two_specs, tmp_path):
+    out = tmp_path / "RESULTS.md"
+    (two_specs / roster.TIMING_FILE).write_text(json.dumps({"outcomes": [], "full_rerun": {
+        "runs": 1624, "seconds": 917, "jobs": 2, "cores": 2}}))
+    report.main([f"runs_dir={two_specs}", f"report.out={out}", "report.partial=replace"])
+    lines = out.read_text().splitlines()
+    assert "Last full rerun: 1624 runs in 917 s on 2 workers (2 cores)." in lines
 
 
 def test_report_help_lists_its_overrides(capsys):

@@ -189,3 +189,64 @@ def test_tied_picks_name_the_choices_the_prediction_did_not_make():
     assert tied == {"flat": 100.0, "sloped": 0.0}
     # at a price that makes b's cost equal a's, the sloped predictor ties too
     assert decisions_section.tied_picks(pl.DataFrame(rows), {"a": 2.0, "b": 1.0})["sloped"] == 100
+
+
+def _many_groups(seed: int) -> pl.DataFrame:
+    """Two predictors, two models, several contexts, each (group, batch) measured twice; one
+    group with two batch sizes only (left out)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for predictor in ("a", "b"):
+        for model, ctx, batches in (("m1", 256, [1, 2, 4, 8]), ("m1", 1024, [1, 4, 16]),
+                                    ("m2", 256, [2, 8, 32, 64, 128]), ("m2", 512, [1, 2])):
+            for batch in batches:
+                for _ in range(2):
+                    gt = 1.0 + batch * ctx / 4096 + rng.uniform(0, 0.2)
+                    rows.append({"predictor": predictor, "dataset": "x_vidur", "model": model,
+                                 "tp": 1, "phase": "decode", "num_requests": batch,
+                                 "num_decode": batch, "decode_ctx_sum": ctx * batch,
+                                 "gt_ms": gt, "pred_ms": gt * rng.uniform(0.7, 1.3)})
+    return pl.DataFrame(rows)
+
+
+def _by_hand(cells: pl.DataFrame) -> list[tuple]:
+    """The capacity decisions worked out with dicts and plain Python, no frame grouping."""
+    groups: dict[tuple, dict[int, list]] = {}
+    for r in cells.iter_rows(named=True):
+        key = (r["predictor"], r["dataset"], r["model"], r["tp"],
+               r["decode_ctx_sum"] // r["num_decode"])
+        groups.setdefault(key, {}).setdefault(r["num_requests"], []).append(r)
+    out = []
+    for key, sizes in groups.items():
+        if len(sizes) < decisions.MIN_BATCHES:
+            continue
+        med = {b: (float(np.median([r["gt_ms"] for r in rs])),
+                   float(np.median([r["pred_ms"] for r in rs]))) for b, rs in sizes.items()}
+        for slo in sorted({gt for gt, _ in med.values()}):
+            fitting = [b for b, (gt, _) in med.items() if gt <= slo]
+            best = max(fitting, key=lambda b: b / med[b][0])
+            promised = [b for b, (_, pred) in med.items() if pred <= slo]
+            if not promised:
+                out.append((*key[:2], slo, None, best, False, 1.0))
+                continue
+            pick = max(promised)
+            violation = med[pick][0] > slo
+            regret = 1.0 if violation else max(0.0, 1 - (pick / med[pick][0]) / (best / med[best][0]))
+            out.append((*key[:2], slo, float(pick), float(best), violation, regret))
+    return sorted(out, key=lambda t: (t[0], t[1], t[2]))
+
+
+def test_many_groups_decide_as_worked_by_hand_in_key_order_whatever_the_row_order():
+    cells = _many_groups(0)
+    choices = decisions.capacity_choices(cells)
+    got = sorted(choices.select("predictor", "dataset", "slo_ms", "pick", "best", "violation",
+                                "regret").iter_rows(), key=lambda t: (t[0], t[1], t[2]))
+    expected = _by_hand(cells)
+    assert len(got) == len(expected) == 2 * (4 + 3 + 5)  # the two-batch group left out
+    for row, want in zip(got, expected, strict=True):
+        assert row[:2] == want[:2] and row[3:6] == want[3:6]
+        assert row[2] == pytest.approx(want[2]) and row[6] == pytest.approx(want[6])
+    # the same rows in another order give the same frame, row for row (sums over it are equal)
+    shuffled = cells.sample(fraction=1.0, shuffle=True, seed=3)
+    assert decisions.capacity_choices(shuffled).equals(choices)
+    assert choices["group"].to_list()[0] == "model m1 tp 1 ctx 256"

@@ -74,7 +74,7 @@ def test_a_damaged_kept_plan_is_scheduled_again_and_replaced():
         made.append(1)
         return {"a": np.arange(3), "b": np.ones(2)}
 
-    first = plan_store.kept(["k"], make)
+    _, first = plan_store.kept(["k"], make)
     (kept,) = [p for p in plan_store._folder().iterdir() if not p.name.startswith(".")]
     whole = kept.read_bytes()
     hostile = [[["a", "<i8", [-1]], ["b", "<f8", [2]]], [["a", "|O", [3]], ["b", "<f8", [2]]],
@@ -84,10 +84,10 @@ def test_a_damaged_kept_plan_is_scheduled_again_and_replaced():
     for damaged in (whole[:-8], whole + b"\0" * 64, b"{not a header",
                     *(struct.pack("<Q", len(h)) + h + whole[8 + len(h):] for h in headers)):
         kept.write_bytes(damaged)
-        again = plan_store.kept(["k"], make)
+        _, again = plan_store.kept(["k"], make)
         assert set(again) == {"a", "b"} and kept.read_bytes() == whole
     assert len(made) == 4 + len(hostile)
-    read_back = plan_store.kept(["k"], make)
+    _, read_back = plan_store.kept(["k"], make)
     assert len(made) == 4 + len(hostile)  # the replaced plan is whole: read, not made
     for name in first:
         np.testing.assert_array_equal(read_back[name], first[name])
@@ -98,13 +98,13 @@ def test_a_kept_plan_reads_back_every_dtype_and_shape_and_empty_arrays():
     arrays = {"ints": np.arange(7, dtype=np.int64), "floats": np.linspace(0, 1, 5),
               "small": np.arange(6, dtype=np.int32).reshape(2, 3), "none": np.zeros(0, np.int64)}
     plan_store.kept(["shapes"], lambda: arrays)
-    read = plan_store.kept(["shapes"], lambda: pytest.fail("a kept plan was made again"))
+    _, read = plan_store.kept(["shapes"], lambda: pytest.fail("a kept plan was made again"))
     for name, array in arrays.items():
         assert read[name].dtype == array.dtype and read[name].shape == array.shape
         np.testing.assert_array_equal(read[name], array)
     made = []
     for odd in ({"o": np.array([object()])}, {"scalar": np.array(3)}):  # not kept, still given
-        assert plan_store.kept(["odd", str(odd)], lambda odd=odd: made.append(1) or odd) is odd
+        assert plan_store.kept(["odd", str(odd)], lambda odd=odd: made.append(1) or odd)[1] is odd
         plan_store.kept(["odd", str(odd)], lambda odd=odd: made.append(1) or odd)
     assert len(made) == 4 and not [p for p in plan_store._folder().iterdir()
                                    if p.name.startswith(".")]
