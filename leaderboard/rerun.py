@@ -52,9 +52,11 @@ from leaderboard_core.versioning import content_hash
 # runs one per core. A fresh worker costs about 3 s of imports.
 # Most of that growth was the serving replay's reference cycle (mended in 079ad0b): the rerun
 # after it peaked at 2.2 GB in use on the machine, its largest worker at 0.7 GB (sampled every
-# 20 s), against 21.4 and 12.4 GB before. The replacement stays, as a cheap bound: every 40
-# runs, so the imports cost under 1 % of a rerun.
-RUNS_PER_WORKER = 40
+# 20 s), against 21.4 and 12.4 GB before. The replacement stays, as a cheap bound: every 100
+# runs. At 40 (when a run took 3 s) a rerun started 41 workers, each paying its imports and the
+# predictor index (about 1.5 s) and laying out again the homes and step cells the one before
+# had kept, a tenth of a run's 0.75 s now.
+RUNS_PER_WORKER = 100
 # One thread each for Polars and the BLAS a run's child loads (read once, at import; the sandbox
 # passes the BLAS settings to the child). OpenBLAS's own threads spin while they wait: on 2
 # cores, a neusight_tiles fit beside another run took 157 s with them and 12 s without, and the
