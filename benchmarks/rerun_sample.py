@@ -14,9 +14,11 @@ against the current run of the same spec in RUNS_DIR (a full rerun's, made with 
 the sample, run cold, must give the same numbers.
 
 ``--warm-vs-cold``: the sample three ways, each timed, their numbers held against each other:
-*cold*, each run alone in a fresh process with no kept work (plans, fits, forests) at all; then
-*first*, as a rerun runs it (``--jobs`` workers, work kept as it goes); then *warm*, again, every
-plan and fit kept and the workers warm.
+*cold*, each run alone in a fresh process with nothing kept (no plan, fit, forest or predictor
+cache: all removed before each run); then *first*, as a rerun runs it from nothing kept
+(``--jobs`` workers, each keeping its homes and step cells, the work kept on disk as it goes);
+then *warm*, again, with every plan and fit kept on disk (its workers start afresh, as each
+rerun's do). With ``--compare``, the cold pass is held against that folder too.
 
     .venv/bin/python benchmarks/rerun_sample.py --every 80 --warm-vs-cold --json benchmarks/rerun_sample.json
 
@@ -42,14 +44,17 @@ from leaderboard.run import roster
 from leaderboard_core import paths
 
 
-def _clear_kept_work(models: bool = False) -> None:
-    """Kept plans and fits; ``models``: the forests' fitted models too (kept by content, so a
-    change to scored code leaves them)."""
+def _clear_kept_work(everything: bool = False) -> None:
+    """Kept plans and fits; ``everything``: every predictor cache too (where a sealed child
+    keeps its own files: the forests keep their fitted models there) and the harness's own
+    fitted models."""
     shutil.rmtree(paths.home() / "replay-plans", ignore_errors=True)
+    if everything:
+        for folder in ("predictor-cache", "models"):
+            shutil.rmtree(paths.home() / folder, ignore_errors=True)
+        return
     for kept in (paths.home() / "predictor-cache").glob("*/fitted-*"):
         kept.unlink()
-    if models:
-        shutil.rmtree(paths.home() / "models", ignore_errors=True)
 
 
 def _kind(metrics: dict) -> str:
@@ -73,6 +78,8 @@ def compare(sample_dir: Path, reference_dir: Path) -> dict:
 
     sample, reference = keyed(sample_dir), keyed(reference_dir)
     same, differ, absent = 0, [], []
+    # a run the reference has and the sample lacks (it failed before writing its folder)
+    missing = ["/".join(map(str, key[:2])) for key in reference if key not in sample]
     for key, metrics in sample.items():
         other = reference.get(key)
         if other is None:
@@ -84,7 +91,8 @@ def compare(sample_dir: Path, reference_dir: Path) -> dict:
     kinds: dict[str, int] = {}
     for metrics in sample.values():
         kinds[_kind(metrics)] = kinds.get(_kind(metrics), 0) + 1
-    return {"same": same, "differ": differ, "absent": absent, "kinds": dict(sorted(kinds.items()))}
+    return {"same": same, "differ": differ, "absent": absent, "missing": missing,
+            "kinds": dict(sorted(kinds.items()))}
 
 
 NUMBERS = ("phases", "valid", "decisions", "invalid_reasons", "profiled_rows")
@@ -96,7 +104,7 @@ def _timed(specs: list, jobs: int, alone: bool = False) -> tuple[float, list]:
     started, outcomes = time.perf_counter(), []
     if alone:
         for spec in specs:
-            _clear_kept_work(models=True)
+            _clear_kept_work(everything=True)
             outcomes += rerun.in_workers(rerun._run_one, [spec], 1)
     else:
         outcomes = list(rerun.in_workers(rerun._run_one, specs, jobs))
@@ -106,12 +114,14 @@ def _timed(specs: list, jobs: int, alone: bool = False) -> tuple[float, list]:
 def warm_vs_cold(specs: list, jobs: int, tmp: Path) -> dict:
     """``--warm-vs-cold``: the seconds of each pass and how many runs of the first and warm
     passes equal the cold one's."""
-    seconds = {}
+    seconds, statuses = {}, {}
     for name in ("cold", "first", "warm"):
+        if name == "first":
+            _clear_kept_work(everything=True)  # what the last cold run kept
         seconds[name], outcomes = _timed([replace(s, runs_dir=tmp / name) for s in specs], jobs,
                                          alone=name == "cold")
-    return {"seconds": {k: round(v, 1) for k, v in seconds.items()},
-            "statuses": _statuses(outcomes),
+        statuses[name] = _statuses(outcomes)
+    return {"seconds": {k: round(v, 1) for k, v in seconds.items()}, "statuses": statuses,
             "first_vs_cold": compare(tmp / "first", tmp / "cold"),
             "warm_vs_cold": compare(tmp / "warm", tmp / "cold")}
 
@@ -143,6 +153,7 @@ def main() -> None:
                   "every": args.every, "jobs": args.jobs, "cores": os.cpu_count()}
         if args.warm_vs_cold:
             result["warm_vs_cold"] = warm_vs_cold(specs, args.jobs, Path(tmp))
+            runs_dir = Path(tmp) / "cold"  # what --compare holds against its folder
         else:
             seconds, outcomes = _timed(specs, args.jobs)
             result.update(seconds=round(seconds, 1),

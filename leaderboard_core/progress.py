@@ -73,8 +73,8 @@ def track(what: str, total: int | None = None, enabled: bool = True):
     if not (_shown and enabled):
         yield tracker
         return
-    # rich imported only here: a silenced process (a rerun's workers and every run's sealed
-    # child) never pays for it, about 30 ms a run
+    # rich imported only here: a run's sealed child, silenced, never pays for it (about 30 ms
+    # a run); a rerun's worker has it already, from the rerun's own bar
     from rich.console import Console  # noqa: PLC0415
 
     console = Console(stderr=True)

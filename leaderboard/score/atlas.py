@@ -125,10 +125,14 @@ def annotate(fig) -> None:
     """Each heatmap's notes, with as much of the text as fits a box once the figure is laid out
     (every line, the first only, or none: the colour still tells, and the atlas tables hold
     every number)."""
-    fig.get_layout_engine().execute(fig)  # each axes at its final size (no draw needed)
-    # and kept, so the notes stay inside their boxes; no engine at all (not "none", a
-    # placeholder for which savefig still draws the whole figure once more before it renders)
-    fig.set_layout_engine(None)
+    if (engine := fig.get_layout_engine()) is not None:
+        engine.execute(fig)  # each axes at its final size (no draw needed)
+    # and kept, so the notes stay inside their boxes: no engine at all (not "none", a
+    # placeholder for which savefig draws the whole figure once more before it renders), and
+    # not one the user's matplotlib settings would put back in its place
+    with matplotlib.rc_context({"figure.autolayout": False,
+                                "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)
     for ax in fig.axes:
         values, notes = getattr(ax, "atlas_notes", (None, {}))
         if not notes:

@@ -136,11 +136,14 @@ def _mapped(mapped: mmap.mmap, dtype: np.dtype, shape: list, offset: int) -> np.
 
 
 def _remove(old: Path) -> None:
-    """An older harness's folder: out of reach at once (renamed to a hidden name), then
-    deleted."""
+    """An older harness's folder (or a stray file beside them): out of reach at once (renamed
+    to a hidden name), then deleted."""
     trash = old.with_name(f".{old.name}.{uuid.uuid4().hex}.trash")
     try:
         os.rename(old, trash)
     except OSError:
         return
-    shutil.rmtree(trash, ignore_errors=True)
+    if trash.is_dir():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        trash.unlink(missing_ok=True)

@@ -226,26 +226,27 @@ def _by_hand(cells: pl.DataFrame) -> list[tuple]:
             fitting = [b for b, (gt, _) in med.items() if gt <= slo]
             best = max(fitting, key=lambda b: b / med[b][0])
             promised = [b for b, (_, pred) in med.items() if pred <= slo]
+            label = f"model {key[2]} tp {key[3]} ctx {key[4]}"
             if not promised:
-                out.append((*key[:2], slo, None, best, False, 1.0))
+                out.append((*key[:2], label, slo, None, best, False, 1.0))
                 continue
             pick = max(promised)
             violation = med[pick][0] > slo
             regret = 1.0 if violation else max(0.0, 1 - (pick / med[pick][0]) / (best / med[best][0]))
-            out.append((*key[:2], slo, float(pick), float(best), violation, regret))
-    return sorted(out, key=lambda t: (t[0], t[1], t[2]))
+            out.append((*key[:2], label, slo, float(pick), float(best), violation, regret))
+    return sorted(out, key=lambda t: t[:4])
 
 
 def test_many_groups_decide_as_worked_by_hand_in_key_order_whatever_the_row_order():
     cells = _many_groups(0)
     choices = decisions.capacity_choices(cells)
-    got = sorted(choices.select("predictor", "dataset", "slo_ms", "pick", "best", "violation",
-                                "regret").iter_rows(), key=lambda t: (t[0], t[1], t[2]))
+    got = sorted(choices.select("predictor", "dataset", "group", "slo_ms", "pick", "best",
+                                "violation", "regret").iter_rows(), key=lambda t: t[:4])
     expected = _by_hand(cells)
     assert len(got) == len(expected) == 2 * (4 + 3 + 5)  # the two-batch group left out
     for row, want in zip(got, expected, strict=True):
-        assert row[:2] == want[:2] and row[3:6] == want[3:6]
-        assert row[2] == pytest.approx(want[2]) and row[6] == pytest.approx(want[6])
+        assert row[:3] == want[:3] and row[4:7] == want[4:7]
+        assert row[3] == pytest.approx(want[3]) and row[7] == pytest.approx(want[7])
     # the same rows in another order give the same frame, row for row (sums over it are equal)
     shuffled = cells.sample(fraction=1.0, shuffle=True, seed=3)
     assert decisions.capacity_choices(shuffled).equals(choices)

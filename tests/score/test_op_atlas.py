@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -80,3 +81,25 @@ def test_predictions_of_runs_with_and_without_a_split_load_together(tmp_path):
     assert table["predictor"].to_list() == ["p"] and table["ratio_median"].to_list() == [1.0]
     invalid = loaded.with_columns(valid=pl.lit(False))
     assert op_atlas.table(invalid, op_atlas.of_lineage(lineage)).is_empty()
+
+
+@pytest.mark.parametrize("settings", [{}, {"figure.constrained_layout.use": True},
+                                      {"figure.autolayout": True}])
+def test_annotate_lays_out_once_and_leaves_no_engine_whatever_the_settings(settings):
+    """The notes are sized to the laid-out boxes, so nothing may lay the figure out again when
+    it is saved: no engine is left, whatever matplotlib settings the user has; a figure
+    without an engine is annotated as it stands."""
+    import matplotlib  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from leaderboard.score import atlas  # noqa: PLC0415
+
+    with matplotlib.rc_context(settings):
+        for layout in ("constrained", None):
+            fig, ax = plt.subplots(layout=layout)
+            atlas.signed_heatmap(ax, np.array([[5.0, -30.0]]), {(0, 0): "+5\nn=3"}, ["b1"],
+                                 ["c1", "c2"])
+            atlas.annotate(fig)
+            assert fig.get_layout_engine() is None
+            assert [t.get_text() for t in ax.texts] == ["+5\nn=3"]
+            plt.close(fig)

@@ -188,3 +188,16 @@ def test_kept_cells_are_those_of_a_fresh_schedule_per_deployment_and_the_oldest_
     assert [k[0] for k in bounded.frames] == [p.key for p in kept[1:]]  # the oldest went
     again = bounded.get((kept[2].key, *deployment), lambda: pytest.fail("laid out again"))
     assert again.equals(fresh[2].cells(*deployment))
+
+
+def test_plans_of_older_harness_code_and_stray_files_are_removed(monkeypatch):
+    """Making a plan removes every folder of other harness code and any stray file beside them
+    (renamed out of reach first, then deleted), and keeps its own."""
+    plan_store.kept(["first"], lambda: {"a": np.arange(2)})
+    root = plan_store._folder().parent
+    (root / "0123456789abcdef").mkdir()
+    (root / "0123456789abcdef" / "x.plan").write_bytes(b"old")
+    (root / "stray.txt").write_text("left by hand")
+    plan_store.kept(["second"], lambda: {"a": np.arange(3)})
+    assert [p.name for p in root.iterdir()] == [plan_store._folder().name]
+    assert len(list(plan_store._folder().glob("*.plan"))) == 2
