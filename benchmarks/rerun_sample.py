@@ -20,7 +20,8 @@ cache: all removed before each run); then *first*, as a rerun runs it from nothi
 then *warm*, again, with every plan and fit kept on disk (its workers start afresh, as each
 rerun's do). With ``--compare``, the cold pass is held against that folder too.
 
-    .venv/bin/python benchmarks/rerun_sample.py --every 80 --warm-vs-cold --json benchmarks/rerun_sample.json
+    .venv/bin/python benchmarks/rerun_sample.py --every 70 --also ours_reading:h100_vidur \
+        --warm-vs-cold --json benchmarks/rerun_sample.json
 
 A sample reuses less than a full rerun (fewer runs share a home or a serving load), so its
 speed-up understates the full one's.
@@ -141,6 +142,9 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--compare", help="a runs folder whose current runs the sample must equal")
     parser.add_argument("--warm-vs-cold", action="store_true")
+    parser.add_argument("--also", action="append", default=[], metavar="PREDICTOR:DATASET",
+                        help="add that default run to the sample (a kind the systematic sample "
+                             "misses: a predictor that reads target rows, say)")
     args = parser.parse_args()
     if args.cold:
         _clear_kept_work()
@@ -148,7 +152,15 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir = Path(tmp) / "runs"
-        specs = roster.run_specs(runs_dir)[::args.every]
+        every = roster.run_specs(runs_dir)
+        specs = every[::args.every]
+        for wanted in args.also:
+            predictor, _, dataset = wanted.partition(":")
+            found = [s for s in every if (s.predictor, s.dataset) == (predictor, dataset)
+                     and s.home is None and s.home_points == "full_grid"]
+            if not found:
+                parser.error(f"--also {wanted}: no default run of that predictor on that dataset")
+            specs += [s for s in found if s not in specs]
         result = {"commit": commit, "runs": len(specs), "of": len(roster.run_specs(runs_dir)),
                   "every": args.every, "jobs": args.jobs, "cores": os.cpu_count()}
         if args.warm_vs_cold:
