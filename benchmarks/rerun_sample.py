@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,7 +69,8 @@ def _kind(metrics: dict) -> str:
 
 def compare(sample_dir: Path, reference_dir: Path) -> dict:
     """How many sampled runs equal the reference's current run of the same (predictor, dataset,
-    homes, home points), in ``valid`` and every ``phases`` number; the differing ones named."""
+    homes, home points) in every one of ``NUMBERS``; the differing, absent and missing ones
+    named, and how many runs of each kind (``_kind``) the sample holds."""
     from leaderboard.score import results  # noqa: PLC0415
 
     def keyed(folder: Path) -> dict:
@@ -89,9 +91,7 @@ def compare(sample_dir: Path, reference_dir: Path) -> dict:
             same += 1
         else:
             differ.append("/".join(map(str, key[:2])))
-    kinds: dict[str, int] = {}
-    for metrics in sample.values():
-        kinds[_kind(metrics)] = kinds.get(_kind(metrics), 0) + 1
+    kinds = Counter(_kind(metrics) for metrics in sample.values())
     return {"same": same, "differ": differ, "absent": absent, "missing": missing,
             "kinds": dict(sorted(kinds.items()))}
 
@@ -128,10 +128,7 @@ def warm_vs_cold(specs: list, jobs: int, tmp: Path) -> dict:
 
 
 def _statuses(outcomes: list) -> dict[str, int]:
-    statuses: dict[str, int] = {}
-    for o in outcomes:
-        statuses[o.status.split(":")[0]] = statuses.get(o.status.split(":")[0], 0) + 1
-    return statuses
+    return dict(Counter(o.status.split(":")[0] for o in outcomes))
 
 
 def main() -> None:
@@ -161,7 +158,7 @@ def main() -> None:
             if not found:
                 parser.error(f"--also {wanted}: no default run of that predictor on that dataset")
             specs += [s for s in found if s not in specs]
-        result = {"commit": commit, "runs": len(specs), "of": len(roster.run_specs(runs_dir)),
+        result = {"commit": commit, "runs": len(specs), "of": len(every),
                   "every": args.every, "jobs": args.jobs, "cores": os.cpu_count()}
         if args.warm_vs_cold:
             result["warm_vs_cold"] = warm_vs_cold(specs, args.jobs, Path(tmp))

@@ -193,10 +193,12 @@ def provenance(runs: pl.DataFrame, every: int, stale: int, runs_dir: Path,
 
 
 def full_rerun_line(timing: dict | None) -> str | None:
-    """The last full rerun in the issue's one line, where the record has one."""
+    """The last full rerun in one line (None where the rerun record holds none)."""
     full = (timing or {}).get("full_rerun")
-    return full and (f"full rerun: {full['runs']} runs in {full['seconds']} s on {full['jobs']} "
-                     f"workers ({full['cores']} cores)")
+    if not full:
+        return None
+    return (f"full rerun: {full['runs']} runs in {full['seconds']} s on {full['jobs']} workers "
+            f"({full['cores']} cores)")
 
 
 def _relative(path: Path, out: Path) -> str:

@@ -49,7 +49,7 @@ from leaderboard_core.versioning import content_hash
 # pool a process kept about 2.1 GB more after each h200_silicon_moe run (ours: 2.3, 4.4, 6.6 GB
 # resident after one, two, three runs; with one thread 2.2, 2.4, 2.4); workers reached 13 GB
 # and were killed for memory on a 24 GB machine. A run is Python-bound and the rerun already
-# runs one per core. A fresh worker costs about 3 s of imports.
+# runs one per core.
 # Most of that growth was the serving replay's reference cycle (mended in 079ad0b): the rerun
 # after it peaked at 2.2 GB in use on the machine, its largest worker at 0.7 GB (sampled every
 # 20 s), against 21.4 and 12.4 GB before. The replacement stays, as a cheap bound: every 100
