@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -102,13 +103,17 @@ NUMBERS = ("phases", "valid", "decisions", "invalid_reasons", "profiled_rows")
 def _timed(specs: list, jobs: int, alone: bool = False) -> tuple[float, list]:
     """The specs run as the rerun runs them, or each ``alone`` in a fresh process after the
     kept work is cleared; seconds and outcomes."""
-    started, outcomes = time.perf_counter(), []
-    if alone:
+    def each_alone():  # the kept work cleared just before each run, as it is reached
         for spec in specs:
             _clear_kept_work(everything=True)
-            outcomes += rerun.in_workers(rerun._run_one, [spec], 1)
-    else:
-        outcomes = list(rerun.in_workers(rerun._run_one, specs, jobs))
+            yield from rerun.in_workers(rerun._run_one, [spec], 1)
+
+    started, outcomes = time.perf_counter(), []
+    runs = each_alone() if alone else rerun.in_workers(rerun._run_one, specs, jobs)
+    for o in runs:  # a line per run as it ends: a pass takes minutes
+        outcomes.append(o)
+        print(f"{len(outcomes)}/{len(specs)} {o.predictor} on {o.dataset}: {o.status} "
+              f"({o.seconds:.1f} s)", file=sys.stderr, flush=True)
     return time.perf_counter() - started, outcomes
 
 
